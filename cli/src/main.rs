@@ -1,1 +1,107 @@
-fn main() {}
+//! `vm`: the command line of the microVM runtime.
+//!
+//! The CLI parses (clap derive, [`args`]), calls the library crates, prints, and maps
+//! errors to exit codes ([`exit`]). Everything with a policy decision in it lives in the
+//! libraries: spec validation and admission in `vm-spec`, driver selection, booting,
+//! publish-spec normalization and the image cache in `vm-sandbox`, the agent protocol in
+//! `guest-agent`. What the CLI owns itself:
+//! - flag value syntax ([`parse`]): sizes, durations, `-v`, `-e`, VM names;
+//! - the runtime state directory of named VMs ([`state`]): one record per VM, so a later
+//!   `vm` invocation can find, use, stop and remove what an earlier one started;
+//! - the detached supervisor ([`supervisor`]) that holds a `vm run -d` VM: `vm` re-executed
+//!   as the hidden `__supervise` subcommand in its own session, stdio to a log file;
+//! - streaming a guest command's output and forwarding Ctrl-C/SIGTERM as a cancel of the
+//!   guest command tree ([`stream`]);
+//! - output formatting ([`output`]).
+//!
+//! Data flows one way: CLI -> vm-sandbox (validate -> admit -> select -> boot) -> driver ->
+//! machine -> agent client -> agent.
+
+mod args;
+mod cmd;
+mod dryrun;
+mod exit;
+mod glue;
+mod output;
+mod parse;
+mod state;
+mod stream;
+mod supervisor;
+
+use std::io::Write;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+
+fn init_logging(quiet: bool, verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        (false, _) => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(verbose >= 2);
+    // A failure here means a subscriber is already installed; nothing to do about it.
+    let _ = if verbose >= 2 {
+        builder.try_init()
+    } else {
+        builder.without_time().try_init()
+    };
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Command::Exec(a) => cmd::exec::run(a).await,
+        Command::Run(a) => cmd::run::run(a).await,
+        Command::Serve(a) => cmd::serve::run(a).await,
+        Command::Ps(a) => cmd::manage::ps(a).await,
+        Command::Stop(a) => cmd::manage::stop(a).await,
+        Command::Rm(a) => cmd::manage::rm(a).await,
+        Command::Logs(a) => cmd::manage::logs(a).await,
+        Command::Cp(a) => cmd::cp::run(a).await,
+        Command::Drivers(a) => cmd::drivers::run(a),
+        Command::Images(a) => cmd::images::run(a).await,
+        Command::Supervise(a) => supervisor::run(a).await,
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.quiet, cli.verbose);
+    // Blocking-pool threads must outlive the VMs they boot: drivers start helper processes
+    // with PR_SET_PDEATHSIG, which fires when the *thread* that spawned them exits, and
+    // tokio retires idle blocking threads after 10 s by default.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_keep_alive(std::time::Duration::from_secs(10 * 365 * 24 * 3600))
+        .enable_all()
+        .build();
+    let code = match runtime {
+        Ok(rt) => {
+            let result = rt.block_on(dispatch(cli));
+            // Let blocking teardown finish before exiting, but never hang on it.
+            rt.shutdown_timeout(std::time::Duration::from_secs(10));
+            match result {
+                Ok(code) => code,
+                Err(err) => {
+                    let code = exit::classify(&err);
+                    eprintln!("vm: {}", exit::one_line(&err));
+                    code
+                }
+            }
+        }
+        Err(err) => {
+            eprintln!("vm: cannot start the async runtime: {err}");
+            exit::FAILED
+        }
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(i32::from(code));
+}

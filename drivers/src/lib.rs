@@ -1,1 +1,210 @@
-//! placeholder
+//! `vm-drivers`: the backends that boot a guest, and the [`Machine`] they hand back.
+//!
+//! # Design
+//!
+//! A [`Driver`] is one way of running a guest kernel on this host. It is backend-neutral and
+//! small: a name, the [`Containment`] it provides, a side-effect-free [`Driver::detect`] that
+//! says in plain language whether it can run here and why, and [`Driver::boot`], which turns a
+//! [`BootPlan`] into a running [`Machine`].
+//!
+//! | driver   | containment  | what it is |
+//! |----------|--------------|------------|
+//! | `kvm`    | `MicroVm`    | the in-process `vmm` crate on `/dev/kvm` backed by VT-x/AMD-V |
+//! | `tcg`    | `UserKernel` | QEMU with software CPU emulation plus `vhost-device-vsock` |
+//! | `hvf`    | `MicroVm`    | macOS Hypervisor.framework: detection only, boot is `Unsupported` |
+//! | `hyperv` | `MicroVm`    | Windows Hypervisor Platform: not probed, boot is `Unsupported` |
+//!
+//! The [`Registry`] holds drivers in preference order and
+//! [`Registry::select_first_available`] returns the first whose detection is OK, or a
+//! [`NoDriverError`] carrying every driver's diagnosis. The registry only reports: it never
+//! decides whether a driver is strong enough for some work (the admission gate in `vm-sandbox`
+//! does, with `vm_spec::admit`), so there is no silent downgrade from `kvm` to `tcg` here.
+//! `boot` does not re-check detection either, so tests can boot kernels on hosts where a driver
+//! is not "available" in the policy sense (kvm on a PVM host).
+//!
+//! A [`Machine`] is driver-neutral: it owns a backend handle ([`VmHandle`]: the QEMU and
+//! vhost-device-vsock child processes for tcg, the in-process VMM threads for kvm) and a
+//! [`guest_agent::client::AgentClient`] over the VM's hybrid-vsock Unix socket. Everything a
+//! caller does inside the guest goes through that client. The Machine enforces the wall-clock
+//! lifetime itself: a watchdog thread tears the VM down at expiry whatever is happening, and
+//! later calls fail with [`MachineError::WallExpired`]. [`Machine::close`] is idempotent and
+//! `Drop` closes.
+//!
+//! Drivers create files only inside [`BootPlan::run_dir`] (`vhu.sock`, `vsock.sock`) and remove
+//! what they created when the machine is closed.
+//!
+//! # Public API (signatures)
+//!
+//! ```text
+//! pub struct Availability { pub ok: bool, pub detail: String }
+//! pub trait Driver: Send + Sync {
+//!     fn name(&self) -> &'static str;
+//!     fn containment(&self) -> vm_spec::Containment;
+//!     fn detect(&self) -> Availability;
+//!     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError>;
+//! }
+//! pub struct BootPlan { pub name, pub images: ImagePaths, pub vcpus: u32, pub mem_mib: u32,
+//!     pub pids_max: u32, pub disks: Vec<DiskPlan>, pub run_dir: PathBuf,
+//!     pub wall: Option<Duration>, pub boot_timeout: Duration }
+//! pub struct ImagePaths { pub vmlinux: PathBuf, pub bz_image: PathBuf, pub initramfs: PathBuf }
+//!     ImagePaths::in_dir(dir) ; default_images_dir() -> Option<PathBuf>
+//! pub struct DiskPlan { pub host_path: PathBuf, pub guest_path: String, pub fs: DiskFs }
+//! Registry::new(Vec<Box<dyn Driver>>), Registry::with_defaults(), .drivers(), .get(name),
+//!     .detect_all(), .select_first_available() -> Result<(&dyn Driver, Availability), NoDriverError>
+//! Machine: name(), driver(), containment(), agent(), exec/exec_stream/read_file/write_file/list/
+//!     serve_start/serve_status/serve_stop/forward (async, -> Result<_, MachineError>),
+//!     console_tail(), host_pids(), is_running(), wall_expired(), close() (async), close_now()
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use guest_agent::config::DiskFs;
+pub use vm_spec::Containment;
+
+mod boot;
+mod error;
+pub mod hvf;
+pub mod hyperv;
+pub mod kvm;
+mod machine;
+mod process;
+mod registry;
+mod ring;
+pub mod tcg;
+#[cfg(test)]
+mod test_support;
+
+pub use error::DriverError;
+pub use hvf::HvfDriver;
+pub use hyperv::HypervDriver;
+pub use kvm::KvmDriver;
+pub use machine::{Machine, MachineError, MachineInfo, VmHandle};
+pub use registry::{NoDriverError, Registry};
+pub use tcg::TcgDriver;
+
+/// Whether a driver can run a guest on this host right now, and why (or why not), in plain
+/// language for an operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Availability {
+    /// The driver can boot a guest here.
+    pub ok: bool,
+    /// What was found, or what is missing and how to fix it.
+    pub detail: String,
+}
+
+impl Availability {
+    /// An OK verdict.
+    pub fn yes(detail: impl Into<String>) -> Availability {
+        Availability {
+            ok: true,
+            detail: detail.into(),
+        }
+    }
+
+    /// A not-OK verdict.
+    pub fn no(detail: impl Into<String>) -> Availability {
+        Availability {
+            ok: false,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// One way of running a guest kernel (see the crate docs).
+pub trait Driver: Send + Sync {
+    /// The backend's short name: `kvm`, `tcg`, `hvf`, `hyperv`.
+    fn name(&self) -> &'static str;
+    /// The isolation a guest on this backend gets.
+    fn containment(&self) -> Containment;
+    /// Whether this backend can run here, without booting anything.
+    fn detect(&self) -> Availability;
+    /// Boots a guest and waits for its agent. An error means no guest is left running.
+    fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError>;
+}
+
+impl std::fmt::Debug for dyn Driver + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("name", &self.name())
+            .field("containment", &self.containment())
+            .finish()
+    }
+}
+
+/// The guest images a boot uses. A driver reads the ones it needs: `kvm` boots `vmlinux`,
+/// `tcg` boots `bz_image`; both load `initramfs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImagePaths {
+    /// Uncompressed ELF kernel with a PVH note.
+    pub vmlinux: PathBuf,
+    /// Compressed kernel.
+    pub bz_image: PathBuf,
+    /// Uncompressed newc initramfs whose `/init` is the guest agent.
+    pub initramfs: PathBuf,
+}
+
+impl ImagePaths {
+    /// The standard file names inside an image directory (`<images dir>/<hash>` or `current`).
+    pub fn in_dir(dir: &Path) -> ImagePaths {
+        ImagePaths {
+            vmlinux: dir.join("vmlinux"),
+            bz_image: dir.join("bzImage"),
+            initramfs: dir.join("initramfs.cpio"),
+        }
+    }
+}
+
+/// The images directory: `$VM_IMAGES_DIR`, else `$XDG_CACHE_HOME/vm/images`, else
+/// `$HOME/.cache/vm/images`. `None` when none of those variables is set.
+pub fn default_images_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = var("VM_IMAGES_DIR") {
+        return Some(d);
+    }
+    if let Some(d) = var("XDG_CACHE_HOME") {
+        return Some(d.join("vm/images"));
+    }
+    var("HOME").map(|h| h.join(".cache/vm/images"))
+}
+
+/// A host file exposed read-only to the guest and mounted by the agent at `guest_path`.
+/// Disk `N` of a plan gets the virtio-blk serial `disk<N>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskPlan {
+    /// The raw image file on the host (opened read-only).
+    pub host_path: PathBuf,
+    /// Absolute mount point inside the guest.
+    pub guest_path: String,
+    /// The filesystem the agent mounts it as.
+    pub fs: DiskFs,
+}
+
+/// Everything a driver needs to boot one guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootPlan {
+    /// A name for logs and the guest hostname (sanitized to `[A-Za-z0-9.-]`).
+    pub name: String,
+    /// Kernel and initramfs.
+    pub images: ImagePaths,
+    /// Virtual CPUs (at least 1).
+    pub vcpus: u32,
+    /// Guest memory in MiB.
+    pub mem_mib: u32,
+    /// `pids.max` for the guest's work cgroup (0 = the agent's default, no limit).
+    pub pids_max: u32,
+    /// Read-only disks, in order.
+    pub disks: Vec<DiskPlan>,
+    /// A directory for this VM's sockets and logs; created if missing, and the driver creates
+    /// files only here.
+    pub run_dir: PathBuf,
+    /// Wall-clock lifetime, counted from when `boot` returns the machine (the boot itself is
+    /// bounded by `boot_timeout`); the machine is torn down when it expires.
+    pub wall: Option<Duration>,
+    /// How long to wait for the guest agent to answer after starting the VM.
+    pub boot_timeout: Duration,
+}

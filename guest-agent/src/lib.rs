@@ -1,1 +1,93 @@
-//! placeholder
+//! The guest agent: PID 1 in every guest, its versioned protocol, and the host-side client.
+//!
+//! # Pieces
+//! - [`protocol`]: the message types shared by both sides; [`frame`]: the codec.
+//! - [`config`]: [`config::AgentConfig`], carried on the kernel command line as `vm.*` words.
+//! - [`client`]: [`client::AgentClient`], the async host client (Unix socket or hybrid vsock).
+//! - [`agent`] (Linux): the server the `vm-agent` binary runs — as PID 1 in a guest over vsock,
+//!   or on the host over a Unix socket for tests (`vm-agent --unix PATH [--root DIR]`).
+//!
+//! # Transport
+//! Inside the guest the agent listens on vsock port [`AGENT_PORT`] (any CID). The host reaches it
+//! through the VMM's hybrid-vsock Unix socket: the client writes `CONNECT <port>\n`, reads a
+//! bounded `OK <n>\n` line, then speaks the protocol. The same server code serves a Unix socket
+//! on the host (these hosts have no vsock loopback).
+//!
+//! # Protocol (version [`PROTOCOL_VERSION`])
+//! Frames are `u32` little-endian length + postcard body (byte payloads as `serde_bytes`), at
+//! most [`protocol::MAX_FRAME`] (1 MiB) each way; a larger length prefix is refused before any
+//! allocation. Each connection carries one operation:
+//!
+//! 1. `Hello{version}` -> `HelloOk{version, info}` or `Error{VersionMismatch}`.
+//! 2. One `Request`, then that operation's stream:
+//!    - `Ping` -> `Pong`.
+//!    - `Exec` -> `Data`* (combined stdout+stderr as produced, through one shared pipe so the
+//!      order is kept, up to the request's cap, at most 16 MiB; the rest is drained and dropped)
+//!      -> `ExecDone{status, truncated}`.
+//!    - `ExecStream` -> `Stdout`/`Stderr`* -> `Exit`. Back-pressure: the agent reads the child's
+//!      pipes only as fast as it can write frames to the client.
+//!    - `ReadFile` -> `FileStart{size}` `Data`* `DataEnd`; `WriteFile{size}` -> `Ok`, then the
+//!      client sends `Data`* `DataEnd` -> `Ok`. Chunks are at most 256 KiB; files at most 64 MiB.
+//!    - `List` -> `ListBatch`* `ListEnd` (regular files, recursive, with sizes).
+//!    - `ServeStart` -> `ServeStarted{id}`; `ServeStatus{id}` / `ServeStop{id}` -> `ServeState`.
+//!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`.
+//!    - `Shutdown` -> `Ok`, then sync + `reboot(RB_AUTOBOOT)` (which ends the VM).
+//!
+//!    Any step may instead get `Error{kind, message}`. Cancellation: the client sends `Cancel`
+//!    or closes the connection; either kills the operation's whole process tree.
+//!
+//! # Containment of what the agent runs
+//! Each Exec/Serve gets its own process group (`setsid`) and, when `/sys/fs/cgroup` is cgroup2,
+//! its own cgroup `/sys/fs/cgroup/work/<id>` under a `work` cgroup carrying `pids.max` and
+//! `memory.max`. Killing a tree = `cgroup.kill` (else `SIGKILL` to the process group), then
+//! reaping. When the main process of an Exec exits, whatever it left behind is killed too.
+//! Children get `oom_score_adj` 0; the agent itself runs at -1000, so the OOM killer picks the
+//! allocating process, never the agent.
+//!
+//! # Reaping
+//! One reaper owns `waitpid`: children are spawned while holding the reaper's table lock and
+//! registered by pid before it is released, and the reaper (woken by `SIGCHLD`, with a periodic
+//! tick as a fallback) dispatches each status to the registered waiter. As PID 1 (or a
+//! subreaper on the host) it reaps with `waitpid(-1)` and silently discards orphans' statuses.
+//!
+//! # Files
+//! Paths are relative to a root; `..` components and absolute paths are refused up front, and
+//! every open goes through `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` on directory fds,
+//! so symlinks (or a directory swapped for a symlink mid-call) cannot lead outside the root.
+//!
+//! # Client API (see [`client`])
+//! ```text
+//! AgentClient::unix(path) / AgentClient::hybrid_vsock(uds_path, port) / .with_limits(ClientLimits)
+//! ping() -> AgentInfo;  wait_ready(Duration) -> AgentInfo
+//! exec(ExecRequest) -> ExecOutput;  exec_stream(ExecRequest) -> ExecStream { next(), cancel() }
+//! read_file(root, path) -> Vec<u8>;  write_file(root, path, &[u8]);  list(root, path) -> Vec<FileEntry>
+//! serve_start(ServeRequest) -> ServeId;  serve_status(ServeId) / serve_stop(ServeId) -> ServeStatus
+//! forward(port: u16) -> ForwardStream (a tokio UnixStream);  shutdown()
+//! ```
+//!
+//! # Testing
+//! `tests/*.rs` run the real `vm-agent` binary on the host over a Unix socket inside a temp root
+//! (exec, files, serve, forward, hostile peers, config). cgroup and PID-1 duties cannot run on
+//! these hosts (cgroup v1, no guest user space under KVM): the agent skips cgroup setup cleanly
+//! when its base is not cgroup2, `tests/cgroup.rs` prints a SKIP line for the limit checks, and
+//! `tests/guest.rs` checks the PID-1 duties in a QEMU TCG guest booted by
+//! `tests/guest/run-tcg.sh BZIMAGE` (SKIP without `VM_AGENT_GUEST_SOCK`).
+
+#[cfg(target_os = "linux")]
+pub mod agent;
+pub mod client;
+pub mod config;
+pub mod frame;
+pub mod protocol;
+
+/// vsock port the agent listens on inside the guest.
+pub const AGENT_PORT: u32 = 1024;
+/// Protocol version exchanged in the handshake.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+pub use client::{AgentClient, ClientError, ClientLimits, ExecEvent, ExecStream, ForwardStream};
+pub use config::{AgentConfig, DiskFs, DiskMount};
+pub use protocol::{
+    AgentInfo, Command, ErrorKind, ExecOutput, ExecRequest, ExitStatus, FileEntry, ServeId,
+    ServeRequest, ServeStatus,
+};

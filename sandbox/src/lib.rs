@@ -1,1 +1,95 @@
-//! placeholder
+//! `vm-sandbox`: the public API for running work in a microVM.
+//!
+//! Data flows one way: caller -> [`vm_spec::Spec::validate`] -> admission ([`vm_spec::admit`])
+//! -> driver selection ([`select_driver`]) -> mount preparation ([`mounts`]) ->
+//! `vm_drivers::BootPlan` -> `Driver::boot` -> `vm_drivers::Machine` -> guest agent.
+//!
+//! # Design
+//! - **No silent downgrade.** [`select_driver`] returns the first *available* driver whose
+//!   containment the gate admits for the work's trust under the [`vm_spec::Policy`]. An
+//!   available but weaker driver (QEMU TCG, `user-kernel`) is used for untrusted work only
+//!   when `Policy::allow_emulation` is set, and the refusal names that flag
+//!   (`--allow-emulation`). When nothing qualifies the error lists every driver's diagnosis.
+//! - **Defense in depth on paths.** [`MicroVm`] file operations check paths host-side
+//!   ([`confine::relative`]: relative, no `..`, no NUL) before the agent checks them again
+//!   beneath the root with `openat2(RESOLVE_BENEATH)`.
+//! - **Explicit environment.** Every process started in the guest gets exactly
+//!   `Guarantees.env`; nothing is inherited from the host.
+//! - **Read-only mounts only.** A host file becomes a raw read-only disk; a host directory
+//!   an erofs image cached by content key (see [`mounts`]).
+//! - **Lifetime.** The wall limit goes into the `BootPlan` and the `Machine` enforces it.
+//!   [`MicroVm::close`] is idempotent and removes the per-VM run directory; `Drop` kills.
+//! - **Serving.** [`MicroVm::serve`] publishes a guest port on a host loopback address
+//!   (never a non-loopback one unless written out, see [`PublishSpec`]).
+//!
+//! # Example
+//! ```no_run
+//! use std::time::Duration;
+//! use vm_sandbox::{MicroVm, Options, PublishSpec, ServeSpec, images};
+//! use vm_spec::{Guarantees, Limits, Mount, Policy, Spec, Trust};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = Limits { vcpus: 1, mem_mib: 256, pids: 0, wall: Duration::from_secs(600) };
+//! let guarantees = Guarantees::untrusted(limits, vec![Mount::read_only("/srv/weights", "/weights")])
+//!     .with_env("PATH", "/usr/bin:/bin");
+//! let spec = Spec::new(images::default_spec_image()?, guarantees);
+//! // On a host without hardware virtualization, accept QEMU emulation explicitly.
+//! let options = Options { policy: Policy { allow_emulation: true }, ..Options::default() };
+//! assert_eq!(options.trust, Trust::Untrusted);
+//! let vm = MicroVm::boot(spec, options).await?;
+//! println!("running on {} ({})", vm.driver(), vm.containment());
+//!
+//! let out = vm.exec("echo hello > greeting && cat greeting").await?;
+//! assert_eq!(out.output, b"hello\n");
+//! vm.write_file("in/data.txt", b"abc").await?;
+//! assert_eq!(vm.read_file("in/data.txt").await?, b"abc");
+//! let txt = vm.glob("**/*.txt").await?; // ["in/data.txt"]
+//! # let _ = txt;
+//! let uname = vm.capture(&["uname", "-r"]).await?;
+//! # let _ = uname;
+//!
+//! let server = vm
+//!     .serve(ServeSpec {
+//!         argv: vec!["httpd".into(), "-f".into(), "-p".into(), "8000".into()],
+//!         publish: PublishSpec::parse("0:8000")?, // a free loopback port -> guest 8000
+//!     })
+//!     .await?;
+//! println!("reachable at http://{}", server.addr());
+//! server.stop().await?;
+//! vm.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Public API (signatures)
+//! ```text
+//! select_driver(&Registry, Trust, &Policy) -> Result<&dyn Driver, SelectError>
+//! select_named(&Registry, name, Trust, &Policy) -> Result<&dyn Driver, SelectError>
+//! MicroVm::create(&Spec, &Options) -> Result<MicroVm, SandboxError>        (blocking)
+//! MicroVm::create_with(&Registry, &Spec, &Options) -> Result<MicroVm, SandboxError>
+//! MicroVm::boot(Spec, Options).await -> Result<MicroVm, SandboxError>      (spawn_blocking)
+//! vm.containment() / driver() / root() / spec() / machine()
+//! vm.exec(line) / capture(&[argv]) / run(Run) -> ExecOutput ; exec_stream(Run) -> ExecStream
+//! vm.read_file(path) / write_file(path, bytes) / walk(dir) / glob(pattern) ; serve(ServeSpec) -> Serving
+//! vm.close().await   (idempotent)
+//! Serving: addr(), running(), exit(), output(), done().await, stop().await (idempotent)
+//! PublishSpec::parse(&str) / parse_all(&[S]) ; Display = IP:HOST:GUEST
+//! Glob::new(pattern)?.matches(path) ; confine::relative(path, allow_root)
+//! MountCache::new(dir) / default_location() ; .prepare(&[ValidMount]) -> Vec<DiskPlan> ; dir_key(dir, max)
+//! images::{images_dir, default_images, default_spec_image, list, prune, images_in, list_in, prune_in}
+//! ```
+
+pub mod confine;
+pub mod glob;
+pub mod images;
+mod microvm;
+pub mod mounts;
+pub mod publish;
+mod select;
+mod serving;
+
+pub use glob::{Glob, GlobError};
+pub use microvm::{MicroVm, Options, Run, SandboxError};
+pub use mounts::{MountCache, MountError};
+pub use publish::{PublishError, PublishSpec};
+pub use select::{Diagnosis, SelectError, select_driver, select_named};
+pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};

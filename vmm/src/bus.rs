@@ -68,11 +68,13 @@ impl Bus {
         if len == 0 {
             return Err(BusError::ZeroLength(base));
         }
-        let end = base.checked_add(len).ok_or(BusError::Overlap { base, len })?;
-        if let Some((b, e)) = self.ranges.range(..end).next_back() {
-            if b.saturating_add(e.len) > base {
-                return Err(BusError::Overlap { base, len });
-            }
+        let end = base
+            .checked_add(len)
+            .ok_or(BusError::Overlap { base, len })?;
+        if let Some((b, e)) = self.ranges.range(..end).next_back()
+            && b.saturating_add(e.len) > base
+        {
+            return Err(BusError::Overlap { base, len });
         }
         self.ranges.insert(base, Entry { len, device });
         Ok(())
@@ -129,7 +131,8 @@ mod tests {
     #[test]
     fn dispatches_by_range_and_offset() {
         let mut bus = Bus::new();
-        bus.insert(Arc::new(Mutex::new(Reg(10))), 0x100, 0x10).unwrap();
+        bus.insert(Arc::new(Mutex::new(Reg(10))), 0x100, 0x10)
+            .unwrap();
         let mut b = [0u8; 1];
         assert!(bus.read(0x104, &mut b));
         assert_eq!(b[0], 14);
@@ -142,12 +145,23 @@ mod tests {
     #[test]
     fn refuses_overlap_and_zero_length() {
         let mut bus = Bus::new();
-        bus.insert(Arc::new(Mutex::new(Reg(0))), 0x100, 0x10).unwrap();
+        bus.insert(Arc::new(Mutex::new(Reg(0))), 0x100, 0x10)
+            .unwrap();
         let e = bus.insert(Arc::new(Mutex::new(Reg(0))), 0x10f, 0x10);
-        assert_eq!(e, Err(BusError::Overlap { base: 0x10f, len: 0x10 }));
+        assert_eq!(
+            e,
+            Err(BusError::Overlap {
+                base: 0x10f,
+                len: 0x10
+            })
+        );
         let e = bus.insert(Arc::new(Mutex::new(Reg(0))), 0xf8, 0x10);
         assert!(e.is_err());
-        assert_eq!(bus.insert(Arc::new(Mutex::new(Reg(0))), 0x200, 0), Err(BusError::ZeroLength(0x200)));
-        bus.insert(Arc::new(Mutex::new(Reg(0))), 0x110, 0x10).unwrap();
+        assert_eq!(
+            bus.insert(Arc::new(Mutex::new(Reg(0))), 0x200, 0),
+            Err(BusError::ZeroLength(0x200))
+        );
+        bus.insert(Arc::new(Mutex::new(Reg(0))), 0x110, 0x10)
+            .unwrap();
     }
 }

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs what building and testing `vm` needs on a Debian 12 x86_64 machine,
+# then builds the guest images. Idempotent and quick when all is present:
+# apt-get runs (after `apt-get update`) only for missing packages, cargo
+# installs only what is missing or at the wrong version.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+say() { echo "setup: $*" >&2; }
+die() { echo "setup: ERROR: $*" >&2; exit 1; }
+
+packages=(qemu-system-x86 busybox-static erofs-utils e2fsprogs cpio lz4 linux-source-6.12 bc flex
+    bison libelf-dev libssl-dev file build-essential patch binutils)
+vhost_vsock_version=0.3.0
+
+command -v dpkg-query >/dev/null || die "not a Debian machine (dpkg-query missing)"
+command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable, plus nightly for fuzzing)"
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    sudo=()
+    ((EUID == 0)) || sudo=(sudo)
+    say "apt-get install ${missing[*]}"
+    "${sudo[@]}" apt-get update -qq || die "apt-get update failed"
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" ||
+        die "apt-get install ${missing[*]} failed"
+else
+    say "apt packages present"
+fi
+
+# vhost-user vsock backend for the QEMU (TCG) driver.
+if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock $vhost_vsock_version" ]]; then
+    say "cargo install vhost-device-vsock $vhost_vsock_version (a few minutes)"
+    cargo install vhost-device-vsock --version "$vhost_vsock_version" --locked ||
+        die "cargo install vhost-device-vsock failed"
+else
+    say "vhost-device-vsock $vhost_vsock_version present"
+fi
+
+# Fuzzing (only when the repository has fuzz targets): nightly + cargo-fuzz.
+if [[ -d fuzz ]]; then
+    if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+        say "rustup toolchain install nightly"
+        rustup toolchain install nightly --profile minimal || die "installing the nightly toolchain failed"
+    fi
+    if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+        say "cargo install cargo-fuzz"
+        cargo install cargo-fuzz --locked || die "cargo install cargo-fuzz failed"
+    fi
+fi
+
+command -v cargo-nextest >/dev/null || say "note: cargo-nextest not installed; ci/test.sh falls back to cargo test"
+
+images/build.sh || die "images/build.sh failed"

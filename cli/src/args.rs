@@ -1,0 +1,365 @@
+//! The command-line grammar (clap derive). Only shapes and help texts live here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::parse::{self, EnvArg, VolumeArg};
+
+const MAIN_AFTER: &str = "Examples:
+  vm exec --allow-emulation -- sh -c 'echo hi; exit 7'
+  vm exec --memory 512M -v $PWD/data:/data:ro -- ls /data
+  vm run -d --name box --allow-emulation && vm exec box -- uname -a && vm stop box
+  vm serve -p 8000 --allow-emulation -- httpd -f -p 8000
+  vm drivers
+  vm -vv exec --allow-emulation -- true        # debug logging (-q/-v go before the command)
+
+Environment:
+  VM_RUNTIME_DIR  state of named VMs (default $XDG_RUNTIME_DIR/vm, /run/user/$UID/vm or /tmp/vm-$UID/vm)
+  VM_IMAGES_DIR   guest images (default ${XDG_CACHE_HOME:-$HOME/.cache}/vm/images)
+  RUST_LOG        log filter, overrides -q/-v
+
+";
+
+/// Run untrusted work inside lightweight microVMs.
+#[derive(Debug, Parser)]
+#[command(name = "vm", version, about = "Run untrusted work inside lightweight microVMs", after_help = format!("{MAIN_AFTER}{}", crate::exit::HELP_TABLE))]
+pub struct Cli {
+    /// Only print errors (give it before the command: `vm -q exec …`).
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// More logging on stderr: -v info, -vv debug, -vvv trace (before the command: `vm -v exec …`;
+    /// after it, -v is a mount).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Exec(ExecArgs),
+    Run(RunArgs),
+    Serve(ServeArgs),
+    Ps(PsArgs),
+    Stop(StopArgs),
+    Rm(RmArgs),
+    Logs(LogsArgs),
+    Cp(CpArgs),
+    Drivers(DriversArgs),
+    #[command(subcommand)]
+    Images(ImagesCommand),
+    /// Internal: the detached supervisor of a `vm run -d` VM.
+    #[command(name = "__supervise", hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+/// Trust level of the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrustArg {
+    /// Your own code; any driver will do.
+    Trusted,
+    /// Semi-trusted code.
+    Semi,
+    /// Untrusted code: needs a microVM, or --allow-emulation for an emulated VM.
+    Untrusted,
+}
+
+/// Options that describe a VM to boot (shared by exec, run and serve).
+#[derive(Debug, Clone, Args, serde::Serialize, serde::Deserialize)]
+pub struct VmOpts {
+    /// Guest memory: a number with K/M/G suffix, MiB when bare [default: 256M]
+    #[arg(long, value_name = "SIZE", value_parser = parse::mem_mib)]
+    pub memory: Option<i64>,
+    /// Number of vCPUs [default: 1]
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<i64>,
+    /// Maximum number of processes in the guest [default: 256]
+    #[arg(long, value_name = "N")]
+    pub pids: Option<i64>,
+    /// Wall lifetime of the VM (s/m/h, seconds when bare); the VM is torn down at expiry
+    #[arg(long, value_name = "DURATION", value_parser = parse::duration)]
+    pub timeout: Option<Duration>,
+    /// Mount a host path read-only: HOST:GUEST[:ro] (`:rw` is refused for untrusted work)
+    #[arg(short = 'v', long = "volume", value_name = "HOST:GUEST[:ro]", value_parser = parse::volume)]
+    pub volumes: Vec<VolumeArg>,
+    /// Guest kernel (vmlinux or bzImage) instead of the built-in image's
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// Guest initramfs instead of the built-in image's
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+    /// Root filesystem image (read-only) instead of the initramfs
+    #[arg(long, value_name = "PATH")]
+    pub rootfs: Option<PathBuf>,
+    /// Use this driver (kvm, tcg, hvf, hyperv) instead of the first available one
+    #[arg(long, value_name = "NAME")]
+    pub driver: Option<String>,
+    /// Trust level of the work
+    #[arg(long, value_enum, default_value = "untrusted")]
+    pub trust: TrustArg,
+    /// Accept an emulated VM (tcg: a full guest kernel, but not a hardware-virtualized boundary)
+    #[arg(long)]
+    pub allow_emulation: bool,
+}
+
+/// Options for the command run in the guest.
+#[derive(Debug, Clone, Args)]
+pub struct CmdOpts {
+    /// Set a guest environment variable (KEY=VALUE), or forward the host's (KEY)
+    #[arg(short = 'e', long = "env", value_name = "KEY[=VALUE]", value_parser = parse::env)]
+    pub env: Vec<EnvArg>,
+    /// Pass this variable even though its name or value looks like a secret
+    #[arg(long = "env-allow", value_name = "NAME")]
+    pub env_allow: Vec<String>,
+    /// Working directory of the command in the guest
+    #[arg(short = 'w', long = "workdir", value_name = "DIR")]
+    pub workdir: Option<String>,
+}
+
+/// Dry-run options.
+#[derive(Debug, Clone, Args)]
+pub struct DryRunOpts {
+    /// Print the resolved spec and the validation verdict; boot nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run: print JSON instead of text
+    #[arg(long, requires = "dry_run")]
+    pub json: bool,
+}
+
+/// Boot a VM, run one command in it, tear it down (or run in a named VM).
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm exec --allow-emulation -- sh -c 'echo hi; exit 7'      # prints hi, exits 7
+  vm exec --memory 1G --cpus 2 --timeout 5m -- make -j2
+  vm exec -v /srv/data:/data:ro -e TOKEN -e MODE=fast -w /data -- ./run.sh
+  vm exec --dry-run --json -- true                          # show the resolved spec, boot nothing
+  vm exec box -- ls /                                       # run in the running VM `box`
+
+The command's stdout and stderr are streamed as they come; vm exits with its exit code
+(128+N when killed by signal N). Ctrl-C cancels the whole guest command tree and exits 130.
+With NAME, only -e, --env-allow, -w and --timeout (which then bounds the command) apply:
+the VM was configured by `vm run`.")]
+pub struct ExecArgs {
+    /// Run in this running VM (see `vm run -d`) instead of booting one
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub vm: VmOpts,
+    #[command(flatten)]
+    pub cmd: CmdOpts,
+    #[command(flatten)]
+    pub dry: DryRunOpts,
+    /// The command and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Start a long-lived named VM in the background.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm run -d --name box --allow-emulation --memory 512M --timeout 2h
+  vm exec box -- sh -c 'echo $((6*7))'
+  vm cp ./script.sh box:/tmp/script.sh && vm exec box -- sh /tmp/script.sh
+  vm stop box && vm rm box
+
+Returns once the VM's agent answers. The VM is held by a detached supervisor until
+`vm stop NAME` or its wall lifetime (--timeout) ends. -e sets the environment of every
+command run in it, -w the default working directory of `vm exec NAME`. State (record,
+supervisor.log, console.log) is kept in $VM_RUNTIME_DIR/NAME/ until `vm rm NAME`.")]
+pub struct RunArgs {
+    /// Run in the background (required: a foreground run is `vm exec`)
+    #[arg(short = 'd', long)]
+    pub detach: bool,
+    /// Name of the VM ([a-z0-9][a-z0-9_.-]{0,62})
+    #[arg(long, value_parser = parse::vm_name)]
+    pub name: String,
+    #[command(flatten)]
+    pub vm: VmOpts,
+    #[command(flatten)]
+    pub cmd: CmdOpts,
+    #[command(flatten)]
+    pub dry: DryRunOpts,
+}
+
+/// Start a server in a VM and publish its port on the host.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm serve -p 8000 --allow-emulation -- httpd -f -p 8000             # 127.0.0.1:8000 -> guest 8000
+  vm serve -p 9000:8000 -v /models:/models:ro -- server --port 8000
+  vm serve -p 0.0.0.0:8000:8000 -- server                               # exposed to the network
+  vm serve -p 8000 --dry-run --json -- server                           # show normalized publish specs
+
+Publish specs: PORT, HOSTPORT:GUESTPORT or IP:HOSTPORT:GUESTPORT (TCP); the host side binds
+to 127.0.0.1 unless an address is written out. The host address is printed on stdout once
+the server is started. Ctrl-C stops the server and the VM; if the server exits by itself,
+vm exits with its exit code. -w does not apply (the server runs in the guest root).")]
+pub struct ServeArgs {
+    /// Publish the guest port on the host: [IP:]HOSTPORT:GUESTPORT or PORT (HOSTPORT 0 = any free port)
+    #[arg(short = 'p', long = "publish", value_name = "[IP:]HOSTPORT:GUESTPORT")]
+    pub publish: String,
+    #[command(flatten)]
+    pub vm: VmOpts,
+    #[command(flatten)]
+    pub cmd: CmdOpts,
+    #[command(flatten)]
+    pub dry: DryRunOpts,
+    /// The server command and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// List named VMs.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm ps
+  vm ps --json | jq '.[] | select(.state == \"running\") | .name'
+
+A VM whose supervisor is gone is shown as exited and its leftovers are cleaned.")]
+pub struct PsArgs {
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Stop a named VM.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm stop box
+  vm stop --time 2 box a b
+
+Asks the supervisor to stop (SIGTERM), waits, then kills it and the VM (SIGKILL).")]
+pub struct StopArgs {
+    /// Seconds to wait for a clean stop before killing
+    #[arg(short = 't', long = "time", default_value_t = 10)]
+    pub time: u64,
+    /// VM names
+    #[arg(required = true, value_parser = parse::vm_name)]
+    pub names: Vec<String>,
+}
+
+/// Remove a stopped VM's record.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm rm box
+  vm rm -f box      # stop it first if it is running")]
+pub struct RmArgs {
+    /// Stop the VM first if it is running
+    #[arg(short, long)]
+    pub force: bool,
+    /// VM names
+    #[arg(required = true, value_parser = parse::vm_name)]
+    pub names: Vec<String>,
+}
+
+/// Print a named VM's console and supervisor log.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm logs box
+  vm logs -f box    # keep following until the VM exits")]
+pub struct LogsArgs {
+    /// Keep printing new output until the VM exits
+    #[arg(short, long)]
+    pub follow: bool,
+    /// VM name
+    #[arg(value_parser = parse::vm_name)]
+    pub name: String,
+}
+
+/// Copy a file into or out of a named VM.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm cp ./input.txt box:/tmp/input.txt
+  vm cp box:/tmp/result.json ./result.json
+  vm cp box:/etc/os-release -          # to stdout
+
+Exactly one side is NAME:PATH (an absolute guest path).")]
+pub struct CpArgs {
+    /// HOSTFILE or NAME:PATH
+    pub src: String,
+    /// HOSTFILE or NAME:PATH (`-` for stdout when copying out)
+    pub dst: String,
+}
+
+/// List the drivers and whether they can run here.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm drivers
+  vm drivers --json
+
+CONTAINMENT is what a driver's boundary is: microvm (hardware-virtualized) or user-kernel
+(an emulated VM: a separate guest kernel, but the emulator runs on the host).")]
+pub struct DriversArgs {
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Build, list and prune guest images.
+#[derive(Debug, Subcommand)]
+pub enum ImagesCommand {
+    /// Build the guest kernel and initramfs with images/build.sh
+    #[command(after_help = "Examples:
+  vm images build
+  VM_SOURCE_DIR=~/src/vm vm images build -- --force
+
+Runs <source>/images/build.sh (source tree from VM_SOURCE_DIR or the one vm was built from),
+streaming its progress; extra arguments after -- are passed to the script.")]
+    Build {
+        /// Arguments passed to build.sh
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// List built images
+    #[command(after_help = "Examples:
+  vm images ls
+  vm images ls --json")]
+    Ls {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove images other than the current one
+    #[command(after_help = "Examples:
+  vm images prune")]
+    Prune,
+}
+
+/// Internal supervisor arguments.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// VM name (its record must exist)
+    pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_takes_name_and_command() {
+        let cli = Cli::try_parse_from(["vm", "exec", "box", "--", "ls", "-l"]).unwrap();
+        let Command::Exec(e) = cli.command else {
+            panic!()
+        };
+        assert_eq!(e.name.as_deref(), Some("box"));
+        assert_eq!(e.command, ["ls", "-l"]);
+        let cli =
+            Cli::try_parse_from(["vm", "exec", "--memory", "1G", "--", "sh", "-c", "x"]).unwrap();
+        let Command::Exec(e) = cli.command else {
+            panic!()
+        };
+        assert_eq!((e.name, e.vm.memory), (None, Some(1024)));
+        assert!(Cli::try_parse_from(["vm", "exec", "box"]).is_err());
+    }
+}

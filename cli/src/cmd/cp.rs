@@ -1,0 +1,95 @@
+//! `vm cp`: copy one file into or out of a running named VM through the agent's
+//! WriteFile/ReadFile (bounded by the agent protocol's file size limit).
+
+use std::io::Write;
+
+use anyhow::Context;
+
+use crate::args::CpArgs;
+use crate::exit;
+use crate::parse;
+use crate::state::Runtime;
+
+/// The guest root file paths are resolved under (the agent confines each operation to it).
+const GUEST_ROOT: &str = "/";
+
+/// `NAME:PATH` → (name, guest path relative to `/`), when `s` is a guest reference.
+/// Anything with a `/` before the first `:` (or no `:`) is a host path.
+fn guest_ref(s: &str) -> Option<(&str, &str)> {
+    let (name, path) = s.split_once(':')?;
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    Some((name, path))
+}
+
+fn guest_path(name: &str, path: &str) -> anyhow::Result<(String, String)> {
+    let name = parse::vm_name(name).map_err(|e| exit::usage(e.to_string()))?;
+    if !path.starts_with('/') {
+        return Err(exit::usage(format!(
+            "{name}:{path}: the guest path must be absolute"
+        )));
+    }
+    let rel = vm_sandbox::confine::relative(path.trim_start_matches('/'), false)
+        .map_err(|e| exit::usage(e.to_string()))?;
+    Ok((name, rel))
+}
+
+/// `vm cp SRC DST`.
+pub async fn run(a: CpArgs) -> anyhow::Result<u8> {
+    let rt = Runtime::from_env()?;
+    match (guest_ref(&a.src), guest_ref(&a.dst)) {
+        (None, Some((name, path))) => {
+            let (name, rel) = guest_path(name, path)?;
+            let data = std::fs::read(&a.src).with_context(|| format!("reading {}", a.src))?;
+            let (client, _) = super::attach(&rt, &name)?;
+            client
+                .write_file(GUEST_ROOT, &rel, &data)
+                .await
+                .with_context(|| format!("writing {name}:/{rel}"))?;
+        }
+        (Some((name, path)), None) => {
+            let (name, rel) = guest_path(name, path)?;
+            let (client, _) = super::attach(&rt, &name)?;
+            let data = client
+                .read_file(GUEST_ROOT, &rel)
+                .await
+                .with_context(|| format!("reading {name}:/{rel}"))?;
+            if a.dst == "-" {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&data)?;
+                out.flush()?;
+            } else {
+                std::fs::write(&a.dst, &data).with_context(|| format!("writing {}", a.dst))?;
+            }
+        }
+        (Some(_), Some(_)) => {
+            return Err(exit::usage(
+                "cannot copy between two VMs; copy through the host",
+            ));
+        }
+        (None, None) => {
+            return Err(exit::usage(
+                "one of SRC and DST must be NAME:PATH (e.g. `vm cp ./f box:/tmp/f`)",
+            ));
+        }
+    }
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_refs() {
+        assert_eq!(guest_ref("box:/tmp/x"), Some(("box", "/tmp/x")));
+        assert_eq!(guest_ref("./a:b"), None);
+        assert_eq!(guest_ref("/abs/file"), None);
+        assert_eq!(guest_ref("file.txt"), None);
+        assert_eq!(guest_ref(":x"), None);
+        assert!(guest_path("box", "tmp/x").is_err());
+        assert!(guest_path("box", "/tmp/../etc").is_err());
+        assert_eq!(guest_path("box", "/tmp//x").unwrap().1, "tmp/x");
+    }
+}

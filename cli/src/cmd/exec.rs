@@ -1,0 +1,186 @@
+//! `vm exec`: boot a VM, run one command with its output streamed, tear the VM down; or,
+//! with a NAME, run the command in that running VM.
+
+use std::time::Duration;
+
+use guest_agent::protocol::{Command, ExecRequest};
+use vm_sandbox::{MicroVm, Options, Run};
+
+use crate::args::ExecArgs;
+use crate::dryrun;
+use crate::exit;
+use crate::glue;
+use crate::parse;
+use crate::state::Runtime;
+use crate::stream::{self, Signals};
+use crate::supervisor::StartRequest;
+
+/// `vm exec`.
+pub async fn run(a: ExecArgs) -> anyhow::Result<u8> {
+    match a.name.clone() {
+        Some(name) => in_named(a, name).await,
+        None => boot_and_exec(a).await,
+    }
+}
+
+/// Flags that configure a VM to boot, which mean nothing for an existing one.
+fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
+    let v = &a.vm;
+    let mut given = Vec::new();
+    let mut check = |on: bool, flag| {
+        if on {
+            given.push(flag);
+        }
+    };
+    check(v.memory.is_some(), "--memory");
+    check(v.cpus.is_some(), "--cpus");
+    check(v.pids.is_some(), "--pids");
+    check(!v.volumes.is_empty(), "-v");
+    check(v.kernel.is_some(), "--kernel");
+    check(v.initrd.is_some(), "--initrd");
+    check(v.rootfs.is_some(), "--rootfs");
+    check(v.driver.is_some(), "--driver");
+    check(v.trust != crate::args::TrustArg::Untrusted, "--trust");
+    check(v.allow_emulation, "--allow-emulation");
+    check(a.dry.dry_run, "--dry-run");
+    given
+}
+
+/// `vm exec NAME -- CMD`: the command runs in the named VM with the VM's environment plus
+/// `-e`, in `-w` (else the VM's default directory, else its root); `--timeout` bounds the
+/// command.
+async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
+    let name = parse::vm_name(&name).map_err(|e| exit::usage(e.to_string()))?;
+    let given = boot_flags_given(&a);
+    if !given.is_empty() {
+        return Err(exit::usage(format!(
+            "{} configure a VM to boot; {name} is already running (only -e, -w and --timeout apply)",
+            given.join(", ")
+        )));
+    }
+    let mut signals = Signals::install()?;
+    let rt = Runtime::from_env()?;
+    let (client, record) = super::attach(&rt, &name)?;
+    let req: StartRequest = serde_json::from_value(record.request)?;
+    let g = &req.spec.guarantees;
+    let mut env = g.env.clone();
+    for (k, v) in parse::resolve_env(&a.cmd.env, |k| std::env::var(k).ok()) {
+        env.retain(|(ek, _)| *ek != k);
+        env.push((k, v));
+    }
+    let allow: Vec<String> = g
+        .env_allow
+        .iter()
+        .chain(&a.cmd.env_allow)
+        .cloned()
+        .collect();
+    vm_spec::env::check_env(&env, &allow)?;
+    let cwd = a
+        .cmd
+        .workdir
+        .clone()
+        .or(req.workdir.clone())
+        .unwrap_or(req.spec.root.clone());
+    let exec = ExecRequest {
+        command: Command::Argv(a.command.clone()),
+        env,
+        cwd: Some(cwd),
+        timeout: a.vm.timeout,
+        ..Default::default()
+    };
+    stream::exec(&client, exec, &mut signals).await
+}
+
+/// `-w` as the sandbox wants it: relative to the guest root. An absolute path must be the
+/// root or under it.
+fn workdir_rel(root: &str, w: &str) -> anyhow::Result<String> {
+    if !w.starts_with('/') {
+        return Ok(w.to_string());
+    }
+    let root = root.trim_end_matches('/');
+    match w.strip_prefix(root) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            Ok(rest.trim_start_matches('/').to_string())
+        }
+        _ => Err(exit::usage(format!(
+            "-w {w}: the working directory must be under the guest root {root} (or relative to it)"
+        ))),
+    }
+}
+
+/// `vm exec [OPTIONS] -- CMD`.
+async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
+    let mut signals = Signals::install()?;
+    let env = glue::env(&a.cmd.env);
+    let spec = glue::spec(&a.vm, env, a.cmd.env_allow.clone())?;
+    let trust = a.vm.trust.into();
+    let policy = glue::policy(&a.vm);
+    if a.dry.dry_run {
+        let plan = dryrun::Plan {
+            spec: &spec,
+            trust,
+            policy,
+            driver: a.vm.driver.as_deref(),
+            command: Some(&a.command),
+            workdir: a.cmd.workdir.as_deref(),
+            publish: None,
+            name: None,
+        };
+        return dryrun::report(&plan, a.dry.json);
+    }
+    let cwd = a
+        .cmd
+        .workdir
+        .as_deref()
+        .map(|w| workdir_rel(&spec.root, w))
+        .transpose()?;
+    let options = Options {
+        trust,
+        policy,
+        driver: a.vm.driver.clone(),
+        name: format!("exec-{}", std::process::id()),
+        ..Options::default()
+    };
+    let vm = tokio::select! {
+        vm = MicroVm::boot(spec, options) => vm?,
+        sig = signals.recv() => {
+            tracing::info!("{sig} while booting");
+            return Ok(exit::INTERRUPTED);
+        }
+    };
+    tracing::info!(driver = vm.driver(), containment = %vm.containment(), "VM booted");
+    let run = Run {
+        command: Command::Argv(a.command.clone()),
+        cwd,
+        timeout: a.vm.timeout,
+        ..Default::default()
+    };
+    let result = stream::relay_stream(async { Ok(vm.exec_stream(run).await?) }, &mut signals).await;
+    let expired = vm.machine().wall_expired();
+    vm.close().await;
+    match result {
+        Err(_) if expired => Err(exit::Coded {
+            code: exit::TIMEOUT,
+            message: format!(
+                "the VM's wall lifetime ({}) expired",
+                parse::fmt_duration(a.vm.timeout.unwrap_or(Duration::ZERO))
+            ),
+        }
+        .into()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workdir_is_made_relative_to_the_root() {
+        assert_eq!(workdir_rel("/work", "sub/dir").unwrap(), "sub/dir");
+        assert_eq!(workdir_rel("/work", "/work").unwrap(), "");
+        assert_eq!(workdir_rel("/work", "/work/a").unwrap(), "a");
+        assert!(workdir_rel("/work", "/workshop").is_err());
+        assert!(workdir_rel("/work", "/tmp").is_err());
+    }
+}

@@ -1,0 +1,319 @@
+//! Parsing of flag values: sizes, durations, `-v` mounts, `-e` variables, VM names.
+//!
+//! These only turn text into typed values; whether a value is *allowed* (memory 0, a
+//! read-write mount for untrusted work, a relative or home-directory path) is decided by
+//! `vm_spec` validation, so a syntactically fine but forbidden value is refused there with
+//! the refusal exit code, not here with the usage code.
+
+use std::time::Duration;
+
+/// A parse failure: the message names the flag's value and the accepted forms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+fn err(msg: String) -> ParseError {
+    ParseError(msg)
+}
+
+/// Parses a memory size into MiB: a number with an optional `K`, `M`, `G` or `T` suffix
+/// (also `KiB`/`KB`/..., any case); a bare number is MiB. The result must be a whole
+/// number of MiB (`1536K` is fine, `1000K` is not).
+pub fn mem_mib(s: &str) -> Result<i64, ParseError> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower.strip_suffix('b').unwrap_or(&lower);
+    let body = body.strip_suffix('i').unwrap_or(body);
+    let (digits, kib_per_unit): (&str, u128) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 1),
+        Some('m') => (&body[..body.len() - 1], 1024),
+        Some('g') => (&body[..body.len() - 1], 1024 * 1024),
+        Some('t') => (&body[..body.len() - 1], 1024 * 1024 * 1024),
+        _ => (body, 1024),
+    };
+    let bad = || {
+        err(format!(
+            "invalid size {s:?}: expected a number with an optional K, M or G suffix (MiB when bare), e.g. 256M or 1G"
+        ))
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u128 = digits.parse().map_err(|_| bad())?;
+    let kib = n.checked_mul(kib_per_unit).ok_or_else(bad)?;
+    if kib % 1024 != 0 {
+        return Err(err(format!(
+            "invalid size {s:?}: not a whole number of MiB"
+        )));
+    }
+    i64::try_from(kib / 1024).map_err(|_| err(format!("invalid size {s:?}: too large")))
+}
+
+/// Parses a duration: a sequence of `<number><unit>` with units `ms`, `s`, `m`, `h`
+/// (e.g. `90s`, `5m`, `1h30m`); a bare number is seconds.
+pub fn duration(s: &str) -> Result<Duration, ParseError> {
+    let t = s.trim();
+    let bad = || {
+        err(format!(
+            "invalid duration {s:?}: expected e.g. 60s, 5m, 1h30m (seconds when bare)"
+        ))
+    };
+    if t.is_empty() {
+        return Err(bad());
+    }
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return t.parse::<u64>().map(Duration::from_secs).map_err(|_| bad());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let n_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if n_len == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..n_len].parse().map_err(|_| bad())?;
+        rest = &rest[n_len..];
+        let u_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let part = match &rest[..u_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+            _ => return Err(bad()),
+        };
+        total = total.checked_add(part).ok_or_else(bad)?;
+        rest = &rest[u_len..];
+    }
+    Ok(total)
+}
+
+/// Formats a duration compactly (`1h2m3s`, `45s`, `250ms`).
+pub fn fmt_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 || out.is_empty() {
+        out.push_str(&format!("{s}s"));
+    }
+    out
+}
+
+/// A `-v HOST:GUEST[:ro|:rw]` flag, as written. `read_only` is true unless `:rw` was given.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeArg {
+    /// Host path, as written (validation decides whether it is acceptable).
+    pub host: String,
+    /// Guest path, as written.
+    pub guest: String,
+    /// False only for an explicit `:rw`.
+    pub read_only: bool,
+}
+
+/// Parses `HOST:GUEST[:ro|:rw]`.
+pub fn volume(s: &str) -> Result<VolumeArg, ParseError> {
+    let bad = || {
+        err(format!(
+            "invalid mount {s:?}: expected HOST:GUEST or HOST:GUEST:ro"
+        ))
+    };
+    let parts: Vec<&str> = s.split(':').collect();
+    let (host, guest, read_only) = match parts.as_slice() {
+        [h, g] => (*h, *g, true),
+        [h, g, "ro"] => (*h, *g, true),
+        [h, g, "rw"] => (*h, *g, false),
+        [_, _, mode] => {
+            return Err(err(format!(
+                "invalid mount {s:?}: unknown mode {mode:?} (use ro)"
+            )));
+        }
+        _ => return Err(bad()),
+    };
+    if host.is_empty() || guest.is_empty() {
+        return Err(bad());
+    }
+    Ok(VolumeArg {
+        host: host.to_string(),
+        guest: guest.to_string(),
+        read_only,
+    })
+}
+
+/// A `-e` flag: `KEY=VALUE`, or `KEY` to forward the host's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvArg {
+    /// An explicit value.
+    Set(String, String),
+    /// Forward the host variable of that name (skipped when unset on the host).
+    Forward(String),
+}
+
+/// Parses `KEY=VALUE` or `KEY`. The key must be a portable shell name.
+pub fn env(s: &str) -> Result<EnvArg, ParseError> {
+    let (key, value) = match s.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (s, None),
+    };
+    let valid = key
+        .bytes()
+        .enumerate()
+        .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+    if key.is_empty() || !valid {
+        return Err(err(format!(
+            "invalid environment variable {s:?}: expected KEY=VALUE or KEY, KEY made of letters, digits and _"
+        )));
+    }
+    Ok(match value {
+        Some(v) => EnvArg::Set(key.to_string(), v.to_string()),
+        None => EnvArg::Forward(key.to_string()),
+    })
+}
+
+/// Resolves `-e` flags against a host environment lookup. Forwarded variables that are
+/// unset on the host are left out (and logged), like `docker run -e KEY`.
+pub fn resolve_env(
+    args: &[EnvArg],
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    let mut out = Vec::with_capacity(args.len());
+    for a in args {
+        match a {
+            EnvArg::Set(k, v) => out.push((k.clone(), v.clone())),
+            EnvArg::Forward(k) => match lookup(k) {
+                Some(v) => out.push((k.clone(), v)),
+                None => tracing::info!(var = %k, "-e {k}: not set on the host, not forwarded"),
+            },
+        }
+    }
+    out
+}
+
+/// Checks a VM name: `[a-z0-9][a-z0-9_.-]{0,62}`.
+pub fn vm_name(s: &str) -> Result<String, ParseError> {
+    let b = s.as_bytes();
+    let first_ok = b
+        .first()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let rest_ok = b
+        .iter()
+        .skip(1)
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'.' | b'-'));
+    if !first_ok || !rest_ok || b.len() > 63 {
+        return Err(err(format!(
+            "invalid VM name {s:?}: use 1-63 characters [a-z0-9_.-] starting with a letter or digit"
+        )));
+    }
+    Ok(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(mem_mib("256"), Ok(256));
+        assert_eq!(mem_mib("256M"), Ok(256));
+        assert_eq!(mem_mib("256m"), Ok(256));
+        assert_eq!(mem_mib("256MiB"), Ok(256));
+        assert_eq!(mem_mib("1G"), Ok(1024));
+        assert_eq!(mem_mib("2gb"), Ok(2048));
+        assert!(mem_mib("1536K").is_err(), "1.5 MiB is not whole");
+        assert_eq!(mem_mib("3072K"), Ok(3));
+        assert!(mem_mib("1000K").is_err());
+        assert_eq!(mem_mib("2048K"), Ok(2));
+        assert_eq!(mem_mib("0"), Ok(0));
+        for bad in [
+            "",
+            "M",
+            "-1",
+            "1.5G",
+            "12X",
+            "1 G",
+            "99999999999999999999999G",
+        ] {
+            assert!(mem_mib(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "s", "5d", "1.5h", "-3s", "m5"] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(fmt_duration(Duration::from_secs(3723)), "1h2m3s");
+        assert_eq!(fmt_duration(Duration::from_secs(60)), "1m");
+        assert_eq!(fmt_duration(Duration::from_millis(5)), "5ms");
+    }
+
+    #[test]
+    fn volumes() {
+        let v = volume("/data:/mnt").unwrap();
+        assert_eq!(
+            (v.host.as_str(), v.guest.as_str(), v.read_only),
+            ("/data", "/mnt", true)
+        );
+        assert!(volume("/data:/mnt:ro").unwrap().read_only);
+        assert!(!volume("/data:/mnt:rw").unwrap().read_only);
+        assert!(
+            volume("rel:/mnt").is_ok(),
+            "relative paths are refused by validation, not here"
+        );
+        for bad in ["/data", "/a:/b:xx", ":/b", "/a:", "/a:/b:ro:x"] {
+            assert!(volume(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn env_vars() {
+        assert_eq!(env("A=1"), Ok(EnvArg::Set("A".into(), "1".into())));
+        assert_eq!(env("A=x=y"), Ok(EnvArg::Set("A".into(), "x=y".into())));
+        assert_eq!(env("A="), Ok(EnvArg::Set("A".into(), String::new())));
+        assert_eq!(env("HOME"), Ok(EnvArg::Forward("HOME".into())));
+        for bad in ["", "=1", "1A=2", "A-B=1", "A B"] {
+            assert!(env(bad).is_err(), "{bad}");
+        }
+        let got = resolve_env(
+            &[
+                EnvArg::Forward("SET".into()),
+                EnvArg::Forward("UNSET".into()),
+                EnvArg::Set("K".into(), "v".into()),
+            ],
+            |k| (k == "SET").then(|| "host".to_string()),
+        );
+        assert_eq!(
+            got,
+            vec![("SET".into(), "host".into()), ("K".into(), "v".into())]
+        );
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["a", "0", "web-1", "a.b_c", &"a".repeat(63)] {
+            assert!(vm_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "A", "-a", ".a", "a/b", "a b", &"a".repeat(64), "é"] {
+            assert!(vm_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! The runtime state directory: one directory per named VM, holding its record.
+//!
+//! Location: `$VM_RUNTIME_DIR` when set; else `$XDG_RUNTIME_DIR/vm`; else
+//! `/run/user/$UID/vm` when that user runtime directory exists; else `/tmp/vm-$UID/vm`
+//! (the `/tmp/vm-$UID` parent is created 0700 and refused unless owned by us and private).
+//! Every directory `vm` creates here is 0700.
+//!
+//! `<runtime dir>/<name>/` holds:
+//! - `record.json` — the [`Record`]: supervisor pid (+ its start time, so a recycled pid is
+//!   not mistaken for ours), driver, sockets, the request, labels, state; written atomically
+//!   (temp file + rename) by `vm run` and then by the supervisor;
+//! - `supervisor.log` — the detached supervisor's stdout/stderr;
+//! - whatever the driver creates in its run directory (the VM's sockets, console log); the
+//!   state directory *is* the driver's run directory so socket paths stay short (Unix
+//!   socket paths are limited to 107 bytes).
+//!
+//! A record whose supervisor is gone while it still says starting/running is *stale*: it is
+//! shown as `exited` and cleaned (leftover VM processes killed, sockets removed) by `ps`,
+//! `stop` and `rm`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Label keys stamped on every VM record (the record is the state store: a fact not
+/// recorded here is one no later command can recover).
+pub mod labels {
+    /// Always present: marks a record as written by this CLI.
+    pub const CLI: &str = "vm.cli";
+    /// The VM's name.
+    pub const NAME: &str = "vm.name";
+    /// The driver that booted it (`kvm`, `tcg`, …).
+    pub const DRIVER: &str = "vm.driver";
+    /// The containment that driver provides (`microvm`, `user-kernel`, …).
+    pub const CONTAINMENT: &str = "vm.containment";
+    /// The trust level the work was admitted at.
+    pub const TRUST: &str = "vm.trust";
+    /// Set when the VM runs under emulation because `--allow-emulation` was given.
+    pub const EMULATED: &str = "vm.emulated";
+}
+
+/// Errors of the state directory.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The runtime directory is unusable.
+    #[error("runtime directory {path}: {why}")]
+    Unsafe { path: PathBuf, why: String },
+    /// An I/O error on a path.
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// No VM of that name.
+    #[error("no VM named {0:?} (see `vm ps`)")]
+    NotFound(String),
+    /// The name is taken.
+    #[error(
+        "a VM named {name:?} already exists ({state}); pick another name or remove it with `vm rm {name}`"
+    )]
+    Exists { name: String, state: String },
+    /// The record cannot be parsed.
+    #[error("corrupt record {path}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Lifecycle state stored in a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmState {
+    /// `vm run` created the record; the supervisor is booting the VM.
+    Starting,
+    /// The VM's agent answered; commands can run in it.
+    Running,
+    /// A stop was requested; the supervisor is tearing the VM down.
+    Stopping,
+    /// The VM is gone (stopped, wall lifetime reached, crashed, or supervisor lost).
+    Exited,
+}
+
+impl VmState {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmState::Starting => "starting",
+            VmState::Running => "running",
+            VmState::Stopping => "stopping",
+            VmState::Exited => "exited",
+        }
+    }
+}
+
+/// A process identity: pid plus its start time (clock ticks since boot), so a pid that
+/// was recycled by an unrelated process is not mistaken for ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcId {
+    /// Process id.
+    pub pid: u32,
+    /// Field 22 of `/proc/<pid>/stat`.
+    pub start_ticks: u64,
+}
+
+impl ProcId {
+    /// The identity of a live process, if it exists.
+    pub fn of(pid: u32) -> Option<ProcId> {
+        proc_stat(pid).map(|(_, start_ticks)| ProcId { pid, start_ticks })
+    }
+
+    /// The identity of this process.
+    pub fn current() -> Option<ProcId> {
+        ProcId::of(std::process::id())
+    }
+
+    /// True while that same process exists and is not a zombie.
+    pub fn alive(&self) -> bool {
+        matches!(proc_stat(self.pid), Some((state, t)) if t == self.start_ticks && state != 'Z' && state != 'X')
+    }
+}
+
+/// Reads (state char, start ticks) from `/proc/<pid>/stat`.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces or ')': split after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // After ')' the fields start at #3 (state); starttime is #22 → index 19 after state.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// One VM's record (`record.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    /// Format version.
+    pub version: u32,
+    /// VM name.
+    pub name: String,
+    /// Stored lifecycle state (see [`Record::effective_state`]).
+    pub state: VmState,
+    /// The detached supervisor holding the VM.
+    pub supervisor: Option<ProcId>,
+    /// Driver name, once chosen.
+    pub driver: Option<String>,
+    /// The driver's containment, once chosen.
+    pub containment: Option<String>,
+    /// Unix seconds when `vm run` created the record.
+    pub created_unix: u64,
+    /// Unix seconds when the agent answered.
+    pub started_unix: Option<u64>,
+    /// Unix seconds when the VM exited.
+    pub exited_unix: Option<u64>,
+    /// Why it exited (or why it failed to start).
+    pub exit_reason: Option<String>,
+    /// When it failed to start: the exit code `vm run` reports (see `exit`).
+    #[serde(default)]
+    pub error_code: Option<u8>,
+    /// Host Unix socket of the VM's hybrid vsock (`CONNECT <port>` handshake).
+    pub agent_socket: Option<PathBuf>,
+    /// Host processes that make up the VM (driver-reported), killed if left behind.
+    pub host_pids: Vec<ProcId>,
+    /// Guest memory, MiB.
+    pub mem_mib: i64,
+    /// vCPUs.
+    pub vcpus: i64,
+    /// The request the VM was started from (re-resolved by the supervisor).
+    pub request: serde_json::Value,
+    /// Labels (see [`labels`]).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Record {
+    /// The state to show: a record that says starting/running/stopping whose supervisor is
+    /// gone is `Exited` (stale).
+    pub fn effective_state(&self) -> VmState {
+        match self.state {
+            VmState::Exited => VmState::Exited,
+            s if self.supervisor.is_some_and(|p| p.alive()) => s,
+            VmState::Starting if self.supervisor.is_none() => VmState::Starting,
+            _ => VmState::Exited,
+        }
+    }
+
+    /// True when the stored state says the VM is up but its supervisor is gone.
+    pub fn is_stale(&self) -> bool {
+        self.state != VmState::Exited && self.effective_state() == VmState::Exited
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs()
+}
+
+/// The runtime directory holding one directory per VM.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    root: PathBuf,
+}
+
+fn mkdir_private(path: &Path) -> Result<(), StateError> {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+    {
+        Ok(()) => Ok(()),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+fn check_private(path: &Path) -> Result<(), StateError> {
+    let md = fs::symlink_metadata(path).map_err(io_err(path))?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let unsafe_dir = |why: &str| StateError::Unsafe {
+        path: path.to_path_buf(),
+        why: why.into(),
+    };
+    if !md.is_dir() {
+        return Err(unsafe_dir("not a directory"));
+    }
+    if md.uid() != uid {
+        return Err(unsafe_dir(
+            "owned by another user; set VM_RUNTIME_DIR to a private directory",
+        ));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(unsafe_dir(
+            "writable by others; chmod 700 it or set VM_RUNTIME_DIR",
+        ));
+    }
+    Ok(())
+}
+
+impl Runtime {
+    /// Resolves the runtime directory from the environment (see the module docs) and
+    /// creates it.
+    pub fn from_env() -> Result<Runtime, StateError> {
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        // SAFETY: getuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let root = if let Some(dir) = env("VM_RUNTIME_DIR") {
+            dir
+        } else if let Some(xdg) = env("XDG_RUNTIME_DIR") {
+            xdg.join("vm")
+        } else if Path::new(&format!("/run/user/{uid}")).is_dir() {
+            PathBuf::from(format!("/run/user/{uid}/vm"))
+        } else {
+            let parent = PathBuf::from(format!("/tmp/vm-{uid}"));
+            mkdir_private(&parent)?;
+            check_private(&parent)?;
+            parent.join("vm")
+        };
+        Runtime::at(root)
+    }
+
+    /// Uses `root` as the runtime directory, creating it (0700) if needed.
+    pub fn at(root: PathBuf) -> Result<Runtime, StateError> {
+        mkdir_private(&root)?;
+        check_private(&root)?;
+        Ok(Runtime { root })
+    }
+
+    /// The runtime directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The state directory of VM `name`.
+    pub fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Claims `name`: creates its directory atomically and writes the first record.
+    /// A name that exists (running or not) is refused.
+    pub fn create(&self, record: &Record) -> Result<PathBuf, StateError> {
+        let dir = self.dir(&record.name);
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let state = match self.load(&record.name) {
+                    Ok(r) => r.effective_state().as_str().to_string(),
+                    Err(_) => "unreadable record".to_string(),
+                };
+                return Err(StateError::Exists {
+                    name: record.name.clone(),
+                    state,
+                });
+            }
+            Err(e) => return Err(io_err(&dir)(e)),
+        }
+        self.save(record)?;
+        Ok(dir)
+    }
+
+    /// Writes a record atomically.
+    pub fn save(&self, record: &Record) -> Result<(), StateError> {
+        let dir = self.dir(&record.name);
+        let tmp = dir.join(format!(".record.json.{}", std::process::id()));
+        let path = dir.join("record.json");
+        let bytes = serde_json::to_vec_pretty(record).map_err(|source| StateError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(&bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(io_err(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io_err(&path))
+    }
+
+    /// Loads VM `name`'s record.
+    pub fn load(&self, name: &str) -> Result<Record, StateError> {
+        let path = self.dir(name).join("record.json");
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StateError::NotFound(name.to_string()));
+            }
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt { path, source })
+    }
+
+    /// All records, sorted by name. Unreadable entries are skipped with a warning.
+    pub fn list(&self) -> Result<Vec<Record>, StateError> {
+        let mut out = Vec::new();
+        let root = self.root();
+        for entry in fs::read_dir(root).map_err(io_err(root))? {
+            let entry = entry.map_err(io_err(root))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if crate::parse::vm_name(&name).is_err() || !entry.path().is_dir() {
+                continue;
+            }
+            match self.load(&name) {
+                Ok(r) => out.push(r),
+                // A directory claimed a moment ago may not have its record yet.
+                Err(StateError::NotFound(_)) => {}
+                Err(e) => tracing::warn!("skipping {name}: {e}"),
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Marks a stale record exited and cleans what its VM left behind: kills recorded VM
+    /// processes that still exist (same pid *and* start time) and removes the agent socket.
+    pub fn reap_stale(&self, record: &mut Record) -> Result<(), StateError> {
+        if !record.is_stale() {
+            return Ok(());
+        }
+        kill_leftovers(record);
+        if let Some(sock) = &record.agent_socket {
+            let _ = fs::remove_file(sock);
+        }
+        record.state = VmState::Exited;
+        record.exited_unix.get_or_insert_with(now_unix);
+        record
+            .exit_reason
+            .get_or_insert_with(|| "supervisor gone".to_string());
+        self.save(record)
+    }
+
+    /// Removes VM `name`'s state directory.
+    pub fn remove(&self, name: &str) -> Result<(), StateError> {
+        let dir = self.dir(name);
+        fs::remove_dir_all(&dir).map_err(io_err(&dir))
+    }
+}
+
+/// SIGKILLs the record's VM processes that are still the same processes.
+pub fn kill_leftovers(record: &Record) {
+    for p in &record.host_pids {
+        if p.alive() {
+            tracing::info!(pid = p.pid, "killing leftover VM process");
+            // SAFETY: kill(2) with a pid we verified (pid + start time) is the VM's process.
+            unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGKILL) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str) -> Record {
+        Record {
+            version: 1,
+            name: name.into(),
+            state: VmState::Starting,
+            supervisor: None,
+            driver: None,
+            containment: None,
+            created_unix: now_unix(),
+            started_unix: None,
+            exited_unix: None,
+            exit_reason: None,
+            error_code: None,
+            agent_socket: None,
+            host_pids: vec![],
+            mem_mib: 256,
+            vcpus: 1,
+            request: serde_json::Value::Null,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn create_load_list_remove() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = Runtime::at(tmp.path().join("vm")).unwrap();
+        let mode = fs::metadata(rt.root()).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        rt.create(&record("a")).unwrap();
+        rt.create(&record("b")).unwrap();
+        let err = rt.create(&record("a")).unwrap_err();
+        assert!(err.to_string().contains("already exists"), "{err}");
+        assert_eq!(rt.load("a").unwrap().name, "a");
+        let names: Vec<_> = rt.list().unwrap().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["a", "b"]);
+        rt.remove("a").unwrap();
+        assert!(matches!(rt.load("a"), Err(StateError::NotFound(_))));
+    }
+
+    #[test]
+    fn liveness_uses_pid_and_start_time() {
+        let me = ProcId::current().unwrap();
+        assert!(me.alive());
+        let recycled = ProcId {
+            pid: me.pid,
+            start_ticks: me.start_ticks + 1,
+        };
+        assert!(!recycled.alive());
+        // A finished child: dead once reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let id = ProcId::of(child.id()).unwrap();
+        child.wait().unwrap();
+        assert!(!id.alive());
+    }
+
+    #[test]
+    fn stale_record_is_exited_and_reaped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = Runtime::at(tmp.path().join("vm")).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = ProcId::of(child.id()).unwrap();
+        child.wait().unwrap();
+        let mut r = record("s");
+        r.state = VmState::Running;
+        r.supervisor = Some(gone);
+        let sock = rt.dir("s").join("agent.sock");
+        rt.create(&r).unwrap();
+        fs::write(&sock, b"").unwrap();
+        r.agent_socket = Some(sock.clone());
+        assert!(r.is_stale());
+        assert_eq!(r.effective_state(), VmState::Exited);
+        rt.reap_stale(&mut r).unwrap();
+        assert!(!sock.exists());
+        assert_eq!(rt.load("s").unwrap().state, VmState::Exited);
+        // A live supervisor keeps its state.
+        r.state = VmState::Running;
+        r.supervisor = ProcId::current();
+        assert_eq!(r.effective_state(), VmState::Running);
+    }
+}

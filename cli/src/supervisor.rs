@@ -1,0 +1,175 @@
+//! The detached supervisor of a `vm run -d` VM.
+//!
+//! `vm run -d` writes the VM's record (state `starting`, the request to boot) and spawns
+//! `vm __supervise NAME` in a new session (setsid) with stdio going to `supervisor.log` in
+//! the VM's state directory. The supervisor:
+//! 1. records its own pid (+ start time) so later commands can find and signal it;
+//! 2. boots the [`MicroVm`] with the VM's state directory as the parent of the driver's run
+//!    directory, creates the guest root, and records the agent socket, the VM's host
+//!    processes, the driver and labels, then marks the record `running` (which is what
+//!    `vm run -d` waits for);
+//! 3. holds the VM, refreshing `console.log` (the bounded console tail) every second, until
+//!    SIGTERM/SIGINT (`vm stop`), the VM's wall lifetime, or the VM exiting by itself;
+//! 4. closes the VM (agent power-off, then kill), and marks the record `exited` with the
+//!    reason. The state directory stays until `vm rm`.
+//!
+//! A boot failure is recorded as `exited` with the error and its exit code, for `vm run`
+//! to report.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use vm_sandbox::{MicroVm, Options};
+use vm_spec::{Policy, Spec, Trust};
+
+use crate::args::SuperviseArgs;
+use crate::exit;
+use crate::state::{ProcId, Record, Runtime, VmState, labels, now_unix};
+use crate::stream::Signals;
+
+/// The console snapshot file in a VM's state directory.
+pub const CONSOLE_LOG: &str = "console.log";
+/// The supervisor's own stdout/stderr.
+pub const SUPERVISOR_LOG: &str = "supervisor.log";
+/// How long the guest agent may take to answer after the VM starts.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What `vm run -d` asks the supervisor to boot (stored in the record).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StartRequest {
+    pub spec: Spec,
+    pub trust: Trust,
+    pub policy: Policy,
+    pub driver: Option<String>,
+    /// Default working directory for `vm exec NAME` (guest path).
+    pub workdir: Option<String>,
+}
+
+/// The driver's agent socket inside the run directory the sandbox created under `dir`.
+/// (Glue: `MicroVm` does not expose its run directory or socket path.)
+fn find_agent_socket(dir: &Path) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    for e in entries.flatten() {
+        let p = e.path().join("vsock.sock");
+        if e.file_name().to_string_lossy().starts_with("vm-") && p.exists() {
+            return Some(p);
+        }
+    }
+    None
+}
+
+fn write_console(dir: &Path, vm: &MicroVm, last: &mut String) {
+    let tail = vm.machine().console_tail();
+    if tail == *last {
+        return;
+    }
+    let tmp = dir.join(".console.log.tmp");
+    if std::fs::write(&tmp, tail.as_bytes())
+        .and_then(|()| std::fs::rename(&tmp, dir.join(CONSOLE_LOG)))
+        .is_ok()
+    {
+        *last = tail;
+    }
+}
+
+/// Entry point of `vm __supervise NAME`. Returns 0 when the VM ran and was stopped, else
+/// the failure's code (also recorded).
+pub async fn run(a: SuperviseArgs) -> anyhow::Result<u8> {
+    let rt = Runtime::from_env()?;
+    let mut record = rt.load(&a.name)?;
+    record.supervisor = ProcId::current();
+    rt.save(&record)?;
+    let mut signals = Signals::install()?;
+    match supervise(&rt, &mut record, &mut signals).await {
+        Ok(()) => Ok(exit::OK),
+        Err(err) => {
+            let code = exit::classify(&err);
+            let reason = exit::one_line(&err);
+            eprintln!("vm supervisor: {reason}");
+            if let Ok(mut r) = rt.load(&a.name) {
+                r.state = VmState::Exited;
+                r.exited_unix = Some(now_unix());
+                r.exit_reason = Some(reason);
+                r.error_code = Some(code);
+                rt.save(&r)?;
+            }
+            Ok(code)
+        }
+    }
+}
+
+async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> anyhow::Result<()> {
+    let req: StartRequest = serde_json::from_value(record.request.clone())?;
+    let dir = rt.dir(&record.name);
+    let options = Options {
+        trust: req.trust,
+        policy: req.policy,
+        driver: req.driver.clone(),
+        name: record.name.clone(),
+        boot_timeout: BOOT_TIMEOUT,
+        run_dir_parent: Some(dir.clone()),
+        ..Options::default()
+    };
+    let vm = tokio::select! {
+        vm = MicroVm::boot(req.spec.clone(), options) => vm?,
+        sig = signals.recv() => anyhow::bail!("{sig} while booting; VM not started"),
+    };
+    // Creates the guest root (the sandbox does so lazily) and proves the agent works.
+    vm.walk("").await?;
+    let Some(socket) = find_agent_socket(&dir) else {
+        vm.close().await;
+        anyhow::bail!(
+            "the driver's agent socket was not found under {}",
+            dir.display()
+        );
+    };
+    record.state = VmState::Running;
+    record.started_unix = Some(now_unix());
+    record.driver = Some(vm.driver().to_string());
+    record.containment = Some(vm.containment().to_string());
+    record.agent_socket = Some(socket);
+    record.host_pids = vm
+        .machine()
+        .host_pids()
+        .into_iter()
+        .filter_map(ProcId::of)
+        .collect();
+    record
+        .labels
+        .insert(labels::DRIVER.into(), vm.driver().into());
+    record
+        .labels
+        .insert(labels::CONTAINMENT.into(), vm.containment().to_string());
+    if vm.containment() < vm_spec::required(req.trust) {
+        record.labels.insert(labels::EMULATED.into(), "true".into());
+    }
+    rt.save(record)?;
+    tracing::info!(name = %record.name, driver = vm.driver(), "VM running");
+
+    let mut last = String::new();
+    let reason = loop {
+        write_console(&dir, &vm, &mut last);
+        if !vm.machine().is_running() {
+            break if vm.machine().wall_expired() {
+                "wall lifetime expired".to_string()
+            } else {
+                "the VM exited by itself".to_string()
+            };
+        }
+        tokio::select! {
+            sig = signals.recv() => break format!("stopped ({sig})"),
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    };
+    tracing::info!(name = %record.name, %reason, "stopping VM");
+    record.state = VmState::Stopping;
+    rt.save(record)?;
+    vm.close().await;
+    write_console(&dir, &vm, &mut last);
+    record.state = VmState::Exited;
+    record.exited_unix = Some(now_unix());
+    record.exit_reason = Some(reason);
+    rt.save(record)?;
+    Ok(())
+}

@@ -1,0 +1,553 @@
+//! `vm` behaviour that needs no guest: grammar, dry-run, refusals and their exit codes,
+//! publish normalization, the driver table, and the state directory lifecycle of records.
+
+mod common;
+
+use common::{Env, skip};
+
+const REFUSED: i32 = 126;
+const NO_DRIVER: i32 = 127;
+const USAGE: i32 = 2;
+const FAILED: i32 = 125;
+
+/// `vm exec --dry-run --allow-emulation <image> EXTRA -- true`.
+fn dry(env: &Env, extra: &[&str]) -> common::Out {
+    let mut args: Vec<String> = vec![
+        "exec".into(),
+        "--dry-run".into(),
+        "--allow-emulation".into(),
+    ];
+    args.extend(env.image_args());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--".into(), "true".into()]);
+    env.run(&args)
+}
+
+#[test]
+fn help_documents_exit_codes_and_examples() {
+    let env = Env::new();
+    let out = env.run(&["--help"]);
+    assert_eq!(out.code, 0);
+    for needle in [
+        "Exit status:",
+        "124",
+        "125",
+        "126",
+        "127",
+        "130",
+        "Examples:",
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "missing {needle:?} in --help:\n{}",
+            out.stdout
+        );
+    }
+    for sub in [
+        "exec", "run", "serve", "ps", "stop", "rm", "logs", "cp", "drivers",
+    ] {
+        let out = env.run(&[sub, "--help"]);
+        assert_eq!(out.code, 0, "{sub} --help");
+        assert!(
+            out.stdout.contains("Examples:"),
+            "{sub} --help has no examples"
+        );
+    }
+    let out = env.run(&["images", "build", "--help"]);
+    assert!(out.stdout.contains("Examples:"));
+}
+
+#[test]
+fn dry_run_json_has_the_resolved_spec_and_verdict() {
+    let env = Env::new();
+    let data = env.dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let vol = format!("{}:/data:ro", data.display());
+    let out = dry(
+        &env,
+        &[
+            "--json",
+            "--memory",
+            "512M",
+            "--cpus",
+            "2",
+            "--pids",
+            "99",
+            "--timeout",
+            "90s",
+            "-v",
+            &vol,
+            "-e",
+            "FOO=bar",
+            "-w",
+            "/work/sub",
+        ],
+    );
+    let doc = out.json();
+    let g = &doc["spec"]["guarantees"];
+    assert_eq!(g["limits"]["mem_mib"], 512);
+    assert_eq!(g["limits"]["vcpus"], 2);
+    assert_eq!(g["limits"]["pids"], 99);
+    assert_eq!(g["limits"]["wall_ms"], 90_000);
+    assert_eq!(g["egress_denied"], true);
+    assert_eq!(g["mounts"][0]["guest_path"], "/data");
+    assert_eq!(g["mounts"][0]["read_only"], true);
+    let env_list = g["env"].as_array().unwrap();
+    assert!(
+        env_list.iter().any(|kv| kv[0] == "FOO" && kv[1] == "bar"),
+        "{env_list:?}"
+    );
+    assert!(
+        env_list.iter().any(|kv| kv[0] == "PATH"),
+        "default PATH missing: {env_list:?}"
+    );
+    assert_eq!(doc["command"], serde_json::json!(["true"]));
+    assert_eq!(doc["workdir"], "/work/sub");
+    assert_eq!(doc["trust"], "untrusted");
+    assert_eq!(doc["policy"]["allow_emulation"], true);
+    assert_eq!(doc["validation"]["ok"], true, "{doc}");
+    assert!(doc["validation"]["normalized"].is_object());
+    for field in ["driver", "verdict", "exit_code", "spec"] {
+        assert!(!doc[field].is_null(), "{field} missing");
+    }
+    if common::tcg_available(&env) {
+        assert_eq!(doc["verdict"], "ok");
+        assert_eq!(doc["exit_code"], 0);
+        assert_eq!(doc["driver"]["name"], "tcg");
+        assert_eq!(out.code, 0, "{}", out.stderr);
+    } else {
+        skip(
+            "dry_run_json_has_the_resolved_spec_and_verdict (driver part)",
+            "tcg is not available here",
+        );
+    }
+}
+
+#[test]
+fn dry_run_text_names_the_verdict() {
+    let env = Env::new();
+    let out = dry(&env, &["--memory", "1G"]);
+    assert!(out.stdout.contains("memory 1024 MiB"), "{}", out.stdout);
+    assert!(out.stdout.contains("validation   ok"), "{}", out.stdout);
+    assert!(out.stdout.contains("verdict"), "{}", out.stdout);
+}
+
+/// Each refusal the CLI can express: its exit code and a message naming the field.
+#[test]
+fn refusals_exit_126_with_the_reason() {
+    let env = Env::new();
+    let home = env.dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let host = env.dir.path().join("data");
+    std::fs::create_dir(&host).unwrap();
+    let rw = format!("{}:/data:rw", host.display());
+    let home_mount = format!("{}:/h", home.display());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["-v", &rw], "writable mount"),
+        (vec!["-v", "relative/dir:/data"], "relative path"),
+        (vec!["-v", "/:/host"], "guarantees.mounts[0].host_path"),
+        (vec!["-v", &home_mount], "home"),
+        (vec!["--memory", "0"], "guarantees.limits.mem_mib: 0"),
+        (vec!["--cpus", "999"], "guarantees.limits.vcpus"),
+        (vec!["-e", "API_TOKEN=abc"], "looks like a secret"),
+        (vec!["-v", "/tmp:/proc"], "protected"),
+    ];
+    for (extra, needle) in cases {
+        let mut cmd = env.cmd();
+        let mut args: Vec<String> = vec![
+            "exec".into(),
+            "--dry-run".into(),
+            "--allow-emulation".into(),
+        ];
+        args.extend(env.image_args());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(["--".into(), "true".into()]);
+        let out = common::Out::from(cmd.env("HOME", &home).args(&args).output().unwrap());
+        assert_eq!(
+            out.code, REFUSED,
+            "{extra:?}: stdout {} stderr {}",
+            out.stdout, out.stderr
+        );
+        assert!(
+            out.stdout.contains(needle),
+            "{extra:?}: want {needle:?} in {}",
+            out.stdout
+        );
+        assert!(
+            out.stderr.starts_with("vm: ") && out.stderr.lines().count() == 1,
+            "{extra:?}: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains(needle),
+            "{extra:?}: want {needle:?} in stderr {}",
+            out.stderr
+        );
+    }
+    // The secret refusal is lifted by naming the variable.
+    let out = dry(&env, &["-e", "API_TOKEN=abc", "--env-allow", "API_TOKEN"]);
+    assert!(out.stdout.contains("validation   ok"), "{}", out.stdout);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let env = Env::new();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["exec", "--memory", "12X", "--", "true"],
+        vec!["exec", "--timeout", "5d", "--", "true"],
+        vec!["exec", "-v", "/a", "--", "true"],
+        vec!["exec", "-v", "/a:/b:xx", "--", "true"],
+        vec!["exec", "-e", "1BAD=x", "--", "true"],
+        vec!["exec", "--trust", "maybe", "--", "true"],
+        vec!["exec", "true"],
+        vec!["run", "--name", "Bad_Name", "-d"],
+        vec!["run", "--name", "ok"],
+        vec!["exec", "box", "--memory", "1G", "--", "true"],
+        vec!["cp", "a", "b"],
+        vec!["cp", "x:/a", "y:/b"],
+        vec!["stop", "UPPER"],
+    ];
+    for args in cases {
+        let out = env.run(&args);
+        assert_eq!(out.code, USAGE, "{args:?}: {}", out.stderr);
+        assert!(!out.stderr.is_empty(), "{args:?}: no message");
+    }
+    let out = env.run(&["exec", "box", "--memory", "1G", "--", "true"]);
+    assert!(
+        out.stderr.contains("--memory") && out.stderr.contains("already running"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn driver_choice_refusals() {
+    let env = Env::new();
+    let mut args: Vec<String> = vec![
+        "exec".into(),
+        "--dry-run".into(),
+        "--driver".into(),
+        "nope".into(),
+    ];
+    args.extend(env.image_args());
+    args.extend(["--".into(), "true".into()]);
+    let out = env.run(&args);
+    assert_eq!(out.code, USAGE, "{}", out.stderr);
+    assert!(out.stderr.contains("not registered"), "{}", out.stderr);
+
+    if !common::pvm_native_host() || !common::tcg_available(&env) {
+        skip(
+            "driver_choice_refusals (no-driver part)",
+            "needs a PVM-native host with tcg available",
+        );
+        return;
+    }
+    // Untrusted work without --allow-emulation: nothing can contain it here.
+    let mut args: Vec<String> = vec!["exec".into(), "--dry-run".into()];
+    args.extend(env.image_args());
+    args.extend(["--".into(), "true".into()]);
+    let out = env.run(&args);
+    assert_eq!(out.code, NO_DRIVER, "{}", out.stderr);
+    assert!(out.stderr.contains("--allow-emulation"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("kvm:") && out.stderr.contains("tcg:"),
+        "{}",
+        out.stderr
+    );
+    // The same without --dry-run refuses before booting anything.
+    let mut args: Vec<String> = vec!["exec".into()];
+    args.extend(env.image_args());
+    args.extend(["--".into(), "true".into()]);
+    let out = env.run(&args);
+    assert_eq!(out.code, NO_DRIVER, "{}", out.stderr);
+    // Naming tcg without --allow-emulation: available but refused by policy.
+    let mut args: Vec<String> = vec![
+        "exec".into(),
+        "--dry-run".into(),
+        "--driver".into(),
+        "tcg".into(),
+    ];
+    args.extend(env.image_args());
+    args.extend(["--".into(), "true".into()]);
+    let out = env.run(&args);
+    assert_eq!(out.code, REFUSED, "{}", out.stderr);
+    // Trusted work may use the emulator without the flag.
+    let mut args: Vec<String> = vec![
+        "exec".into(),
+        "--dry-run".into(),
+        "--trust".into(),
+        "trusted".into(),
+    ];
+    args.extend(env.image_args());
+    args.extend(["--".into(), "true".into()]);
+    let out = env.run(&args);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
+
+#[test]
+fn serve_publish_specs_are_normalized() {
+    let env = Env::new();
+    let table = [
+        ("8000", "127.0.0.1:8000:8000"),
+        ("9000:8000", "127.0.0.1:9000:8000"),
+        ("127.0.0.1:8080:3000", "127.0.0.1:8080:3000"),
+        ("0.0.0.0:8000:8000", "0.0.0.0:8000:8000"),
+        ("[::1]:8080:3000", "[::1]:8080:3000"),
+        ("3000/tcp", "127.0.0.1:3000:3000"),
+        ("0:8000", "127.0.0.1:0:8000"),
+    ];
+    for (written, want) in table {
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--dry-run".into(),
+            "--json".into(),
+            "--allow-emulation".into(),
+            "-p".into(),
+            written.into(),
+        ];
+        args.extend(env.image_args());
+        args.extend(["--".into(), "httpd".into()]);
+        let out = env.run(&args);
+        let doc = out.json();
+        assert_eq!(doc["publish"], serde_json::json!([want]), "{written}");
+    }
+    for bad in [
+        "3000/udp",
+        "8000-8010:8000-8010",
+        "abc",
+        "8000:0",
+        "1:2:3:4",
+        "70000",
+    ] {
+        let mut args: Vec<String> =
+            vec!["serve".into(), "--dry-run".into(), "-p".into(), bad.into()];
+        args.extend(env.image_args());
+        args.extend(["--".into(), "httpd".into()]);
+        let out = env.run(&args);
+        assert_eq!(out.code, USAGE, "{bad}: {}", out.stderr);
+        assert!(out.stderr.contains("publish"), "{bad}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn drivers_table_on_this_host() {
+    let env = Env::new();
+    let list = common::drivers(&env);
+    let names: Vec<&str> = list.iter().map(|d| d.0.as_str()).collect();
+    assert_eq!(names, ["kvm", "tcg", "hvf", "hyperv"]);
+    let text = env.run(&["drivers"]);
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.starts_with("NAME"), "{}", text.stdout);
+    for col in ["AVAILABLE", "CONTAINMENT", "REASON"] {
+        assert!(text.stdout.lines().next().unwrap().contains(col));
+    }
+    let get = |n: &str| list.iter().find(|d| d.0 == n).unwrap().clone();
+    let (_, hvf_ok, hvf_c, hvf_reason) = get("hvf");
+    let (_, hv_ok, _, hv_reason) = get("hyperv");
+    if cfg!(target_os = "linux") {
+        assert!(!hvf_ok && !hvf_reason.is_empty(), "{hvf_reason}");
+        assert!(!hv_ok && !hv_reason.is_empty(), "{hv_reason}");
+        assert_eq!(hvf_c, "microvm");
+    }
+    if !common::pvm_native_host() {
+        skip(
+            "drivers_table_on_this_host (kvm/tcg part)",
+            "not a PVM-native host",
+        );
+        return;
+    }
+    let (_, kvm_ok, kvm_c, kvm_reason) = get("kvm");
+    assert!(!kvm_ok);
+    assert_eq!(kvm_c, "microvm");
+    assert!(
+        kvm_reason.contains("pvm") && kvm_reason.contains("native"),
+        "{kvm_reason}"
+    );
+    let (_, tcg_ok, tcg_c, tcg_reason) = get("tcg");
+    if !tcg_ok {
+        skip(
+            "drivers_table_on_this_host (tcg part)",
+            &format!("tcg unavailable: {tcg_reason}"),
+        );
+        return;
+    }
+    assert_eq!(tcg_c, "user-kernel");
+    assert!(tcg_reason.contains("emulated"), "{tcg_reason}");
+    let kvm_line = text.stdout.lines().find(|l| l.starts_with("kvm")).unwrap();
+    assert!(
+        kvm_line.contains(" no ") && kvm_line.contains("native"),
+        "{kvm_line}"
+    );
+    let tcg_line = text.stdout.lines().find(|l| l.starts_with("tcg")).unwrap();
+    assert!(
+        tcg_line.contains(" yes ") && tcg_line.contains("user-kernel"),
+        "{tcg_line}"
+    );
+}
+
+#[test]
+fn unknown_vm_names_fail_with_125() {
+    let env = Env::new();
+    let file = env.dir.path().join("f");
+    std::fs::write(&file, b"x").unwrap();
+    let file = file.display().to_string();
+    for args in [
+        vec!["stop", "nosuch"],
+        vec!["rm", "nosuch"],
+        vec!["logs", "nosuch"],
+        vec!["exec", "nosuch", "--", "true"],
+        vec!["cp", &file, "nosuch:/tmp/f"],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(out.code, FAILED, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("no VM named \"nosuch\""),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    let out = env.run(&["ps", "--json"]);
+    assert_eq!(out.code, 0);
+    assert_eq!(out.json(), serde_json::json!([]));
+}
+
+/// A record whose supervisor is gone is shown as exited by `ps`, refused by `exec NAME`,
+/// a duplicate name is refused, and `rm` removes it.
+#[test]
+fn stale_records_are_exited_and_removable() {
+    let env = Env::new();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let start: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    child.wait().unwrap();
+    let dir = env.runtime().join("ghost");
+    std::fs::create_dir(&dir).unwrap();
+    let sock = dir.join("vsock.sock");
+    std::fs::write(&sock, b"").unwrap();
+    let record = serde_json::json!({
+        "version": 1, "name": "ghost", "state": "running",
+        "supervisor": {"pid": pid, "start_ticks": start},
+        "driver": "tcg", "containment": "user-kernel", "created_unix": 1, "started_unix": 2,
+        "exited_unix": null, "exit_reason": null, "agent_socket": sock,
+        "host_pids": [], "mem_mib": 256, "vcpus": 1, "request": null,
+        "labels": {"vm.cli": "0.1.0", "vm.name": "ghost", "vm.driver": "tcg", "vm.trust": "untrusted"}
+    });
+    std::fs::write(
+        dir.join("record.json"),
+        serde_json::to_vec(&record).unwrap(),
+    )
+    .unwrap();
+
+    let out = env.run(&["ps", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let doc = out.json();
+    assert_eq!(doc[0]["name"], "ghost");
+    assert_eq!(doc[0]["state"], "exited");
+    assert_eq!(doc[0]["labels"]["vm.driver"], "tcg");
+    assert!(!sock.exists(), "stale socket left behind");
+    let out = env.run(&["ps"]);
+    let line = out.stdout.lines().find(|l| l.starts_with("ghost")).unwrap();
+    assert!(
+        line.contains("exited") && line.contains("vm.trust=untrusted"),
+        "{line}"
+    );
+
+    let out = env.run(&["exec", "ghost", "--", "true"]);
+    assert_eq!(out.code, FAILED);
+    assert!(out.stderr.contains("exited"), "{}", out.stderr);
+
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "-d".into(),
+        "--name".into(),
+        "ghost".into(),
+        "--allow-emulation".into(),
+    ];
+    args.extend(env.image_args());
+    let out = env.run(&args);
+    assert_eq!(out.code, FAILED, "{}", out.stderr);
+    assert!(out.stderr.contains("already exists"), "{}", out.stderr);
+
+    let out = env.run(&["rm", "ghost"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!dir.exists());
+}
+
+/// A VM that cannot boot leaves nothing behind: no record, no process.
+#[test]
+fn failed_start_leaves_no_state() {
+    let env = Env::new();
+    if !common::tcg_available(&env) {
+        skip("failed_start_leaves_no_state", "tcg is not available here");
+        return;
+    }
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "-d".into(),
+        "--name".into(),
+        "broken".into(),
+        "--allow-emulation".into(),
+        "--timeout".into(),
+        "30s".into(),
+    ];
+    args.extend(env.image_args());
+    let out = env.run(&args);
+    assert_eq!(out.code, FAILED, "{}", out.stderr);
+    assert!(
+        out.stderr.starts_with("vm: ") && out.stderr.contains("tcg"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        common::files_under(&env.runtime()).is_empty(),
+        "{:?}",
+        common::files_under(&env.runtime())
+    );
+}
+
+/// `images ls`/`prune` only see complete image sets: build.sh's own `kernels/`, `logs/` and
+/// in-progress `.tmp.*` directories are never listed or removed, nor is `current`.
+#[test]
+fn images_prune_keeps_current_and_build_state() {
+    let env = Env::new();
+    let images = env.dir.path().join("images");
+    for d in ["kernels/k1", "logs", ".tmp.abc/work", "aaaa", "bbbb"] {
+        std::fs::create_dir_all(images.join(d)).unwrap();
+    }
+    for d in ["aaaa", "bbbb"] {
+        std::fs::write(images.join(d).join("manifest.json"), b"{}").unwrap();
+    }
+    std::os::unix::fs::symlink("aaaa", images.join("current")).unwrap();
+    let run = |args: &[&str]| {
+        common::Out::from(
+            env.cmd()
+                .env("VM_IMAGES_DIR", &images)
+                .args(args)
+                .output()
+                .unwrap(),
+        )
+    };
+    let ls = run(&["images", "ls", "--json"]);
+    assert_eq!(ls.code, 0, "{}", ls.stderr);
+    let hashes: Vec<String> = ls
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["hash"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(hashes, ["aaaa", "bbbb"]);
+    let out = run(&["images", "prune"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("removed bbbb"), "{}", out.stdout);
+    assert!(!images.join("bbbb").exists());
+    for kept in ["aaaa", "current", "kernels/k1", "logs", ".tmp.abc/work"] {
+        assert!(images.join(kept).exists(), "{kept} was removed");
+    }
+}

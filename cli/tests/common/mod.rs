@@ -1,0 +1,169 @@
+//! Helpers shared by the CLI integration tests: run the built `vm` binary with an isolated
+//! runtime directory, and the skip convention.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The built binary.
+pub fn vm_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_vm")
+}
+
+/// A sandboxed environment for one test: its own runtime directory and fake image files.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("rt")).unwrap();
+        std::fs::write(dir.path().join("kernel"), b"not a kernel").unwrap();
+        std::fs::write(dir.path().join("initrd"), b"not an initrd").unwrap();
+        Env { dir }
+    }
+
+    pub fn runtime(&self) -> PathBuf {
+        self.dir.path().join("rt")
+    }
+
+    /// `--kernel K --initrd I` pointing at placeholder files (enough for --dry-run).
+    pub fn image_args(&self) -> Vec<String> {
+        vec![
+            "--kernel".into(),
+            self.dir.path().join("kernel").display().to_string(),
+            "--initrd".into(),
+            self.dir.path().join("initrd").display().to_string(),
+        ]
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(vm_bin());
+        c.env("VM_RUNTIME_DIR", self.runtime())
+            .env_remove("RUST_LOG");
+        c
+    }
+
+    pub fn run<S: AsRef<str>>(&self, args: &[S]) -> Out {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        Out::from(self.cmd().args(&args).output().expect("running vm"))
+    }
+}
+
+/// A finished run.
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Out {
+    fn from(o: Output) -> Out {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Out {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// The skip convention: `SKIP <name>: <reason>` on stderr and appended to `$VM_TEST_SKIP_LOG`.
+pub fn skip(name: &str, reason: &str) {
+    let line = format!("SKIP {name}: {reason}");
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// `vm drivers --json` as (name -> (available, containment, reason)).
+pub fn drivers(env: &Env) -> Vec<(String, bool, String, String)> {
+    let out = env.run(&["drivers", "--json"]);
+    assert_eq!(out.code, 0, "vm drivers failed: {}", out.stderr);
+    out.json()
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap().to_string(),
+                d["available"].as_bool().unwrap(),
+                d["containment"].as_str().unwrap().to_string(),
+                d["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+pub fn tcg_available(env: &Env) -> bool {
+    drivers(env).iter().any(|(n, ok, _, _)| n == "tcg" && *ok)
+}
+
+/// This host's /dev/kvm is kvm_pvm in native mode (see ENVIRONMENT.md).
+pub fn pvm_native_host() -> bool {
+    std::fs::read_to_string("/sys/module/kvm_pvm/parameters/pvm_native")
+        .map(|s| s.trim() == "Y")
+        .unwrap_or(false)
+}
+
+/// The built-in image directory (`<images dir>/current`), when its files exist.
+pub fn built_images() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let dir = var("VM_IMAGES_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("vm/images")))
+        .or_else(|| var("HOME").map(|h| h.join(".cache/vm/images")))?
+        .join("current");
+    let complete = ["vmlinux", "bzImage", "initramfs.cpio"]
+        .iter()
+        .all(|f| dir.join(f).is_file());
+    complete.then_some(dir)
+}
+
+/// Is a process with this pid alive (not a zombie)?
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next().map(|st| st != "Z"))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Every file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            out.push(p.clone());
+            if p.is_dir() {
+                out.extend(files_under(&p));
+            }
+        }
+    }
+    out
+}

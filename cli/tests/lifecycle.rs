@@ -1,0 +1,317 @@
+//! `vm` against a real guest under the tcg driver: output and exit-code passthrough,
+//! interrupt and timeout codes, and the `run -d` / `exec NAME` / `cp` / `ps` / `stop` /
+//! `rm` lifecycle with no leftovers. Each test SKIPs (with the reason) when the built-in
+//! images are not built or tcg is unavailable.
+
+mod common;
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use common::{Env, skip};
+
+/// Why a guest cannot be booted here, if it cannot.
+fn guest_unavailable(env: &Env) -> Option<String> {
+    if common::built_images().is_none() {
+        return Some(
+            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
+        );
+    }
+    if !common::tcg_available(env) {
+        return Some("the tcg driver is not available".into());
+    }
+    None
+}
+
+#[test]
+fn exec_passes_output_and_exit_code_through() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return skip("exec_passes_output_and_exit_code_through", &why);
+    }
+    let out = env.run(&[
+        "exec",
+        "--allow-emulation",
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo oops >&2; exit 7",
+    ]);
+    assert_eq!(out.code, 7, "stderr: {}", out.stderr);
+    assert_eq!(out.stdout, "hi\n");
+    assert!(out.stderr.contains("oops"), "{}", out.stderr);
+    // A signal-killed guest command maps to 128+N.
+    let out = env.run(&["exec", "--allow-emulation", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.code, 137, "stderr: {}", out.stderr);
+    // -e and -w reach the command.
+    let out = env.run(&[
+        "exec",
+        "--allow-emulation",
+        "-e",
+        "GREETING=hello",
+        "-w",
+        "/work",
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING; pwd",
+    ]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(out.stdout, "hello\n/work\n");
+}
+
+#[test]
+fn exec_timeout_exits_124() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return skip("exec_timeout_exits_124", &why);
+    }
+    let started = Instant::now();
+    let out = env.run(&[
+        "exec",
+        "--allow-emulation",
+        "--timeout",
+        "20s",
+        "--",
+        "sleep",
+        "600",
+    ]);
+    assert_eq!(out.code, 124, "stderr: {}", out.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn ctrl_c_cancels_the_guest_command_and_exits_130() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return skip("ctrl_c_cancels_the_guest_command_and_exits_130", &why);
+    }
+    let mut child = env
+        .cmd()
+        .args([
+            "exec",
+            "--allow-emulation",
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 600",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = [0u8; 8];
+    stdout
+        .read_exact(&mut buf)
+        .expect("the command's output was not streamed");
+    assert_eq!(&buf, b"started\n");
+    let sent = Instant::now();
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        sent.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        sent.elapsed()
+    );
+}
+
+#[test]
+fn run_exec_cp_ps_stop_rm_lifecycle() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return skip("run_exec_cp_ps_stop_rm_lifecycle", &why);
+    }
+    let out = env.run(&[
+        "run",
+        "-d",
+        "--name",
+        "box",
+        "--allow-emulation",
+        "--timeout",
+        "10m",
+        "-e",
+        "COLOR=blue",
+    ]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(out.stdout.trim(), "box");
+
+    let ps = env.run(&["ps", "--json"]).json();
+    assert_eq!(ps[0]["name"], "box");
+    assert_eq!(ps[0]["state"], "running");
+    assert_eq!(ps[0]["driver"], "tcg");
+    assert_eq!(ps[0]["labels"]["vm.trust"], "untrusted");
+    assert_eq!(ps[0]["labels"]["vm.driver"], "tcg");
+    let supervisor = ps[0]["supervisor_pid"].as_u64().unwrap() as u32;
+    assert!(common::pid_alive(supervisor));
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.runtime().join("box/record.json")).unwrap())
+            .unwrap();
+    let host_pids: Vec<u32> = record["host_pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap() as u32)
+        .collect();
+    assert!(!host_pids.is_empty(), "no VM processes recorded");
+    let socket = std::path::PathBuf::from(record["agent_socket"].as_str().unwrap());
+    assert!(socket.exists());
+
+    // Several commands in the one VM; state persists between them.
+    let out = env.run(&[
+        "exec",
+        "box",
+        "--",
+        "sh",
+        "-c",
+        "echo $((6*7)) > /tmp/answer; echo $COLOR",
+    ]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "blue\n"),
+        "stderr: {}",
+        out.stderr
+    );
+    let out = env.run(&[
+        "exec",
+        "box",
+        "-e",
+        "COLOR=red",
+        "--",
+        "sh",
+        "-c",
+        "cat /tmp/answer; echo $COLOR; exit 3",
+    ]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (3, "42\nred\n"),
+        "stderr: {}",
+        out.stderr
+    );
+
+    // cp in and out.
+    let host_in = env.dir.path().join("in.txt");
+    std::fs::write(&host_in, b"payload\n").unwrap();
+    let out = env.run(&["cp", host_in.to_str().unwrap(), "box:/tmp/in.txt"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    let out = env.run(&["exec", "box", "--", "cat", "/tmp/in.txt"]);
+    assert_eq!(out.stdout, "payload\n");
+    let host_out = env.dir.path().join("out.txt");
+    let out = env.run(&["cp", "box:/tmp/answer", host_out.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(std::fs::read(&host_out).unwrap(), b"42\n");
+
+    // A duplicate name is refused while it runs.
+    let out = env.run(&["run", "-d", "--name", "box", "--allow-emulation"]);
+    assert_eq!(out.code, 125);
+    assert!(out.stderr.contains("already exists"), "{}", out.stderr);
+    // rm refuses a running VM without -f.
+    let out = env.run(&["rm", "box"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+
+    let out = env.run(&["stop", "box"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert!(!common::pid_alive(supervisor), "supervisor still alive");
+    for pid in &host_pids {
+        assert!(!common::pid_alive(*pid), "VM process {pid} left behind");
+    }
+    assert!(!socket.exists(), "agent socket left behind");
+    let ps = env.run(&["ps", "--json"]).json();
+    assert_eq!(ps[0]["state"], "exited");
+    let out = env.run(&["exec", "box", "--", "true"]);
+    assert_eq!(out.code, 125);
+
+    let out = env.run(&["rm", "box"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert!(
+        common::files_under(&env.runtime()).is_empty(),
+        "{:?}",
+        common::files_under(&env.runtime())
+    );
+}
+
+#[test]
+fn rm_force_stops_a_running_vm() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return skip("rm_force_stops_a_running_vm", &why);
+    }
+    let out = env.run(&["run", "-d", "--name", "doomed", "--allow-emulation"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    let supervisor = env.run(&["ps", "--json"]).json()[0]["supervisor_pid"]
+        .as_u64()
+        .unwrap() as u32;
+    let out = env.run(&["rm", "-f", "doomed"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert!(!common::pid_alive(supervisor));
+    assert!(common::files_under(&env.runtime()).is_empty());
+}
+
+#[test]
+fn serve_publishes_a_guest_port_until_ctrl_c() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return skip("serve_publishes_a_guest_port_until_ctrl_c", &why);
+    }
+    let mut child = env
+        .cmd()
+        .args([
+            "serve",
+            "-p",
+            "0:8000",
+            "--allow-emulation",
+            "--",
+            "httpd",
+            "-f",
+            "-p",
+            "8000",
+            "-h",
+            "/work",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not an address: {line:?}"));
+    assert!(addr.ip().is_loopback(), "{addr}");
+    // The server may need a moment to bind inside the guest.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reply = loop {
+        let attempt = (|| -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect(addr)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+            let mut buf = String::new();
+            s.read_to_string(&mut buf)?;
+            Ok(buf)
+        })();
+        match attempt {
+            Ok(r) if r.starts_with("HTTP/1.") => break r,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(500)),
+            other => panic!("no HTTP reply from {addr}: {other:?}"),
+        }
+    };
+    assert!(reply.starts_with("HTTP/1."), "{reply}");
+    // SAFETY: kill(2) on our own unreaped child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the port is still published after stop"
+    );
+}

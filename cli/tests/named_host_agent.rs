@@ -1,0 +1,269 @@
+//! `vm exec NAME`, `vm cp`, `ps`, `stop`, `rm` against the real guest agent server running
+//! on the host (no VM), reached through a hybrid-vsock style socket (`CONNECT 1024` ->
+//! `OK 1024`) recorded in a VM record, exactly as a supervisor records a booted VM's.
+//! This exercises the CLI's side of a named VM — record lookup, the agent protocol,
+//! streaming, exit codes, Ctrl-C cancellation, file copy, stale-record cleanup — on any
+//! Linux host. The same flow against a real guest is in `lifecycle.rs`.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Env;
+use guest_agent::agent::{Agent, AgentOptions};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+
+/// Accepts hybrid-vsock connections: reads `CONNECT <port>\n`, answers `OK <port>\n`, then
+/// hands the stream to the agent.
+async fn hybrid_vsock_front(listener: UnixListener, agent: Arc<Agent>) {
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut line = Vec::new();
+            let mut b = [0u8; 1];
+            while s.read_exact(&mut b).await.is_ok() && b[0] != b'\n' && line.len() < 64 {
+                line.push(b[0]);
+            }
+            if line != b"CONNECT 1024" {
+                return;
+            }
+            if s.write_all(b"OK 1024\n").await.is_ok() {
+                agent.spawn_conn(s);
+            }
+        });
+    }
+}
+
+/// A running "VM" named `box`: the record, a stand-in supervisor process, the agent.
+fn write_record(env: &Env, root: &std::path::Path, supervisor: u32, socket: &std::path::Path) {
+    let stat = std::fs::read_to_string(format!("/proc/{supervisor}/stat")).unwrap();
+    let start: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let spec = serde_json::json!({
+        "root": root,
+        "image": {"kernel": "/nonexistent", "digests": {}},
+        "guarantees": {
+            "egress_denied": true,
+            "limits": {"vcpus": 1, "mem_mib": 256, "pids": 256, "wall_ms": 0},
+            "mounts": [],
+            "env": [["PATH", "/usr/sbin:/usr/bin:/sbin:/bin"], ["COLOR", "blue"]]
+        }
+    });
+    let record = serde_json::json!({
+        "version": 1, "name": "box", "state": "running",
+        "supervisor": {"pid": supervisor, "start_ticks": start},
+        "driver": "host-agent", "containment": "none", "created_unix": 1, "started_unix": 2,
+        "exited_unix": null, "exit_reason": null, "agent_socket": socket,
+        "host_pids": [], "mem_mib": 256, "vcpus": 1,
+        "request": {"spec": spec, "trust": "untrusted", "policy": {"allow_emulation": true}, "driver": null, "workdir": null},
+        "labels": {"vm.cli": "test", "vm.name": "box", "vm.driver": "host-agent", "vm.trust": "untrusted"}
+    });
+    std::fs::write(
+        env.runtime().join("box/record.json"),
+        serde_json::to_vec_pretty(&record).unwrap(),
+    )
+    .unwrap();
+}
+
+async fn vm(env: &Env, args: &[&str]) -> common::Out {
+    let mut cmd = tokio::process::Command::new(common::vm_bin());
+    cmd.env("VM_RUNTIME_DIR", env.runtime())
+        .env_remove("RUST_LOG")
+        .args(args);
+    common::Out::from(cmd.output().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_vm_commands_through_the_agent_protocol() {
+    let env = Env::new();
+    let root = env.dir.path().join("guest-root");
+    std::fs::create_dir(&root).unwrap();
+    let agent = Agent::new(AgentOptions {
+        root: root.clone(),
+        ..AgentOptions::default()
+    })
+    .unwrap();
+    std::fs::create_dir(env.runtime().join("box")).unwrap();
+    let socket = env.runtime().join("box/vsock.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let front = tokio::spawn(hybrid_vsock_front(listener, agent.clone()));
+    let mut supervisor = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    write_record(&env, &root, supervisor.id(), &socket);
+
+    // Output streamed to the right descriptors, exit code passed through, the VM's env.
+    let out = vm(
+        &env,
+        &[
+            "exec",
+            "box",
+            "--",
+            "sh",
+            "-c",
+            "echo hi $COLOR; echo oops >&2; exit 7",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 7, "{}", out.stderr);
+    assert_eq!(out.stdout, "hi blue\n");
+    assert_eq!(out.stderr, "oops\n");
+    // -e overrides the VM's environment; -w sets the directory; the default is the root.
+    let sub = root.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let out = vm(
+        &env,
+        &[
+            "exec",
+            "box",
+            "-e",
+            "COLOR=red",
+            "-w",
+            sub.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo $COLOR; pwd",
+        ],
+    )
+    .await;
+    assert_eq!(
+        (out.code, out.stdout.clone()),
+        (0, format!("red\n{}\n", sub.display())),
+        "{}",
+        out.stderr
+    );
+    let out = vm(&env, &["exec", "box", "--", "pwd"]).await;
+    assert_eq!(out.stdout.trim(), root.to_str().unwrap());
+    // A secret-looking variable is refused unless allowed.
+    let out = vm(&env, &["exec", "box", "-e", "GH_TOKEN=x", "--", "true"]).await;
+    assert_eq!(out.code, 126, "{}", out.stderr);
+    let out = vm(
+        &env,
+        &[
+            "exec",
+            "box",
+            "-e",
+            "GH_TOKEN=x",
+            "--env-allow",
+            "GH_TOKEN",
+            "--",
+            "sh",
+            "-c",
+            "echo $GH_TOKEN",
+        ],
+    )
+    .await;
+    assert_eq!(out.stdout, "x\n", "{}", out.stderr);
+    // Signal and timeout codes.
+    let out = vm(&env, &["exec", "box", "--", "sh", "-c", "kill -TERM $$"]).await;
+    assert_eq!(out.code, 143, "{}", out.stderr);
+    let started = Instant::now();
+    let out = vm(
+        &env,
+        &["exec", "box", "--timeout", "1s", "--", "sleep", "30"],
+    )
+    .await;
+    assert_eq!(out.code, 124, "{}", out.stderr);
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    // Ctrl-C cancels the guest command's whole tree and exits 130.
+    let mut child = tokio::process::Command::new(common::vm_bin())
+        .env("VM_RUNTIME_DIR", env.runtime())
+        .args(["exec", "box", "--", "sh", "-c", "sleep 600 & echo $!; wait"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grandchild: u32 = lines
+        .next_line()
+        .await
+        .unwrap()
+        .expect("no output streamed")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(common::pid_alive(grandchild));
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::pid_alive(grandchild) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !common::pid_alive(grandchild),
+        "the guest command's child survived the cancel"
+    );
+
+    // cp in and out, confined to the agent's root.
+    let host_in = env.dir.path().join("in.txt");
+    std::fs::write(&host_in, b"payload\n").unwrap();
+    let out = vm(&env, &["cp", host_in.to_str().unwrap(), "box:/data/in.txt"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        std::fs::read(root.join("data/in.txt")).unwrap(),
+        b"payload\n"
+    );
+    let host_out = env.dir.path().join("out.txt");
+    let out = vm(
+        &env,
+        &["cp", "box:/data/in.txt", host_out.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(std::fs::read(&host_out).unwrap(), b"payload\n");
+    let out = vm(&env, &["cp", "box:/data/in.txt", "-"]).await;
+    assert_eq!(out.stdout, "payload\n");
+    let out = vm(&env, &["cp", "box:/nope", host_out.to_str().unwrap()]).await;
+    assert_eq!(out.code, 125, "{}", out.stderr);
+
+    // ps sees it running; stop signals the supervisor and cleans the socket; rm removes it.
+    let ps = vm(&env, &["ps", "--json"]).await.json();
+    assert_eq!(ps[0]["state"], "running");
+    assert_eq!(ps[0]["labels"]["vm.driver"], "host-agent");
+    let out = vm(&env, &["rm", "box"]).await;
+    assert_eq!(out.code, 2, "rm of a running VM: {}", out.stderr);
+    let stopper = tokio::spawn({
+        let runtime = env.runtime();
+        async move {
+            let mut cmd = tokio::process::Command::new(common::vm_bin());
+            cmd.env("VM_RUNTIME_DIR", runtime)
+                .args(["stop", "--time", "5", "box"]);
+            common::Out::from(cmd.output().await.unwrap())
+        }
+    });
+    // Reap the stand-in supervisor once it got the SIGTERM, as init would.
+    let status = tokio::task::spawn_blocking(move || supervisor.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), None, "the supervisor was not signalled");
+    let out = stopper.await.unwrap();
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!socket.exists(), "socket left behind");
+    let ps = vm(&env, &["ps", "--json"]).await.json();
+    assert_eq!(ps[0]["state"], "exited");
+    let out = vm(&env, &["exec", "box", "--", "true"]).await;
+    assert_eq!(out.code, 125);
+    let out = vm(&env, &["rm", "box"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(common::files_under(&env.runtime()).is_empty());
+    front.abort();
+}

@@ -1,0 +1,49 @@
+//! `kvm`: the in-process `vmm` crate on `/dev/kvm`.
+//!
+//! Detection ([`detect`]) is a pure verdict over [`HostFacts`] gathered from the host. Only
+//! `/dev/kvm` backed by hardware virtualization (VT-x/AMD-V) is OK; a PVM host in native mode
+//! (this project's development machines) is *not*: guest kernels are interpreted there and
+//! guest user space cannot run, so no agent could ever answer.
+//!
+//! [`KvmDriver::boot`] does not consult detection (selection does): it builds a
+//! `vmm::VmConfig` (the ELF `vmlinux`, the initramfs, one read-only virtio-blk per disk with
+//! serial `disk<N>`, a hybrid vsock at `<run_dir>/vsock.sock` for guest CID 3, and an rng),
+//! starts the VM on threads of this process and waits for the agent.
+
+pub mod detect;
+mod vm;
+
+use vm_spec::Containment;
+
+pub use detect::{HostFacts, KVM_API_VERSION, KvmDevice, classify};
+
+use crate::{Availability, BootPlan, Driver, DriverError, Machine};
+
+/// The KVM driver.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KvmDriver;
+
+impl KvmDriver {
+    /// The driver (stateless).
+    pub fn new() -> KvmDriver {
+        KvmDriver
+    }
+}
+
+impl Driver for KvmDriver {
+    fn name(&self) -> &'static str {
+        "kvm"
+    }
+
+    fn containment(&self) -> Containment {
+        Containment::MicroVm
+    }
+
+    fn detect(&self) -> Availability {
+        classify(&HostFacts::gather())
+    }
+
+    fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError> {
+        vm::boot(plan)
+    }
+}

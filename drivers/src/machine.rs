@@ -1,0 +1,396 @@
+//! The driver-neutral running guest.
+//!
+//! A [`Machine`] pairs a backend [`VmHandle`] with the [`AgentClient`] that talks to the guest
+//! agent over the VM's hybrid-vsock socket. Guest operations delegate to the client; lifetime
+//! (close, drop, wall expiry) is handled here, once, for every backend.
+//!
+//! State machine: `Running` -> `Closed` (by [`Machine::close`], [`Machine::close_now`] or drop)
+//! or `Running` -> `WallExpired` (by the watchdog). Both end states are final and make every
+//! guest operation fail at once with a typed error; an operation in flight when the state
+//! changes is abandoned (its future is dropped), and so is one whose VM stops by itself, so
+//! nothing waits on a dead guest.
+
+use std::future::Future;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use guest_agent::client::{AgentClient, ClientError, ClientLimits, ExecStream, ForwardStream};
+use guest_agent::protocol::{
+    ExecOutput, ExecRequest, FileEntry, ServeId, ServeRequest, ServeStatus,
+};
+use thiserror::Error;
+use tokio::sync::watch;
+use vm_spec::Containment;
+
+use crate::DriverError;
+
+/// A backend's handle on one running VM. Implemented by the drivers (child processes for
+/// `tcg`, in-process VMM threads for `kvm`); public so test doubles can build a [`Machine`].
+/// Every method may be called from several threads at once.
+pub trait VmHandle: Send + Sync {
+    /// True while the VM has not stopped.
+    fn is_running(&self) -> bool;
+    /// Stops the VM now, reaps everything it started and removes the files the driver created.
+    /// Idempotent.
+    fn kill(&self);
+    /// Waits up to `timeout` for the VM to stop by itself; true if it has stopped.
+    fn wait(&self, timeout: Duration) -> bool;
+    /// The tail of the guest console (bounded).
+    fn console_tail(&self) -> String;
+    /// Host processes that make up this VM (for kvm: this process).
+    fn host_pids(&self) -> Vec<u32>;
+}
+
+/// Errors of guest operations on a [`Machine`].
+#[derive(Debug, Error)]
+pub enum MachineError {
+    /// The wall-clock lifetime expired and the VM was torn down.
+    #[error("wall expired: machine {name} was torn down after {wall:?}")]
+    WallExpired {
+        /// The machine's name.
+        name: String,
+        /// The lifetime it had.
+        wall: Duration,
+    },
+    /// The machine was closed.
+    #[error("machine {name} is closed")]
+    Closed {
+        /// The machine's name.
+        name: String,
+    },
+    /// The VM stopped by itself (guest power-off, panic, or a backend crash).
+    #[error("machine {name} is no longer running")]
+    Stopped {
+        /// The machine's name.
+        name: String,
+        /// The tail of the guest console, for diagnosis.
+        console_tail: String,
+    },
+    /// The guest agent call failed while the VM was running.
+    #[error("guest agent call failed")]
+    Agent(#[source] ClientError),
+}
+
+/// Identity of a machine, given by the driver that booted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineInfo {
+    /// The boot plan's name.
+    pub name: String,
+    /// The driver's name.
+    pub driver: &'static str,
+    /// The driver's containment.
+    pub containment: Containment,
+    /// Wall-clock lifetime, enforced by a watchdog.
+    pub wall: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Closed,
+    WallExpired,
+}
+
+struct Shared {
+    handle: Box<dyn VmHandle>,
+    state: Mutex<State>,
+    cv: Condvar,
+    /// Mirrors `state` for async waiters.
+    tx: watch::Sender<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves `Running` to `to`; returns false if the machine had already left `Running`.
+    fn leave_running(&self, to: State) -> bool {
+        let mut st = self.lock();
+        if *st != State::Running {
+            return false;
+        }
+        *st = to;
+        self.tx.send_replace(to);
+        self.cv.notify_all();
+        true
+    }
+
+    fn state(&self) -> State {
+        *self.lock()
+    }
+}
+
+/// A running guest (see the module docs). Dropping it tears the VM down.
+pub struct Machine {
+    info: MachineInfo,
+    agent: AgentClient,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("info", &self.info)
+            .field("state", &self.shared.state())
+            .finish()
+    }
+}
+
+/// How often a pending guest operation checks that the VM is still alive.
+const VM_POLL: Duration = Duration::from_millis(200);
+
+/// How long [`Machine::close`] gives the guest to power off after asking the agent.
+const GRACEFUL_SHUTDOWN: Duration = Duration::from_secs(3);
+
+impl Machine {
+    /// Wraps a started VM. Starts the wall watchdog when `info.wall` is set; if that thread
+    /// cannot be started the VM is killed and an error returned (the lifetime is never
+    /// silently unenforced).
+    pub fn new(
+        info: MachineInfo,
+        handle: Box<dyn VmHandle>,
+        agent: AgentClient,
+    ) -> Result<Machine, DriverError> {
+        let (tx, _rx) = watch::channel(State::Running);
+        let shared = Arc::new(Shared {
+            handle,
+            state: Mutex::new(State::Running),
+            cv: Condvar::new(),
+            tx,
+        });
+        if let Some(wall) = info.wall {
+            let s = shared.clone();
+            let name = info.name.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("vm-wall-{}", info.driver))
+                .spawn(move || watchdog(&s, &name, wall));
+            if let Err(source) = spawned {
+                shared.leave_running(State::Closed);
+                shared.handle.kill();
+                return Err(DriverError::Spawn {
+                    program: "wall watchdog thread".into(),
+                    source,
+                });
+            }
+        }
+        Ok(Machine {
+            info,
+            agent,
+            shared,
+        })
+    }
+
+    /// The boot plan's name.
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// The driver that booted this machine.
+    pub fn driver(&self) -> &'static str {
+        self.info.driver
+    }
+
+    /// The containment the guest runs under.
+    pub fn containment(&self) -> Containment {
+        self.info.containment
+    }
+
+    /// The identity the driver gave this machine.
+    pub fn info(&self) -> &MachineInfo {
+        &self.info
+    }
+
+    /// The agent client (for operations this type does not wrap). Prefer the methods here:
+    /// they fail fast once the machine is closed or expired.
+    pub fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    /// The tail of the guest console (bounded).
+    pub fn console_tail(&self) -> String {
+        self.shared.handle.console_tail()
+    }
+
+    /// The host processes that make up this VM.
+    pub fn host_pids(&self) -> Vec<u32> {
+        self.shared.handle.host_pids()
+    }
+
+    /// True until the machine is closed, expires, or the VM stops by itself.
+    pub fn is_running(&self) -> bool {
+        self.shared.state() == State::Running && self.shared.handle.is_running()
+    }
+
+    /// True once the watchdog has torn the machine down.
+    pub fn wall_expired(&self) -> bool {
+        self.shared.state() == State::WallExpired
+    }
+
+    fn state_error(&self, state: State) -> MachineError {
+        let name = self.info.name.clone();
+        match state {
+            State::WallExpired => MachineError::WallExpired {
+                name,
+                wall: self.info.wall.unwrap_or_default(),
+            },
+            State::Closed => MachineError::Closed { name },
+            State::Running => MachineError::Stopped {
+                name,
+                console_tail: self.console_tail(),
+            },
+        }
+    }
+
+    /// Runs one agent call, failing fast if the machine is (or becomes) closed or expired.
+    async fn call<T>(
+        &self,
+        fut: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, MachineError> {
+        let mut rx = self.shared.tx.subscribe();
+        let state = *rx.borrow_and_update();
+        if state != State::Running {
+            return Err(self.state_error(state));
+        }
+        tokio::select! {
+            r = fut => r.map_err(|e| {
+                match self.shared.state() {
+                    State::Running if !self.shared.handle.is_running() => self.state_error(State::Running),
+                    State::Running => MachineError::Agent(e),
+                    other => self.state_error(other),
+                }
+            }),
+            changed = rx.wait_for(|s| *s != State::Running) => {
+                let state = changed.map(|s| *s).unwrap_or(State::Closed);
+                Err(self.state_error(state))
+            }
+            () = self.vm_stopped() => Err(self.state_error(self.shared.state())),
+        }
+    }
+
+    /// Resolves once the backend reports the VM stopped (guest power-off, crash), so a call
+    /// does not wait out the agent client's timeouts on a dead VM.
+    async fn vm_stopped(&self) {
+        while self.shared.handle.is_running() {
+            tokio::time::sleep(VM_POLL).await;
+        }
+    }
+
+    /// Runs a command to completion in the guest.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, MachineError> {
+        self.call(self.agent.exec(req)).await
+    }
+
+    /// Starts a command and streams its output. The stream itself is not cut by close or
+    /// expiry, but the VM behind it is, so it ends with an error.
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, MachineError> {
+        self.call(self.agent.exec_stream(req)).await
+    }
+
+    /// Reads `path` under the guest directory `root`.
+    pub async fn read_file(&self, root: &str, path: &str) -> Result<Vec<u8>, MachineError> {
+        self.call(self.agent.read_file(root, path)).await
+    }
+
+    /// Writes `data` to `path` under the guest directory `root`.
+    pub async fn write_file(
+        &self,
+        root: &str,
+        path: &str,
+        data: &[u8],
+    ) -> Result<(), MachineError> {
+        self.call(self.agent.write_file(root, path, data)).await
+    }
+
+    /// Lists `path` under the guest directory `root`.
+    pub async fn list(&self, root: &str, path: &str) -> Result<Vec<FileEntry>, MachineError> {
+        self.call(self.agent.list(root, path)).await
+    }
+
+    /// Starts a long-lived process in the guest.
+    pub async fn serve_start(&self, req: ServeRequest) -> Result<ServeId, MachineError> {
+        self.call(self.agent.serve_start(req)).await
+    }
+
+    /// The state of a long-lived process.
+    pub async fn serve_status(&self, id: ServeId) -> Result<ServeStatus, MachineError> {
+        self.call(self.agent.serve_status(id)).await
+    }
+
+    /// Stops a long-lived process.
+    pub async fn serve_stop(&self, id: ServeId) -> Result<ServeStatus, MachineError> {
+        self.call(self.agent.serve_stop(id)).await
+    }
+
+    /// A byte stream to `127.0.0.1:port` inside the guest.
+    pub async fn forward(&self, port: u16) -> Result<ForwardStream, MachineError> {
+        self.call(self.agent.forward(port)).await
+    }
+
+    /// Asks the agent to power the guest off (bounded to a few seconds), then kills and reaps
+    /// whatever is left and removes the driver's socket files. Idempotent.
+    pub async fn close(&self) {
+        if self.shared.state() == State::Running && self.shared.handle.is_running() {
+            let limits = ClientLimits {
+                connect_timeout: Duration::from_secs(1),
+                step_timeout: Duration::from_secs(2),
+                ..self.agent.limits().clone()
+            };
+            let quick = self.agent.clone().with_limits(limits);
+            let asked = tokio::time::timeout(GRACEFUL_SHUTDOWN, quick.shutdown()).await;
+            if matches!(asked, Ok(Ok(()))) {
+                let deadline = Instant::now() + GRACEFUL_SHUTDOWN;
+                while self.shared.handle.is_running() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        self.close_now();
+    }
+
+    /// Kills the VM without asking the guest, reaps it and removes the driver's files.
+    /// Idempotent; this is what `Drop` does.
+    pub fn close_now(&self) {
+        self.shared.leave_running(State::Closed);
+        self.shared.handle.kill();
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        self.close_now();
+    }
+}
+
+fn watchdog(shared: &Shared, name: &str, wall: Duration) {
+    let deadline = Instant::now() + wall;
+    let mut st = shared.lock();
+    loop {
+        if *st != State::Running {
+            return;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        st = shared
+            .cv
+            .wait_timeout(st, deadline - now)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    drop(st);
+    if shared.leave_running(State::WallExpired) {
+        tracing::warn!(
+            machine = name,
+            ?wall,
+            "wall lifetime expired; tearing the vm down"
+        );
+        shared.handle.kill();
+    }
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

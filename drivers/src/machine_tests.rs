@@ -1,0 +1,201 @@
+//! Machine lifecycle tests with a fake backend handle (no VM needed).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use guest_agent::client::{AgentClient, ClientLimits};
+use guest_agent::protocol::ExecRequest;
+use vm_spec::Containment;
+
+use super::*;
+
+#[derive(Default)]
+struct FakeState {
+    killed: AtomicBool,
+    kills: AtomicUsize,
+}
+
+struct FakeHandle(Arc<FakeState>);
+
+impl VmHandle for FakeHandle {
+    fn is_running(&self) -> bool {
+        !self.0.killed.load(Ordering::SeqCst)
+    }
+    fn kill(&self) {
+        self.0.killed.store(true, Ordering::SeqCst);
+        self.0.kills.fetch_add(1, Ordering::SeqCst);
+    }
+    fn wait(&self, _timeout: Duration) -> bool {
+        !self.is_running()
+    }
+    fn console_tail(&self) -> String {
+        "fake console".into()
+    }
+    fn host_pids(&self) -> Vec<u32> {
+        vec![4242]
+    }
+}
+
+fn machine(wall: Option<Duration>, agent: AgentClient) -> (Machine, Arc<FakeState>) {
+    let state = Arc::new(FakeState::default());
+    let info = MachineInfo {
+        name: "t".into(),
+        driver: "fake",
+        containment: Containment::MicroVm,
+        wall,
+    };
+    let m = Machine::new(info, Box::new(FakeHandle(state.clone())), agent).unwrap();
+    (m, state)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn nowhere() -> AgentClient {
+    AgentClient::unix("/nonexistent/agent.sock")
+}
+
+#[test]
+fn wall_expiry_tears_down_and_later_calls_fail() {
+    let (m, state) = machine(Some(Duration::from_millis(150)), nowhere());
+    assert!(m.is_running());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !state.killed.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        state.killed.load(Ordering::SeqCst),
+        "watchdog did not kill the vm"
+    );
+    assert!(m.wall_expired());
+    assert!(!m.is_running());
+    let err = rt()
+        .block_on(m.exec(ExecRequest::shell("true")))
+        .unwrap_err();
+    assert!(matches!(err, MachineError::WallExpired { .. }), "{err:?}");
+    assert!(err.to_string().contains("wall expired"), "{err}");
+}
+
+/// An agent that accepts connections and never answers: a call in flight at expiry must end
+/// at expiry, not at the client's (10 s) step timeout.
+#[test]
+fn wall_expiry_interrupts_a_call_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let accepted = std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().take(1).collect();
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(held);
+    });
+    let (m, _) = machine(Some(Duration::from_millis(300)), AgentClient::unix(&sock));
+    let start = Instant::now();
+    let err = rt()
+        .block_on(m.exec(ExecRequest::shell("sleep 100")))
+        .unwrap_err();
+    assert!(matches!(err, MachineError::WallExpired { .. }), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    accepted.join().unwrap();
+}
+
+#[test]
+fn close_is_idempotent_and_calls_fail_after() {
+    let limits = ClientLimits {
+        connect_timeout: Duration::from_millis(200),
+        ..ClientLimits::default()
+    };
+    let (m, state) = machine(None, nowhere().with_limits(limits));
+    let rt = rt();
+    let start = Instant::now();
+    rt.block_on(m.close());
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "close took {:?}",
+        start.elapsed()
+    );
+    assert!(state.killed.load(Ordering::SeqCst));
+    rt.block_on(m.close());
+    m.close_now();
+    assert!(!m.is_running());
+    assert!(!m.wall_expired());
+    let err = rt.block_on(m.read_file("/", "x")).unwrap_err();
+    assert!(matches!(err, MachineError::Closed { .. }), "{err:?}");
+}
+
+#[test]
+fn drop_kills_the_vm_and_stops_the_watchdog() {
+    let (m, state) = machine(Some(Duration::from_secs(3600)), nowhere());
+    assert_eq!(m.host_pids(), vec![4242]);
+    assert_eq!(m.console_tail(), "fake console");
+    assert_eq!(m.driver(), "fake");
+    drop(m);
+    assert!(state.killed.load(Ordering::SeqCst));
+}
+
+#[test]
+fn agent_errors_while_running_are_agent_errors() {
+    let limits = ClientLimits {
+        connect_timeout: Duration::from_millis(200),
+        ..ClientLimits::default()
+    };
+    let (m, _) = machine(None, nowhere().with_limits(limits));
+    let err = rt().block_on(m.list("/", ".")).unwrap_err();
+    assert!(matches!(err, MachineError::Agent(_)), "{err:?}");
+}
+
+#[test]
+fn a_vm_that_stopped_by_itself_reports_stopped() {
+    let limits = ClientLimits {
+        connect_timeout: Duration::from_millis(200),
+        ..ClientLimits::default()
+    };
+    let (m, state) = machine(None, nowhere().with_limits(limits));
+    state.killed.store(true, Ordering::SeqCst);
+    let err = rt().block_on(m.list("/", ".")).unwrap_err();
+    match err {
+        MachineError::Stopped { console_tail, .. } => assert_eq!(console_tail, "fake console"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A call in flight when the VM dies by itself ends promptly with `Stopped`.
+#[test]
+fn a_vm_dying_mid_call_ends_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let held = std::thread::spawn(move || {
+        let conns: Vec<_> = listener.incoming().take(1).collect();
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(conns);
+    });
+    let (m, state) = machine(None, AgentClient::unix(&sock));
+    let killer = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            state.killed.store(true, Ordering::SeqCst);
+        })
+    };
+    let start = Instant::now();
+    let err = rt()
+        .block_on(m.exec(ExecRequest::shell("sleep 100")))
+        .unwrap_err();
+    assert!(matches!(err, MachineError::Stopped { .. }), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    killer.join().unwrap();
+    held.join().unwrap();
+}

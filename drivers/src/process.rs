@@ -1,0 +1,425 @@
+//! Supervision of the host child processes a driver owns (QEMU, vhost-device-vsock).
+//!
+//! Every child is started:
+//! - in its own process group (`setpgid(0, 0)`), so teardown can signal the whole group;
+//! - with `PR_SET_PDEATHSIG(SIGKILL)`, so it dies if this process dies without running `Drop`;
+//! - from one long-lived *spawner thread* owned by this module.
+//!
+//! Thread caveat: Linux delivers the parent-death signal when the *thread* that forked the child
+//! exits, not when the process exits. A child forked from a short-lived thread (for example a tokio
+//! `spawn_blocking` worker, which exits after being idle) would be killed under the VM's feet. All
+//! spawns are therefore funnelled through a single thread that is never joined and lives as long
+//! as the process, so the signal fires exactly when the process goes away.
+//!
+//! Teardown ([`Supervised::kill_and_reap`]) sends `SIGKILL` to the process group and then reaps
+//! the leader. Liveness checks use `waitid(WNOWAIT)`, which never reaps: the leader stays a zombie
+//! until teardown, so its pid (which is the group id) cannot be reused before the group is killed.
+
+use std::io::{self, Read};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::ring::SharedRing;
+
+/// A request to the spawner thread: the command and where to send the result.
+type SpawnJob = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// The sender side of the process-wide spawner thread (started on first use, never stopped).
+static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+
+fn spawner() -> io::Result<mpsc::Sender<SpawnJob>> {
+    if let Some(tx) = SPAWNER.get() {
+        return Ok(lock(tx).clone());
+    }
+    let (tx, rx) = mpsc::channel::<SpawnJob>();
+    // The thread only exits if every sender is dropped, which cannot happen: one lives in SPAWNER.
+    thread::Builder::new()
+        .name("vm-drivers-spawner".into())
+        .spawn(move || {
+            for (mut cmd, reply) in rx {
+                let _ = reply.send(cmd.spawn());
+            }
+        })?;
+    // If another thread won the race, its spawner is used and ours idles harmlessly.
+    let stored = SPAWNER.get_or_init(|| Mutex::new(tx));
+    Ok(lock(stored).clone())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Arms `cmd` with its own process group and a parent-death `SIGKILL`.
+pub(crate) fn arm(cmd: &mut Command) {
+    let parent = std::process::id();
+    cmd.process_group(0);
+    let hook = move || {
+        // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and unused zeros.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The parent may have died between fork and prctl: then nobody would kill us.
+        // SAFETY: getppid has no preconditions.
+        if unsafe { libc::getppid() } as u32 != parent {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls the
+    // async-signal-safe functions prctl(2) and getppid(2); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// Spawns `cmd` (armed with [`arm`]) from the long-lived spawner thread.
+/// Stdout and stderr, when piped, are copied into one ring of `ring_bytes`.
+pub(crate) fn spawn_supervised(
+    program: &str,
+    mut cmd: Command,
+    ring_bytes: usize,
+) -> io::Result<Supervised> {
+    arm(&mut cmd);
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner()?
+        .send((cmd, reply_tx))
+        .map_err(|_| io::Error::other("spawner thread is gone"))?;
+    let mut child = reply_rx
+        .recv()
+        .map_err(|_| io::Error::other("spawner thread is gone"))??;
+    let output = SharedRing::new(ring_bytes);
+    if let Some(out) = child.stdout.take() {
+        pump(format!("{program}-stdout"), out, output.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        pump(format!("{program}-stderr"), err, output.clone());
+    }
+    Ok(Supervised {
+        program: program.to_string(),
+        pid: child.id(),
+        state: Mutex::new(ChildState {
+            child,
+            status: None,
+        }),
+        output,
+    })
+}
+
+/// Copies a child's pipe into a bounded ring until EOF (the child exiting closes it).
+pub(crate) fn pump(name: String, mut src: impl Read + Send + 'static, ring: SharedRing) {
+    let spawned = thread::Builder::new().name(name).spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => ring.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start an output reader thread; output is dropped");
+    }
+}
+
+struct ChildState {
+    child: Child,
+    /// Set once the leader has been reaped; afterwards its pid may be reused, so no more signals.
+    status: Option<ExitStatus>,
+}
+
+/// One supervised child process (the leader of its own process group).
+pub(crate) struct Supervised {
+    program: String,
+    pid: u32,
+    state: Mutex<ChildState>,
+    output: SharedRing,
+}
+
+impl Supervised {
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The tail of the child's captured stdout and stderr.
+    pub(crate) fn output_tail(&self) -> String {
+        self.output.tail_string()
+    }
+
+    /// True while the child has not exited. Never reaps (see the module docs).
+    pub(crate) fn is_running(&self) -> bool {
+        let st = lock(&self.state);
+        if st.status.is_some() {
+            return false;
+        }
+        // SAFETY: siginfo_t is plain data; an all-zero value is valid and waitid fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child's pid with WNOWAIT only inspects it; `info` is valid.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if rc != 0 {
+            return false;
+        }
+        // SAFETY: after a successful waitid, si_pid is initialised (0 when nothing changed).
+        unsafe { info.si_pid() == 0 }
+    }
+
+    /// Waits up to `timeout` for the child to exit on its own; true if it did.
+    pub(crate) fn wait_exit(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !self.is_running() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            thread::sleep((deadline - now).min(Duration::from_millis(20)));
+        }
+    }
+
+    /// Kills the whole process group with SIGKILL and reaps the leader. Idempotent.
+    pub(crate) fn kill_and_reap(&self) -> Option<ExitStatus> {
+        let mut st = lock(&self.state);
+        if let Some(status) = st.status {
+            return Some(status);
+        }
+        // The leader is not reaped yet, so its pid (== pgid) still names our group.
+        // SAFETY: kill(2) with a negative pid signals the process group we created.
+        let rc = unsafe { libc::kill(-(self.pid as libc::pid_t), libc::SIGKILL) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                tracing::warn!(program = %self.program, error = %e, "killing the process group failed");
+            }
+        }
+        match st.child.wait() {
+            Ok(status) => {
+                st.status = Some(status);
+                Some(status)
+            }
+            Err(e) => {
+                tracing::warn!(program = %self.program, error = %e, "reaping the child failed");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.kill_and_reap();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Stdio;
+
+    fn alive(pid: u32) -> bool {
+        // SAFETY: signal 0 only checks for existence and permission.
+        unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+    }
+
+    fn sleeper() -> Command {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("300")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    }
+
+    #[test]
+    fn kill_and_reap_removes_the_child() {
+        let child = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
+        let pid = child.pid();
+        assert!(child.is_running());
+        assert!(alive(pid));
+        // is_running must not reap: the process still exists afterwards.
+        assert!(child.is_running());
+        let status = child.kill_and_reap().expect("reaped");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(!child.is_running());
+        assert!(!alive(pid), "pid {pid} still exists after kill_and_reap");
+        // Idempotent.
+        assert!(child.kill_and_reap().is_some());
+    }
+
+    #[test]
+    fn drop_kills_the_child() {
+        let child = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
+        let pid = child.pid();
+        drop(child);
+        assert!(!alive(pid));
+    }
+
+    #[test]
+    fn child_is_leader_of_its_own_process_group() {
+        let child = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
+        // SAFETY: getpgid on a live child pid has no memory-safety preconditions.
+        let pgid = unsafe { libc::getpgid(child.pid() as libc::pid_t) };
+        assert_eq!(pgid as u32, child.pid());
+        // SAFETY: as above, for our own process.
+        assert_ne!(unsafe { libc::getpgid(0) }, pgid);
+    }
+
+    #[test]
+    fn output_is_captured_bounded() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "head -c 100000 /dev/zero | tr '\\0' a; echo END"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = spawn_supervised("sh", cmd, 4096).expect("spawn sh");
+        assert!(child.wait_exit(Duration::from_secs(10)));
+        // Give the reader thread a moment to drain the pipe after exit.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !child.output_tail().ends_with("END\n") && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let tail = child.output_tail();
+        assert!(
+            tail.ends_with("END\n"),
+            "tail: {:?}",
+            &tail[tail.len().saturating_sub(20)..]
+        );
+        assert!(tail.len() <= 4096);
+    }
+
+    /// The caveat the spawner thread exists for: a child forked from a thread that then exits
+    /// receives its parent-death signal even though the process lives on.
+    #[test]
+    fn pdeathsig_fires_when_the_forking_thread_exits() {
+        let pid = thread::spawn(|| {
+            let mut cmd = sleeper();
+            arm(&mut cmd);
+            let child = cmd.spawn().expect("spawn sleep");
+            let pid = child.id();
+            std::mem::forget(child);
+            pid
+        })
+        .join()
+        .expect("thread");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut reaped = false;
+        while Instant::now() < deadline {
+            let mut status = 0;
+            // SAFETY: waiting on our own child with a valid status pointer.
+            let rc = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+            if rc == pid as libc::pid_t {
+                assert!(libc::WIFSIGNALED(status));
+                assert_eq!(libc::WTERMSIG(status), libc::SIGKILL);
+                reaped = true;
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            reaped,
+            "child of an exited thread was not killed by its parent-death signal"
+        );
+    }
+
+    /// And the fix: spawning through the long-lived spawner thread from a short-lived thread
+    /// keeps the child alive after that thread exits.
+    #[test]
+    fn spawner_thread_outlives_short_lived_callers() {
+        let child =
+            thread::spawn(|| spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep"))
+                .join()
+                .expect("thread");
+        thread::sleep(Duration::from_millis(200));
+        assert!(
+            child.is_running(),
+            "child died with the short-lived thread that requested it"
+        );
+        child.kill_and_reap();
+        assert!(!alive(child.pid()));
+    }
+
+    /// Dead or a zombie (a killed orphan may wait briefly for its new parent to reap it).
+    fn gone(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        }
+    }
+
+    /// The guarantee that matters: if this whole process dies without running any Drop
+    /// (SIGKILL), its children die too. The test re-runs itself as a separate parent process
+    /// (selected by an environment variable), which spawns a child, reports its pid and waits
+    /// to be killed.
+    #[test]
+    fn children_die_with_the_process() {
+        const ROLE: &str = "VM_DRIVERS_PDEATH_PARENT";
+        if std::env::var_os(ROLE).is_some() {
+            let child = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
+            println!("CHILD_PID {}", child.pid());
+            std::mem::forget(child);
+            thread::sleep(Duration::from_secs(60));
+            return;
+        }
+        use std::io::BufRead;
+        let exe = std::env::current_exe().expect("test binary path");
+        let mut parent = Command::new(exe)
+            .args([
+                "--exact",
+                "process::tests::children_die_with_the_process",
+                "--nocapture",
+            ])
+            .env(ROLE, "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("re-run the test binary");
+        let stdout = parent.stdout.take().expect("piped stdout");
+        let pid = io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| {
+                l.strip_prefix("CHILD_PID ")
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+            })
+            .expect("the parent reported its child");
+        assert!(!gone(pid), "child {pid} is not running");
+        parent.kill().expect("kill the parent");
+        parent.wait().expect("reap the parent");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !gone(pid) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            gone(pid),
+            "child {pid} outlived its SIGKILLed parent process"
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! The QEMU and vhost-device-vsock command lines, as pure functions of a [`QemuConfig`].
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Everything the QEMU command line depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QemuConfig {
+    /// Guest memory in MiB (also the size of the memfd memory backend).
+    pub mem_mib: u32,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// The compressed kernel (`bzImage`).
+    pub kernel: PathBuf,
+    /// The initramfs (uncompressed newc cpio).
+    pub initramfs: PathBuf,
+    /// Words appended to the fixed kernel command line (the agent configuration).
+    pub extra_cmdline: String,
+    /// The vhost-user control socket `vhost-device-vsock` listens on.
+    pub vhost_socket: PathBuf,
+    /// Host files exposed as read-only virtio-blk disks, in order; disk `N` gets serial `diskN`.
+    pub disks: Vec<PathBuf>,
+}
+
+/// The fixed part of the guest kernel command line: serial console, and every reboot or
+/// panic ends the VM (QEMU runs with `-no-reboot`).
+pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1";
+
+/// The virtio-blk serial (the guest agent's disk id) of the disk at `index`.
+pub fn disk_serial(index: usize) -> String {
+    format!("disk{index}")
+}
+
+/// The full kernel command line for `cfg`.
+pub fn kernel_cmdline(cfg: &QemuConfig) -> String {
+    let extra = cfg.extra_cmdline.trim();
+    if extra.is_empty() {
+        BASE_CMDLINE.to_string()
+    } else {
+        format!("{BASE_CMDLINE} {extra}")
+    }
+}
+
+/// QEMU arguments (without the program name). The serial console goes to QEMU's stdout, which
+/// the driver reads into a bounded ring; there is no network device of any kind.
+pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |s: &str| a.push(s.into());
+    push("-machine");
+    push("microvm,acpi=off,memory-backend=mem");
+    push("-object");
+    push(&format!(
+        "memory-backend-memfd,id=mem,size={}M,share=on",
+        cfg.mem_mib
+    ));
+    push("-accel");
+    push("tcg");
+    push("-cpu");
+    push("max");
+    push("-m");
+    push(&cfg.mem_mib.to_string());
+    push("-smp");
+    push(&cfg.vcpus.max(1).to_string());
+    push("-nodefaults");
+    push("-no-user-config");
+    push("-display");
+    push("none");
+    push("-serial");
+    push("stdio");
+    push("-no-reboot");
+    push("-net");
+    push("none");
+    push("-append");
+    push(&kernel_cmdline(cfg));
+    a.push("-kernel".into());
+    a.push(cfg.kernel.clone().into_os_string());
+    a.push("-initrd".into());
+    a.push(cfg.initramfs.clone().into_os_string());
+    a.push("-chardev".into());
+    a.push(chardev_socket("c0", &cfg.vhost_socket));
+    a.push("-device".into());
+    a.push("vhost-user-vsock-device,chardev=c0".into());
+    for (i, disk) in cfg.disks.iter().enumerate() {
+        a.push("-drive".into());
+        a.push(drive(i, disk));
+        a.push("-device".into());
+        a.push(format!("virtio-blk-device,drive=d{i},serial={}", disk_serial(i)).into());
+    }
+    a
+}
+
+/// QEMU option values are comma-separated; a comma inside a path is written `,,`.
+fn escape_commas(p: &Path) -> OsString {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut out = Vec::with_capacity(p.as_os_str().len());
+    for &b in p.as_os_str().as_bytes() {
+        out.push(b);
+        if b == b',' {
+            out.push(b',');
+        }
+    }
+    OsString::from_vec(out)
+}
+
+fn chardev_socket(id: &str, path: &Path) -> OsString {
+    let mut s = OsString::from(format!("socket,id={id},path="));
+    s.push(escape_commas(path));
+    s
+}
+
+fn drive(index: usize, path: &Path) -> OsString {
+    let mut s = OsString::from("file=");
+    s.push(escape_commas(path));
+    s.push(format!(",if=none,id=d{index},format=raw,readonly=on"));
+    s
+}
+
+/// `vhost-device-vsock` arguments for guest CID `cid`.
+pub fn vhost_args(cid: u64, vhost_socket: &Path, uds_path: &Path) -> Vec<OsString> {
+    vec![
+        "--guest-cid".into(),
+        cid.to_string().into(),
+        "--socket".into(),
+        vhost_socket.into(),
+        "--uds-path".into(),
+        uds_path.into(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> QemuConfig {
+        QemuConfig {
+            mem_mib: 256,
+            vcpus: 2,
+            kernel: "/img/bzImage".into(),
+            initramfs: "/img/initramfs.cpio".into(),
+            extra_cmdline: "vm.hostname=box".into(),
+            vhost_socket: "/run/x/vhu.sock".into(),
+            disks: vec!["/data/a.erofs".into(), "/data/b,c.img".into()],
+        }
+    }
+
+    fn strings(cfg: &QemuConfig) -> Vec<String> {
+        qemu_args(cfg)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+    }
+
+    fn value_of(args: &[String], flag: &str) -> Vec<String> {
+        args.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].clone())
+            .collect()
+    }
+
+    #[test]
+    fn has_no_network_device() {
+        let args = strings(&cfg());
+        assert!(args.iter().any(|a| a == "-nodefaults"));
+        assert_eq!(value_of(&args, "-net"), vec!["none"]);
+        for forbidden in ["-netdev", "-nic"] {
+            assert!(
+                !args.iter().any(|a| a == forbidden),
+                "{forbidden} present: {args:?}"
+            );
+        }
+        assert!(!args.iter().any(|a| a.contains("virtio-net")), "{args:?}");
+    }
+
+    #[test]
+    fn disks_are_read_only_with_serials() {
+        let args = strings(&cfg());
+        let drives = value_of(&args, "-drive");
+        assert_eq!(drives.len(), 2);
+        for d in &drives {
+            assert!(d.contains("readonly=on"), "{d}");
+            assert!(d.contains("format=raw"), "{d}");
+        }
+        assert!(
+            drives[1].starts_with("file=/data/b,,c.img,"),
+            "{}",
+            drives[1]
+        );
+        let devices = value_of(&args, "-device");
+        assert!(devices.contains(&"virtio-blk-device,drive=d0,serial=disk0".to_string()));
+        assert!(devices.contains(&"virtio-blk-device,drive=d1,serial=disk1".to_string()));
+    }
+
+    #[test]
+    fn memory_backend_matches_memory_size() {
+        let mut c = cfg();
+        c.mem_mib = 384;
+        let args = strings(&c);
+        assert_eq!(
+            value_of(&args, "-object"),
+            vec!["memory-backend-memfd,id=mem,size=384M,share=on"]
+        );
+        assert_eq!(value_of(&args, "-m"), vec!["384"]);
+        assert_eq!(
+            value_of(&args, "-machine"),
+            vec!["microvm,acpi=off,memory-backend=mem"]
+        );
+        assert_eq!(value_of(&args, "-smp"), vec!["2"]);
+    }
+
+    #[test]
+    fn cmdline_and_vsock_device() {
+        let args = strings(&cfg());
+        assert_eq!(
+            value_of(&args, "-append"),
+            vec!["console=ttyS0 reboot=t panic=-1 vm.hostname=box"]
+        );
+        assert_eq!(
+            value_of(&args, "-chardev"),
+            vec!["socket,id=c0,path=/run/x/vhu.sock"]
+        );
+        assert!(value_of(&args, "-device").contains(&"vhost-user-vsock-device,chardev=c0".into()));
+        assert!(args.iter().any(|a| a == "-no-reboot"));
+        assert_eq!(value_of(&args, "-accel"), vec!["tcg"]);
+    }
+
+    #[test]
+    fn vhost_command_line() {
+        let a: Vec<String> = vhost_args(3, Path::new("/r/vhu.sock"), Path::new("/r/vsock.sock"))
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            a,
+            [
+                "--guest-cid",
+                "3",
+                "--socket",
+                "/r/vhu.sock",
+                "--uds-path",
+                "/r/vsock.sock"
+            ]
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! `tcg`: QEMU with software CPU emulation (`-accel tcg`), plus `vhost-device-vsock` for the
+//! hybrid-vsock channel to the guest agent.
+//!
+//! Containment is `UserKernel`: the guest has its own kernel, but the CPU is emulated by a
+//! host user-space process; there is no hardware virtualization boundary, so the admission
+//! gate accepts it for untrusted work only with an explicit policy flag.
+//!
+//! Boot order: `vhost-device-vsock` first (the driver waits for its control socket), then QEMU.
+//! Both children are owned by the machine's handle: own process groups, parent-death
+//! `SIGKILL`, killed and reaped on close, on wall expiry and on drop, and their socket files
+//! removed. Thread caveat: Linux sends the parent-death signal when the *thread* that forked
+//! the child exits, so every child is forked by one long-lived spawner thread that lives as
+//! long as the process (a child forked from, say, a tokio blocking thread would otherwise die
+//! when that idle thread is retired). The serial
+//! console is QEMU's stdout, read into a bounded ring.
+
+pub mod args;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use guest_agent::AGENT_PORT;
+use guest_agent::client::AgentClient;
+use vm_spec::Containment;
+
+use crate::boot::{self, GUEST_CID, RunDir, VSOCK_SOCKET};
+use crate::machine::{MachineInfo, VmHandle};
+use crate::process::{Supervised, spawn_supervised};
+use crate::{Availability, BootPlan, Driver, DriverError, Machine};
+pub use args::{QemuConfig, qemu_args, vhost_args};
+
+/// The QEMU binary name.
+pub const QEMU: &str = "qemu-system-x86_64";
+/// The vhost-user vsock backend binary name.
+pub const VHOST_VSOCK: &str = "vhost-device-vsock";
+/// The vhost-user control socket, inside the run dir.
+const VHOST_SOCKET: &str = "vhu.sock";
+/// Console bytes kept.
+const CONSOLE_RING_BYTES: usize = 256 * 1024;
+/// How long vhost-device-vsock gets to create its control socket.
+const VHOST_READY: Duration = Duration::from_secs(5);
+
+/// The QEMU TCG driver.
+#[derive(Debug, Clone, Default)]
+pub struct TcgDriver {
+    /// Explicit binaries (tests); `None` searches `PATH`, then `~/.cargo/bin`.
+    binaries: Option<(PathBuf, PathBuf)>,
+}
+
+/// Finds `program` on `PATH`, then in `$HOME/.cargo/bin`.
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let cargo_bin = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin"));
+    std::env::split_paths(&path)
+        .chain(cargo_bin)
+        .map(|d| d.join(program))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+impl TcgDriver {
+    /// The driver, locating its binaries at detect/boot time.
+    pub fn new() -> TcgDriver {
+        TcgDriver { binaries: None }
+    }
+
+    /// The driver with explicit `qemu-system-x86_64` and `vhost-device-vsock` paths.
+    pub fn with_binaries(qemu: PathBuf, vhost: PathBuf) -> TcgDriver {
+        TcgDriver {
+            binaries: Some((qemu, vhost)),
+        }
+    }
+
+    fn locate(&self) -> Result<(PathBuf, PathBuf), String> {
+        let (qemu, vhost) = match &self.binaries {
+            Some((q, v)) => (
+                is_executable(q).then(|| q.clone()),
+                is_executable(v).then(|| v.clone()),
+            ),
+            None => (find_program(QEMU), find_program(VHOST_VSOCK)),
+        };
+        match (qemu, vhost) {
+            (Some(q), Some(v)) => Ok((q, v)),
+            (q, v) => {
+                let mut missing = Vec::new();
+                if q.is_none() {
+                    missing.push(format!("{QEMU} (apt-get install qemu-system-x86)"));
+                }
+                if v.is_none() {
+                    missing.push(format!("{VHOST_VSOCK} (cargo install vhost-device-vsock)"));
+                }
+                Err(format!(
+                    "not found on PATH or in ~/.cargo/bin: {}",
+                    missing.join(", ")
+                ))
+            }
+        }
+    }
+}
+
+impl Driver for TcgDriver {
+    fn name(&self) -> &'static str {
+        "tcg"
+    }
+
+    fn containment(&self) -> Containment {
+        Containment::UserKernel
+    }
+
+    fn detect(&self) -> Availability {
+        match self.locate() {
+            Ok((q, v)) => Availability::yes(format!(
+                "QEMU TCG is emulated (software CPU, no hardware virtualization boundary): {} with {}",
+                q.display(),
+                v.display()
+            )),
+            Err(why) => Availability::no(format!("QEMU TCG unavailable: {why}")),
+        }
+    }
+
+    fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError> {
+        let (qemu_bin, vhost_bin) = self.locate().map_err(|reason| DriverError::Unsupported {
+            driver: "tcg",
+            reason,
+        })?;
+        boot::check_plan(&plan)?;
+        boot::require_file("images.bz_image", &plan.images.bz_image)?;
+        let cmdline = boot::agent_cmdline(&plan)?;
+        let run = RunDir::prepare(&plan.run_dir, &[VHOST_SOCKET, VSOCK_SOCKET])?;
+        let vhost_sock = run.path(VHOST_SOCKET);
+        let uds = run.path(VSOCK_SOCKET);
+
+        let vhost = start_vhost(&vhost_bin, &vhost_sock, &uds)?;
+        let qcfg = QemuConfig {
+            mem_mib: plan.mem_mib,
+            vcpus: plan.vcpus,
+            kernel: plan.images.bz_image.clone(),
+            initramfs: plan.images.initramfs.clone(),
+            extra_cmdline: cmdline,
+            vhost_socket: vhost_sock,
+            disks: plan.disks.iter().map(|d| d.host_path.clone()).collect(),
+        };
+        let mut cmd = Command::new(&qemu_bin);
+        cmd.args(qemu_args(&qcfg))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let qemu = spawn_supervised(QEMU, cmd, CONSOLE_RING_BYTES).map_err(|source| {
+            DriverError::Spawn {
+                program: QEMU.into(),
+                source,
+            }
+        })?;
+        tracing::info!(name = %plan.name, qemu = qemu.pid(), vhost = vhost.pid(), "tcg vm started");
+
+        let handle = TcgHandle {
+            qemu,
+            vhost,
+            run: Mutex::new(run),
+        };
+        let client = AgentClient::hybrid_vsock(uds, AGENT_PORT);
+        if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
+            handle.kill();
+            return Err(e);
+        }
+        let info = MachineInfo {
+            name: plan.name,
+            driver: "tcg",
+            containment: Containment::UserKernel,
+            wall: plan.wall,
+        };
+        Machine::new(info, Box::new(handle), client)
+    }
+}
+
+/// Starts vhost-device-vsock and waits until its control socket exists.
+fn start_vhost(bin: &Path, vhost_sock: &Path, uds: &Path) -> Result<Supervised, DriverError> {
+    let mut cmd = Command::new(bin);
+    cmd.args(vhost_args(GUEST_CID, vhost_sock, uds))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child =
+        spawn_supervised(VHOST_VSOCK, cmd, 16 * 1024).map_err(|source| DriverError::Spawn {
+            program: VHOST_VSOCK.into(),
+            source,
+        })?;
+    let deadline = Instant::now() + VHOST_READY;
+    while !vhost_sock.exists() {
+        let fail = |reason: &str| DriverError::Helper {
+            program: VHOST_VSOCK.into(),
+            reason: reason.into(),
+            output: child.output_tail(),
+        };
+        if !child.is_running() {
+            return Err(fail("exited before creating its socket"));
+        }
+        if Instant::now() >= deadline {
+            return Err(fail("did not create its socket within 5s"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(child)
+}
+
+/// The two child processes of one TCG VM, and its run-dir files.
+struct TcgHandle {
+    qemu: Supervised,
+    vhost: Supervised,
+    run: Mutex<RunDir>,
+}
+
+impl VmHandle for TcgHandle {
+    fn is_running(&self) -> bool {
+        self.qemu.is_running() && self.vhost.is_running()
+    }
+
+    fn kill(&self) {
+        self.qemu.kill_and_reap();
+        self.vhost.kill_and_reap();
+        self.run.lock().unwrap_or_else(|p| p.into_inner()).cleanup();
+    }
+
+    fn wait(&self, timeout: Duration) -> bool {
+        self.qemu.wait_exit(timeout)
+    }
+
+    fn console_tail(&self) -> String {
+        self.qemu.output_tail()
+    }
+
+    fn host_pids(&self) -> Vec<u32> {
+        vec![self.qemu.pid(), self.vhost.pid()]
+    }
+}
+
+impl Drop for TcgHandle {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detect_on_this_host_is_ok_and_says_emulated() {
+        let a = TcgDriver::new().detect();
+        if find_program(QEMU).is_none() || find_program(VHOST_VSOCK).is_none() {
+            crate::test_support::skip(&format!(
+                "SKIP detect_on_this_host_is_ok_and_says_emulated: {}",
+                a.detail
+            ));
+            return;
+        }
+        assert!(a.ok, "{}", a.detail);
+        assert!(a.detail.contains("emulated"), "{}", a.detail);
+        assert!(
+            a.detail.contains("no hardware virtualization boundary"),
+            "{}",
+            a.detail
+        );
+    }
+
+    #[test]
+    fn missing_binaries_are_named() {
+        let d = TcgDriver::with_binaries("/nonexistent/qemu".into(), "/nonexistent/vhost".into());
+        let a = d.detect();
+        assert!(!a.ok);
+        assert!(
+            a.detail.contains(QEMU) && a.detail.contains(VHOST_VSOCK),
+            "{}",
+            a.detail
+        );
+        assert!(matches!(
+            d.boot(crate::test_support::dummy_plan()),
+            Err(DriverError::Unsupported { driver: "tcg", .. })
+        ));
+    }
+
+    #[test]
+    fn containment_is_user_kernel() {
+        assert_eq!(TcgDriver::new().containment(), Containment::UserKernel);
+    }
+}

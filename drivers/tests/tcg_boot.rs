@@ -1,0 +1,251 @@
+//! TCG boots through the real `qemu-system-x86_64` and `vhost-device-vsock` (the ones that need
+//! guest images are `#[ignore]`d: the slow tier, `cargo test -- --ignored`). Each test checks that nothing is left behind: no child
+//! process whose command line names the run dir, and no socket file.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use guest_agent::protocol::ExecRequest;
+use vm_drivers::{
+    BootPlan, Driver, DriverError, ImagePaths, MachineError, TcgDriver, default_images_dir,
+};
+
+fn skip(line: &str) {
+    use std::io::Write;
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Pids of processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmd).contains(needle)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn assert_nothing_left(run_dir: &Path) {
+    let needle = run_dir.to_string_lossy().into_owned();
+    // Reaping is synchronous in close/kill, but give the kernel a moment to drop /proc entries.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !processes_mentioning(&needle).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        processes_mentioning(&needle),
+        Vec::<u32>::new(),
+        "processes left for {needle}"
+    );
+    for f in ["vhu.sock", "vsock.sock"] {
+        assert!(
+            !run_dir.join(f).exists(),
+            "{f} left in {}",
+            run_dir.display()
+        );
+    }
+}
+
+fn tcg_or_skip(test: &str) -> Option<TcgDriver> {
+    let d = TcgDriver::new();
+    let a = d.detect();
+    if !a.ok {
+        skip(&format!("SKIP {test}: {}", a.detail));
+        return None;
+    }
+    Some(d)
+}
+
+fn images_or_skip(test: &str) -> Option<ImagePaths> {
+    let Some(dir) = default_images_dir() else {
+        skip(&format!("SKIP {test}: no images dir (HOME unset)"));
+        return None;
+    };
+    let images = ImagePaths::in_dir(&dir.join("current"));
+    if !images.bz_image.is_file() || !images.initramfs.is_file() {
+        skip(&format!(
+            "SKIP {test}: no guest images at {}",
+            dir.join("current").display()
+        ));
+        return None;
+    }
+    Some(images)
+}
+
+fn plan(name: &str, images: ImagePaths, run_dir: PathBuf) -> BootPlan {
+    BootPlan {
+        name: name.into(),
+        images,
+        vcpus: 1,
+        mem_mib: 256,
+        pids_max: 0,
+        disks: Vec::new(),
+        run_dir,
+        wall: None,
+        boot_timeout: Duration::from_secs(60),
+    }
+}
+
+/// QEMU refuses a garbage kernel and exits at once: the boot must fail (not hang for the
+/// whole boot timeout), say why, and leave no process or socket behind.
+#[test]
+fn failed_boot_cleans_up_children_and_sockets() {
+    let Some(driver) = tcg_or_skip("failed_boot_cleans_up_children_and_sockets") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("img");
+    std::fs::create_dir(&img).unwrap();
+    std::fs::write(img.join("bzImage"), b"this is not a kernel").unwrap();
+    std::fs::write(img.join("initramfs.cpio"), b"").unwrap();
+    let run_dir = tmp.path().join("run");
+    let start = Instant::now();
+    let err = driver
+        .boot(plan("bad", ImagePaths::in_dir(&img), run_dir.clone()))
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+    match &err {
+        DriverError::AgentNotReady {
+            reason,
+            console_tail,
+            ..
+        } => {
+            assert!(reason.contains("stopped"), "{reason}");
+            assert!(
+                console_tail.contains("qemu") || console_tail.contains("kernel"),
+                "{console_tail}"
+            );
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+    assert_nothing_left(&run_dir);
+    assert!(
+        !run_dir.exists(),
+        "the run dir this boot created was not removed"
+    );
+}
+
+/// Boot the real guest images, run `uname -r` through the agent, close.
+#[test]
+#[ignore = "slow tier: boots the real guest images under QEMU TCG"]
+fn boot_exec_uname_and_close() {
+    let test = "boot_exec_uname_and_close";
+    let Some(driver) = tcg_or_skip(test) else {
+        return;
+    };
+    let Some(images) = images_or_skip(test) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let machine = match driver.boot(plan("uname", images, run_dir.clone())) {
+        Ok(m) => m,
+        Err(DriverError::AgentNotReady {
+            reason,
+            console_tail,
+            ..
+        }) => {
+            let last = console_tail
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .to_string();
+            assert_nothing_left(&run_dir);
+            skip(&format!(
+                "SKIP {test}: guest agent did not answer ({reason}); last console line: {last}"
+            ));
+            return;
+        }
+        Err(e) => panic!("boot failed: {e} ({e:?})"),
+    };
+    assert_eq!(machine.driver(), "tcg");
+    let pids = machine.host_pids();
+    assert_eq!(pids.len(), 2);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let out = rt
+        .block_on(machine.exec(ExecRequest::argv(["uname", "-r"])))
+        .expect("exec uname");
+    assert!(out.status.success(), "{:?}", out.status);
+    let release = String::from_utf8_lossy(&out.output).trim().to_string();
+    assert!(release.starts_with("6."), "unexpected release {release:?}");
+    rt.block_on(machine.close());
+    assert!(!machine.is_running());
+    for pid in pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} still exists"
+        );
+    }
+    assert_nothing_left(&run_dir);
+}
+
+/// The wall lifetime kills the VM whatever it is doing; later calls say so.
+#[test]
+#[ignore = "slow tier: boots the real guest images under QEMU TCG"]
+fn wall_expiry_tears_the_vm_down() {
+    let test = "wall_expiry_tears_the_vm_down";
+    let Some(driver) = tcg_or_skip(test) else {
+        return;
+    };
+    let Some(images) = images_or_skip(test) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let mut p = plan("wall", images, run_dir.clone());
+    p.wall = Some(Duration::from_secs(2));
+    let machine = match driver.boot(p) {
+        Ok(m) => m,
+        Err(DriverError::AgentNotReady { reason, .. }) => {
+            assert_nothing_left(&run_dir);
+            skip(&format!(
+                "SKIP {test}: guest agent did not answer ({reason})"
+            ));
+            return;
+        }
+        Err(e) => panic!("boot failed: {e} ({e:?})"),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let err = rt
+        .block_on(machine.exec(ExecRequest::shell("sleep 60")))
+        .unwrap_err();
+    assert!(matches!(err, MachineError::WallExpired { .. }), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(machine.wall_expired());
+    assert!(!machine.is_running());
+    assert_nothing_left(&run_dir);
+    drop(machine);
+}

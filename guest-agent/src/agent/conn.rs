@@ -1,0 +1,256 @@
+//! One connection: handshake, one request, that request's stream.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::files::{self, FileError};
+use super::{Agent, Stream};
+use crate::PROTOCOL_VERSION;
+use crate::frame::{FrameError, read_frame, write_frame};
+use crate::protocol::{
+    AgentFrame, ClientFrame, ErrorKind, MAX_CHUNK, MAX_FILE_BYTES, MAX_FRAME, Request, WireError,
+};
+
+/// Join an error and its sources into one line.
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+pub(super) async fn send<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    f: &AgentFrame,
+    t: Duration,
+) -> Result<(), FrameError> {
+    write_frame(w, f, MAX_FRAME, t).await
+}
+
+pub(super) async fn send_error<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: ErrorKind,
+    message: &str,
+    t: Duration,
+) -> Result<(), FrameError> {
+    let message: String = message.chars().take(1024).collect();
+    send(w, &AgentFrame::Error(WireError { kind, message }), t).await
+}
+
+async fn recv<S: Stream>(s: &mut S, t: Duration) -> Result<ClientFrame, FrameError> {
+    read_frame(s, MAX_FRAME, Some(t), t).await
+}
+
+/// Serve one connection to completion.
+pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), FrameError> {
+    let t = agent.io_timeout();
+    match recv(&mut s, t).await? {
+        ClientFrame::Hello { version } if version == PROTOCOL_VERSION => {
+            send(
+                &mut s,
+                &AgentFrame::HelloOk {
+                    version,
+                    info: agent.info(),
+                },
+                t,
+            )
+            .await?;
+        }
+        ClientFrame::Hello { version } => {
+            let msg = format!("client speaks protocol {version}, agent speaks {PROTOCOL_VERSION}");
+            return send_error(&mut s, ErrorKind::VersionMismatch, &msg, t).await;
+        }
+        _ => return send_error(&mut s, ErrorKind::BadRequest, "expected Hello", t).await,
+    }
+    let req = match recv(&mut s, t).await? {
+        ClientFrame::Request(r) => r,
+        _ => return send_error(&mut s, ErrorKind::BadRequest, "expected a request", t).await,
+    };
+    match req {
+        Request::Ping => send(&mut s, &AgentFrame::Pong, t).await,
+        Request::Exec(r) => super::exec::run(agent, s, r, false).await,
+        Request::ExecStream(r) => super::exec::run(agent, s, r, true).await,
+        Request::ReadFile { root, path } => read_file(agent, &mut s, &root, &path).await,
+        Request::WriteFile { root, path, size } => {
+            write_file(agent, &mut s, &root, &path, size).await
+        }
+        Request::List { root, path } => list(agent, &mut s, root, path).await,
+        Request::ServeStart(r) => match agent.serves().start(agent, &r, agent.max_serves()) {
+            Ok(id) => send(&mut s, &AgentFrame::ServeStarted(id), t).await,
+            Err((k, m)) => send_error(&mut s, k, &m, t).await,
+        },
+        Request::ServeStatus(id) => match agent.serves().status(id) {
+            Ok(st) => send(&mut s, &AgentFrame::ServeState(st), t).await,
+            Err((k, m)) => send_error(&mut s, k, &m, t).await,
+        },
+        Request::ServeStop(id) => match agent.serves().stop(id).await {
+            Ok(st) => send(&mut s, &AgentFrame::ServeState(st), t).await,
+            Err((k, m)) => send_error(&mut s, k, &m, t).await,
+        },
+        Request::Forward { port } => forward(agent, s, port).await,
+        Request::Shutdown => {
+            let r = send(&mut s, &AgentFrame::Ok, t).await;
+            let _ = s.shutdown().await;
+            agent.request_shutdown();
+            r
+        }
+    }
+}
+
+async fn file_error<S: Stream>(s: &mut S, e: FileError, t: Duration) -> Result<(), FrameError> {
+    send_error(s, e.kind(), &error_chain(&e), t).await
+}
+
+async fn read_file<S: Stream>(
+    agent: &Agent,
+    s: &mut S,
+    root: &str,
+    path: &str,
+) -> Result<(), FrameError> {
+    let t = agent.io_timeout();
+    let opened =
+        files::open_root(agent.base_fd(), root).and_then(|r| files::open_read(r.as_fd(), path));
+    let (f, size) = match opened {
+        Ok(x) => x,
+        Err(e) => return file_error(s, e, t).await,
+    };
+    send(s, &AgentFrame::FileStart { size }, t).await?;
+    let mut f = tokio::fs::File::from_std(f);
+    let mut left = size;
+    let mut buf = vec![0u8; MAX_CHUNK];
+    while left > 0 {
+        let want = (left as usize).min(MAX_CHUNK);
+        let n = match f.read(&mut buf[..want]).await {
+            Ok(0) => return send_error(s, ErrorKind::Io, "file shrank while being read", t).await,
+            Ok(n) => n,
+            Err(e) => return send_error(s, ErrorKind::Io, &format!("read failed: {e}"), t).await,
+        };
+        left -= n as u64;
+        send(s, &AgentFrame::Data(buf[..n].to_vec()), t).await?;
+    }
+    send(s, &AgentFrame::DataEnd, t).await
+}
+
+async fn write_file<S: Stream>(
+    agent: &Agent,
+    s: &mut S,
+    root: &str,
+    path: &str,
+    size: u64,
+) -> Result<(), FrameError> {
+    let t = agent.io_timeout();
+    if size > MAX_FILE_BYTES {
+        return file_error(
+            s,
+            FileError::TooLarge {
+                max: MAX_FILE_BYTES,
+            },
+            t,
+        )
+        .await;
+    }
+    let opened =
+        files::open_root(agent.base_fd(), root).and_then(|r| files::open_write(r.as_fd(), path));
+    let f = match opened {
+        Ok(f) => f,
+        Err(e) => return file_error(s, e, t).await,
+    };
+    send(s, &AgentFrame::Ok, t).await?;
+    let mut f = tokio::fs::File::from_std(f);
+    let mut got = 0u64;
+    loop {
+        match recv(s, t).await? {
+            ClientFrame::Data(d) => {
+                got += d.len() as u64;
+                if got > size {
+                    return send_error(s, ErrorKind::BadRequest, "more data than announced", t)
+                        .await;
+                }
+                if let Err(e) = f.write_all(&d).await {
+                    return send_error(s, ErrorKind::Io, &format!("write failed: {e}"), t).await;
+                }
+            }
+            ClientFrame::DataEnd if got == size => break,
+            _ => return send_error(s, ErrorKind::BadRequest, "expected Data or DataEnd", t).await,
+        }
+    }
+    if let Err(e) = f.flush().await {
+        return send_error(s, ErrorKind::Io, &format!("write failed: {e}"), t).await;
+    }
+    send(s, &AgentFrame::Ok, t).await
+}
+
+/// Batches are flushed at this many path bytes, well under the frame limit.
+const LIST_BATCH_BYTES: usize = 256 * 1024;
+
+async fn list<S: Stream>(
+    agent: &Agent,
+    s: &mut S,
+    root: String,
+    path: String,
+) -> Result<(), FrameError> {
+    let t = agent.io_timeout();
+    let base = match agent.base_fd().try_clone_to_owned() {
+        Ok(b) => b,
+        Err(e) => return send_error(s, ErrorKind::Io, &e.to_string(), t).await,
+    };
+    let walked = tokio::task::spawn_blocking(move || {
+        files::open_root(base.as_fd(), &root).and_then(|r| files::list(r.as_fd(), &path))
+    })
+    .await;
+    let entries = match walked {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => return file_error(s, e, t).await,
+        Err(_) => return send_error(s, ErrorKind::Io, "list task failed", t).await,
+    };
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    for e in entries {
+        bytes += e.path.len() + 16;
+        batch.push(e);
+        if bytes >= LIST_BATCH_BYTES {
+            send(s, &AgentFrame::ListBatch(std::mem::take(&mut batch)), t).await?;
+            bytes = 0;
+        }
+    }
+    if !batch.is_empty() {
+        send(s, &AgentFrame::ListBatch(batch), t).await?;
+    }
+    send(s, &AgentFrame::ListEnd, t).await
+}
+
+async fn forward<S: Stream>(agent: &Agent, mut s: S, port: u16) -> Result<(), FrameError> {
+    let t = agent.io_timeout();
+    let tcp =
+        match tokio::time::timeout(t, tokio::net::TcpStream::connect(("127.0.0.1", port))).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return send_error(
+                    &mut s,
+                    ErrorKind::Io,
+                    &format!("connect 127.0.0.1:{port}: {e}"),
+                    t,
+                )
+                .await;
+            }
+            Err(_) => {
+                return send_error(
+                    &mut s,
+                    ErrorKind::Io,
+                    &format!("connect 127.0.0.1:{port}: timed out"),
+                    t,
+                )
+                .await;
+            }
+        };
+    send(&mut s, &AgentFrame::ForwardOk, t).await?;
+    let mut tcp = tcp;
+    let _ = tokio::io::copy_bidirectional(&mut s, &mut tcp).await;
+    Ok(())
+}

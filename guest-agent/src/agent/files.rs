@@ -1,0 +1,341 @@
+//! Confined file access: ReadFile, WriteFile, List.
+//!
+//! Paths are relative to a root. `..` components, absolute paths, NUL bytes and overlong paths
+//! are refused before touching the filesystem; every open then goes through
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to a directory fd, so neither a
+//! symlink nor a directory swapped for a symlink during the call can reach outside the root.
+//! The root itself (a guest path chosen by the host) is resolved with `RESOLVE_IN_ROOT` below
+//! the agent's base directory (`/` in a guest, `--root DIR` on the host).
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use crate::protocol::{ErrorKind, FileEntry, MAX_FILE_BYTES, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
+
+/// File errors, each mapped to a wire [`ErrorKind`].
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("path {0:?} leaves its root")]
+    Escape(String),
+    #[error("invalid path {0:?}")]
+    BadPath(String),
+    #[error("{0:?} not found")]
+    NotFound(String),
+    #[error("{0:?} is not a regular file")]
+    NotRegular(String),
+    #[error("file is larger than {max} bytes")]
+    TooLarge { max: u64 },
+    #[error("more than {max} entries")]
+    TooManyEntries { max: u32 },
+    #[error("i/o error on {path:?}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl FileError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            FileError::Escape(_) => ErrorKind::Escape,
+            FileError::BadPath(_) => ErrorKind::BadRequest,
+            FileError::NotFound(_) => ErrorKind::NotFound,
+            FileError::NotRegular(_) => ErrorKind::BadRequest,
+            FileError::TooLarge { .. } | FileError::TooManyEntries { .. } => ErrorKind::TooLarge,
+            FileError::Io { .. } => ErrorKind::Io,
+        }
+    }
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `openat2(dir, path, flags, mode, resolve)`, retried on EAGAIN/EINTR.
+fn openat2(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> Result<OwnedFd, FileError> {
+    let c = CString::new(if path.is_empty() { "." } else { path })
+        .map_err(|_| FileError::BadPath(path.into()))?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: u64::from(mode),
+        resolve,
+    };
+    for _ in 0..16 {
+        // SAFETY: valid dirfd, NUL-terminated path and an open_how of the size we pass.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                &how,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: the kernel returned a fresh fd that nothing else owns.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => continue,
+            Some(libc::EXDEV) | Some(libc::ELOOP) => return Err(FileError::Escape(path.into())),
+            Some(libc::ENOENT) => return Err(FileError::NotFound(path.into())),
+            _ => {
+                return Err(FileError::Io {
+                    path: path.into(),
+                    source: e,
+                });
+            }
+        }
+    }
+    Err(FileError::Io {
+        path: path.into(),
+        source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+    })
+}
+
+const BENEATH: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+
+/// Check a relative path and return its normal components (`""`/`.` = the root itself).
+pub fn clean(path: &str) -> Result<Vec<&str>, FileError> {
+    if path.len() > MAX_PATH_BYTES || path.contains('\0') {
+        return Err(FileError::BadPath(path.chars().take(256).collect()));
+    }
+    if path.starts_with('/') {
+        return Err(FileError::Escape(path.into()));
+    }
+    let mut out = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => return Err(FileError::Escape(path.into())),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+fn fstat(fd: BorrowedFd<'_>, path: &str) -> Result<libc::stat, FileError> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; st is ours.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(FileError::Io {
+            path: path.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(st)
+}
+
+fn is_reg(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+}
+
+/// Open the request root below the agent's base directory.
+pub fn open_root(base: BorrowedFd<'_>, root: &str) -> Result<OwnedFd, FileError> {
+    let rel = clean(root.trim_start_matches('/'))?.join("/");
+    openat2(
+        base,
+        &rel,
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// Open a regular file for reading; returns it with its size.
+pub fn open_read(root: BorrowedFd<'_>, path: &str) -> Result<(std::fs::File, u64), FileError> {
+    let rel = clean(path)?.join("/");
+    if rel.is_empty() {
+        return Err(FileError::NotRegular(path.into()));
+    }
+    let fd = openat2(
+        root,
+        &rel,
+        libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK,
+        0,
+        BENEATH,
+    )?;
+    let st = fstat(fd.as_fd(), path)?;
+    if !is_reg(&st) {
+        return Err(FileError::NotRegular(path.into()));
+    }
+    let size = st.st_size as u64;
+    if size > MAX_FILE_BYTES {
+        return Err(FileError::TooLarge {
+            max: MAX_FILE_BYTES,
+        });
+    }
+    Ok((std::fs::File::from(fd), size))
+}
+
+/// Create/truncate a regular file for writing, creating missing parent directories.
+pub fn open_write(root: BorrowedFd<'_>, path: &str) -> Result<std::fs::File, FileError> {
+    let comps = clean(path)?;
+    let Some((last, parents)) = comps.split_last() else {
+        return Err(FileError::BadPath(path.into()));
+    };
+    let parent = match openat2(
+        root,
+        &parents.join("/"),
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+        BENEATH,
+    ) {
+        Ok(fd) => fd,
+        Err(FileError::NotFound(_)) => mkdirs(root, parents)?,
+        Err(e) => return Err(e),
+    };
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOCTTY | libc::O_NONBLOCK;
+    let fd = openat2(parent.as_fd(), last, flags, 0o644, BENEATH)?;
+    let st = fstat(fd.as_fd(), path)?;
+    if !is_reg(&st) {
+        return Err(FileError::NotRegular(path.into()));
+    }
+    Ok(std::fs::File::from(fd))
+}
+
+fn mkdirs(root: BorrowedFd<'_>, comps: &[&str]) -> Result<OwnedFd, FileError> {
+    let mut dir = openat2(root, "", libc::O_PATH | libc::O_DIRECTORY, 0, BENEATH)?;
+    for (i, c) in comps.iter().enumerate() {
+        let prefix = comps[..=i].join("/");
+        match openat2(root, &prefix, libc::O_PATH | libc::O_DIRECTORY, 0, BENEATH) {
+            Ok(fd) => dir = fd,
+            Err(FileError::NotFound(_)) => {
+                let name = CString::new(*c).map_err(|_| FileError::BadPath(prefix.clone()))?;
+                // SAFETY: dir is an open directory fd; name is NUL-terminated.
+                let r = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) };
+                if r < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.raw_os_error() != Some(libc::EEXIST) {
+                        return Err(FileError::Io {
+                            path: prefix,
+                            source: e,
+                        });
+                    }
+                }
+                dir = openat2(root, &prefix, libc::O_PATH | libc::O_DIRECTORY, 0, BENEATH)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(dir)
+}
+
+/// Regular files under `root/path`, recursively (symlinks are not followed).
+pub fn list(root: BorrowedFd<'_>, path: &str) -> Result<Vec<FileEntry>, FileError> {
+    let rel = clean(path)?.join("/");
+    let dir = openat2(root, &rel, libc::O_RDONLY | libc::O_DIRECTORY, 0, BENEATH)?;
+    let mut out = Vec::new();
+    walk(dir, String::new(), 0, &mut out)?;
+    Ok(out)
+}
+
+const MAX_DEPTH: u32 = 64;
+
+fn walk(
+    dir: OwnedFd,
+    prefix: String,
+    depth: u32,
+    out: &mut Vec<FileEntry>,
+) -> Result<(), FileError> {
+    if depth > MAX_DEPTH {
+        return Ok(());
+    }
+    let names = read_names(&dir, &prefix)?;
+    for name in names {
+        let Some(name_str) = OsStr::from_bytes(&name).to_str() else {
+            continue;
+        };
+        let rel = if prefix.is_empty() {
+            name_str.to_string()
+        } else {
+            format!("{prefix}/{name_str}")
+        };
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        // O_PATH first: never open a FIFO or device for real.
+        let Ok(fd) = openat2(
+            dir.as_fd(),
+            name_str,
+            libc::O_PATH | libc::O_NOFOLLOW,
+            0,
+            BENEATH | libc::RESOLVE_NO_SYMLINKS,
+        ) else {
+            continue;
+        };
+        let st = fstat(fd.as_fd(), &rel)?;
+        if is_reg(&st) {
+            if out.len() >= MAX_LIST_ENTRIES as usize {
+                return Err(FileError::TooManyEntries {
+                    max: MAX_LIST_ENTRIES,
+                });
+            }
+            out.push(FileEntry {
+                path: rel,
+                size: st.st_size as u64,
+            });
+        } else if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            let sub = match openat2(
+                dir.as_fd(),
+                name_str,
+                flags | libc::O_DIRECTORY,
+                0,
+                BENEATH | libc::RESOLVE_NO_SYMLINKS,
+            ) {
+                Ok(fd) => fd,
+                Err(FileError::Escape(_) | FileError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            walk(sub, rel, depth + 1, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Directory entry names of `dir` (not `.`/`..`), bounded.
+fn read_names(dir: &OwnedFd, path: &str) -> Result<Vec<Vec<u8>>, FileError> {
+    let io = |source| FileError::Io {
+        path: path.into(),
+        source,
+    };
+    let dup = dir.try_clone().map_err(io)?;
+    // SAFETY: fdopendir takes ownership of the duplicated fd on success.
+    let d = unsafe { libc::fdopendir(dup.as_raw_fd()) };
+    if d.is_null() {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    std::mem::forget(dup); // now owned by the DIR stream, closed by closedir
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: d is a valid DIR stream until closedir below.
+        let ent = unsafe { libc::readdir64(d) };
+        if ent.is_null() {
+            break;
+        }
+        // SAFETY: readdir64 returned a valid entry, live until the next readdir64/closedir.
+        let d_name = unsafe { &(*ent).d_name };
+        // SAFETY: d_name is NUL-terminated within the entry.
+        let name = unsafe { std::ffi::CStr::from_ptr(d_name.as_ptr()) }.to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+        if names.len() > MAX_LIST_ENTRIES as usize {
+            break;
+        }
+    }
+    // SAFETY: d came from fdopendir and is closed exactly once.
+    unsafe { libc::closedir(d) };
+    Ok(names)
+}

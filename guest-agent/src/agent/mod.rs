@@ -1,0 +1,228 @@
+//! The agent's server side: shared state, listeners and the per-connection tasks.
+//!
+//! [`Agent::new`] must be called inside a tokio runtime (it starts the reaper). The same
+//! [`Agent`] serves a vsock listener ([`Agent::serve_vsock`], in a guest) or a Unix listener
+//! ([`Agent::serve_unix`], host tests). Connections beyond `max_conns` get a `Busy` error and are
+//! closed; each connection's handshake and request must arrive within `io_timeout`.
+
+pub mod cgroup;
+mod conn;
+mod exec;
+pub mod files;
+pub mod pid1;
+pub mod process;
+pub mod reaper;
+mod serve;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Notify, Semaphore};
+
+use cgroup::{CgroupLimits, Cgroups};
+use reaper::Reaper;
+use serve::Serves;
+
+use crate::frame::read_frame;
+use crate::protocol::{AgentInfo, ClientFrame, ErrorKind, MAX_FRAME};
+
+/// A connection the agent can serve.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+
+/// Agent errors.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot open root {path}")]
+    Root {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the reaper")]
+    Reaper(#[source] reaper::ReaperError),
+    #[error("cgroup setup failed")]
+    Cgroup(#[source] cgroup::CgroupError),
+    #[error("cannot listen")]
+    Listen(#[source] std::io::Error),
+}
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Base directory for file roots and the default working directory (`/` in a guest).
+    pub root: PathBuf,
+    pub hostname: String,
+    /// Running as PID 1 (reported in `AgentInfo`; enables reboot on shutdown in the binary).
+    pub pid1: bool,
+    /// Reap with `waitpid(-1)` (PID 1 or subreaper); otherwise only registered children.
+    pub reap_all: bool,
+    /// cgroup2 mount to create `work` under; `None` = no cgroups.
+    pub cgroup_base: Option<PathBuf>,
+    pub limits: CgroupLimits,
+    pub io_timeout: Duration,
+    pub max_conns: usize,
+    pub max_serves: usize,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            root: PathBuf::from("/"),
+            hostname: "vm".into(),
+            pid1: false,
+            reap_all: false,
+            cgroup_base: None,
+            limits: CgroupLimits::default(),
+            io_timeout: Duration::from_secs(30),
+            max_conns: 64,
+            max_serves: 16,
+        }
+    }
+}
+
+/// The agent's shared state.
+#[derive(Debug)]
+pub struct Agent {
+    opts: AgentOptions,
+    base: OwnedFd,
+    reaper: Reaper,
+    cgroups: Option<Cgroups>,
+    serves: Serves,
+    next_id: AtomicU64,
+    shutdown: Notify,
+    conns: Arc<Semaphore>,
+}
+
+impl Agent {
+    /// Open the root, start the reaper, set up cgroups. Must run inside a tokio runtime.
+    pub fn new(opts: AgentOptions) -> Result<Arc<Agent>, AgentError> {
+        let base = std::fs::File::open(&opts.root)
+            .map_err(|source| AgentError::Root {
+                path: opts.root.clone(),
+                source,
+            })?
+            .into();
+        let reaper = Reaper::start(opts.reap_all).map_err(AgentError::Reaper)?;
+        let cgroups = match &opts.cgroup_base {
+            Some(b) => Cgroups::setup(b, opts.limits).map_err(AgentError::Cgroup)?,
+            None => None,
+        };
+        let conns = Arc::new(Semaphore::new(opts.max_conns));
+        Ok(Arc::new(Agent {
+            opts,
+            base,
+            reaper,
+            cgroups,
+            serves: Serves::default(),
+            next_id: AtomicU64::new(1),
+            shutdown: Notify::new(),
+            conns,
+        }))
+    }
+
+    pub fn info(&self) -> AgentInfo {
+        AgentInfo {
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            hostname: self.opts.hostname.clone(),
+            pid1: self.opts.pid1,
+            cgroups: self.cgroups.is_some(),
+        }
+    }
+
+    pub(crate) fn io_timeout(&self) -> Duration {
+        self.opts.io_timeout
+    }
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+    pub(crate) fn root_path(&self) -> &Path {
+        &self.opts.root
+    }
+    pub(crate) fn base_fd(&self) -> BorrowedFd<'_> {
+        self.base.as_fd()
+    }
+    pub(crate) fn reaper(&self) -> &Reaper {
+        &self.reaper
+    }
+    pub(crate) fn cgroups(&self) -> Option<&Cgroups> {
+        self.cgroups.as_ref()
+    }
+    pub(crate) fn serves(&self) -> &Serves {
+        &self.serves
+    }
+    pub(crate) fn max_serves(&self) -> usize {
+        self.opts.max_serves
+    }
+    fn request_shutdown(&self) {
+        self.serves.kill_all();
+        self.shutdown.notify_one();
+    }
+
+    /// Serve one accepted connection on its own task (or refuse it when at capacity).
+    pub fn spawn_conn<S: Stream>(self: &Arc<Self>, s: S) {
+        let agent = self.clone();
+        match self.conns.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    if let Err(e) = conn::handle(&agent, s).await {
+                        tracing::debug!(error = %conn::error_chain(&e), "connection ended");
+                    }
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::spawn(async move {
+                    let mut s = s;
+                    let t = Duration::from_secs(1);
+                    // Take the Hello first so the client is reading when the refusal arrives.
+                    let _ = read_frame::<_, ClientFrame>(&mut s, MAX_FRAME, Some(t), t).await;
+                    let _ =
+                        conn::send_error(&mut s, ErrorKind::Busy, "too many connections", t).await;
+                });
+            }
+        }
+    }
+
+    /// Accept on a Unix listener until `Shutdown` is requested.
+    pub async fn serve_unix(self: &Arc<Self>, l: tokio::net::UnixListener) {
+        loop {
+            tokio::select! {
+                _ = self.shutdown.notified() => return,
+                r = l.accept() => match r {
+                    Ok((s, _)) => self.spawn_conn(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Bind the vsock listener on `port` (any CID).
+    pub fn bind_vsock(port: u32) -> Result<tokio_vsock::VsockListener, AgentError> {
+        let addr = tokio_vsock::VsockAddr::new(tokio_vsock::VMADDR_CID_ANY, port);
+        tokio_vsock::VsockListener::bind(addr).map_err(AgentError::Listen)
+    }
+
+    /// Accept on a vsock listener until `Shutdown` is requested.
+    pub async fn serve_vsock(self: &Arc<Self>, l: tokio_vsock::VsockListener) {
+        loop {
+            tokio::select! {
+                _ = self.shutdown.notified() => return,
+                r = l.accept() => match r {
+                    Ok((s, _)) => self.spawn_conn(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! PID-1 duties in a guest: early mounts, console, loopback, hostname, self-protection from the
+//! OOM killer, read-only disks, and power-off. Every step logs and carries on where it can;
+//! nothing here panics (a PID 1 exit panics the kernel), and [`power_off`] never returns.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::{DiskFs, DiskMount};
+
+/// PID-1 errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Pid1Error {
+    #[error("mount {what} on {target} failed")]
+    Mount {
+        what: String,
+        target: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create {path}")]
+    Mkdir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{op} failed")]
+    Sys {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no block device with serial {0:?}")]
+    NoDisk(String),
+    #[error("invalid string {0:?}")]
+    BadString(String),
+}
+
+fn cstr(s: &str) -> Result<CString, Pid1Error> {
+    CString::new(s).map_err(|_| Pid1Error::BadString(s.into()))
+}
+
+fn last(op: &'static str) -> Pid1Error {
+    Pid1Error::Sys {
+        op,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// `mount(2)`; `EBUSY` (already mounted) counts as success.
+pub fn mount(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> Result<(), Pid1Error> {
+    std::fs::create_dir_all(target).map_err(|source| Pid1Error::Mkdir {
+        path: target.into(),
+        source,
+    })?;
+    let (s, t, f, d) = (cstr(src)?, cstr(target)?, cstr(fstype)?, cstr(data)?);
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
+    let r = unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), flags, d.as_ptr().cast()) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(Pid1Error::Mount {
+                what: format!("{fstype} ({src})"),
+                target: target.into(),
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Remove every inherited environment variable.
+pub fn clear_env() {
+    for (k, _) in std::env::vars_os() {
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { std::env::remove_var(k) };
+    }
+}
+
+/// Mount proc, sys, devtmpfs, devpts, /dev/shm, /tmp, /run and cgroup2; create /dev links.
+/// Returns the failures (each already logged); the agent carries on without them.
+pub fn early_mounts() -> Vec<Pid1Error> {
+    let nx = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    let steps: [(&str, &str, &str, libc::c_ulong, &str); 8] = [
+        ("proc", "/proc", "proc", nx, ""),
+        ("sysfs", "/sys", "sysfs", nx, ""),
+        ("devtmpfs", "/dev", "devtmpfs", libc::MS_NOSUID, "mode=0755"),
+        (
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=0620",
+        ),
+        (
+            "tmpfs",
+            "/dev/shm",
+            "tmpfs",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            "mode=1777",
+        ),
+        (
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            "mode=1777",
+        ),
+        (
+            "tmpfs",
+            "/run",
+            "tmpfs",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            "mode=0755",
+        ),
+        ("cgroup2", "/sys/fs/cgroup", "cgroup2", nx, ""),
+    ];
+    let mut errs = Vec::new();
+    for (src, target, fs, flags, data) in steps {
+        if let Err(e) = mount(src, target, fs, flags, data) {
+            tracing::warn!(error = %super::conn::error_chain(&e), "early mount");
+            errs.push(e);
+        }
+    }
+    for (link, to) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+        ("/dev/ptmx", "pts/ptmx"),
+    ] {
+        if std::fs::symlink_metadata(link).is_err() {
+            let _ = std::os::unix::fs::symlink(to, link);
+        }
+    }
+    errs
+}
+
+/// Point stdin at /dev/null and stdout/stderr at /dev/console.
+pub fn console_to_stdio() {
+    for (path, fds) in [(c"/dev/null", &[0][..]), (c"/dev/console", &[1, 2][..])] {
+        // SAFETY: valid NUL-terminated path.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_NOCTTY) };
+        if fd < 0 {
+            continue;
+        }
+        for &to in fds {
+            // SAFETY: dup2 of an fd we just opened onto a standard fd.
+            unsafe { libc::dup2(fd, to) };
+        }
+        if fd > 2 {
+            // SAFETY: closing our own temporary fd.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// Print one line to the console (stdout, which is /dev/console as PID 1).
+pub fn console_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in r
+        .ifr_name
+        .iter_mut()
+        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *d = s as libc::c_char;
+    }
+    r
+}
+
+fn sockaddr_in(addr: [u8; 4]) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(addr),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size; the kernel reads it as sockaddr_in.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+/// Bring `lo` up with 127.0.0.1/8.
+pub fn loopback_up() -> Result<(), Pid1Error> {
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(last("socket"));
+    }
+    let ioctl = |req: libc::c_ulong, r: &mut libc::ifreq, op: &'static str| {
+        // SAFETY: fd is an open socket and r a valid ifreq for this request.
+        if unsafe { libc::ioctl(fd, req as _, r as *mut libc::ifreq) } < 0 {
+            Err(last(op))
+        } else {
+            Ok(())
+        }
+    };
+    let res = (|| {
+        let mut r = ifreq("lo");
+        r.ifr_ifru.ifru_addr = sockaddr_in([127, 0, 0, 1]);
+        ioctl(libc::SIOCSIFADDR, &mut r, "SIOCSIFADDR")?;
+        let mut r = ifreq("lo");
+        r.ifr_ifru.ifru_netmask = sockaddr_in([255, 0, 0, 0]);
+        ioctl(libc::SIOCSIFNETMASK, &mut r, "SIOCSIFNETMASK")?;
+        let mut r = ifreq("lo");
+        r.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        ioctl(libc::SIOCSIFFLAGS, &mut r, "SIOCSIFFLAGS")
+    })();
+    // SAFETY: closing our socket.
+    unsafe { libc::close(fd) };
+    res
+}
+
+pub fn set_hostname(name: &str) -> Result<(), Pid1Error> {
+    // SAFETY: pointer and length describe a valid byte slice.
+    if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
+        return Err(last("sethostname"));
+    }
+    Ok(())
+}
+
+/// `oom_score_adj = -1000` for the agent (children reset theirs to 0).
+pub fn protect_from_oom() -> Result<(), Pid1Error> {
+    std::fs::write("/proc/self/oom_score_adj", "-1000").map_err(|source| Pid1Error::Sys {
+        op: "oom_score_adj",
+        source,
+    })
+}
+
+/// `/dev/<name>` of the virtio block device whose serial is `id`.
+pub fn find_disk(sys_block: &Path, id: &str) -> Option<String> {
+    let dir = std::fs::read_dir(sys_block).ok()?;
+    for e in dir.flatten() {
+        let name = e.file_name();
+        if !name.as_bytes().starts_with(b"vd") {
+            continue;
+        }
+        let serial = std::fs::read(e.path().join("serial")).unwrap_or_default();
+        let serial = String::from_utf8_lossy(&serial);
+        if serial.trim_end_matches(['\n', '\0']) == id {
+            return Some(format!("/dev/{}", name.to_string_lossy()));
+        }
+    }
+    None
+}
+
+const BLKROSET: libc::c_ulong = 0x125d;
+
+fn set_block_ro(dev: &str) -> Result<(), Pid1Error> {
+    let f = std::fs::File::open(dev).map_err(|source| Pid1Error::Sys {
+        op: "open block device",
+        source,
+    })?;
+    let one: libc::c_int = 1;
+    // SAFETY: BLKROSET reads one int from the pointer we pass; the fd is open.
+    if unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), BLKROSET as _, &one) } < 0 {
+        return Err(last("BLKROSET"));
+    }
+    Ok(())
+}
+
+/// Mount one read-only disk (waiting briefly for its device to appear).
+pub fn mount_disk(d: &DiskMount) -> Result<(), Pid1Error> {
+    let mut dev = None;
+    for _ in 0..50 {
+        dev = find_disk(Path::new("/sys/block"), &d.id);
+        if dev.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let dev = dev.ok_or_else(|| Pid1Error::NoDisk(d.id.clone()))?;
+    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    match d.fs {
+        DiskFs::Erofs => mount(&dev, &d.guest_path, "erofs", flags, ""),
+        DiskFs::Ext4 => mount(&dev, &d.guest_path, "ext4", flags, "noload"),
+        DiskFs::Raw => {
+            set_block_ro(&dev)?;
+            let p = PathBuf::from(&d.guest_path);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).map_err(|source| Pid1Error::Mkdir {
+                    path: parent.display().to_string(),
+                    source,
+                })?;
+            }
+            std::os::unix::fs::symlink(&dev, &p).map_err(|source| Pid1Error::Sys {
+                op: "symlink",
+                source,
+            })
+        }
+    }
+}
+
+/// Sync and reboot (which ends the VM); never returns.
+pub fn power_off() -> ! {
+    // SAFETY: sync(2) has no arguments.
+    unsafe { libc::sync() };
+    // SAFETY: reboot(2) with a valid command; only returns on failure.
+    unsafe { libc::reboot(libc::RB_AUTOBOOT) };
+    tracing::error!("reboot failed: {}", std::io::Error::last_os_error());
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}

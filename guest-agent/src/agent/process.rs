@@ -1,0 +1,216 @@
+//! Spawning the processes the agent runs, each in its own session/process group and (when
+//! available) its own leaf cgroup, with exactly the given environment, and killing their trees.
+
+use std::ffi::CStr;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::net::unix::pipe;
+use tokio::sync::oneshot;
+
+use super::cgroup::{CgroupDir, Cgroups};
+use super::reaper::{Reaper, ReaperError};
+use crate::protocol::{Command, ExitStatus};
+
+/// Process errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("empty argv")]
+    EmptyArgv,
+    #[error("invalid environment variable name {0:?}")]
+    BadEnv(String),
+    #[error("cannot create pipe")]
+    Pipe(#[source] std::io::Error),
+    #[error("cannot create cgroup")]
+    Cgroup(#[source] super::cgroup::CgroupError),
+    #[error("spawn failed")]
+    Spawn(#[source] ReaperError),
+}
+
+/// How the child's stdout/stderr are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// One pipe shared by stdout and stderr (order preserved).
+    Combined,
+    /// Separate stdout and stderr pipes.
+    Separate,
+}
+
+/// What to spawn.
+#[derive(Debug)]
+pub struct SpawnSpec<'a> {
+    pub command: &'a Command,
+    pub env: &'a [(String, String)],
+    pub cwd: Option<&'a str>,
+    pub default_cwd: &'a Path,
+    pub with_stdin: bool,
+    pub output: OutputMode,
+    /// Leaf cgroup name, e.g. `exec-7`.
+    pub name: &'a str,
+}
+
+/// A spawned process tree.
+#[derive(Debug)]
+pub struct Proc {
+    pub pid: i32,
+    pub exit: oneshot::Receiver<ExitStatus>,
+    pub stdin: Option<pipe::Sender>,
+    pub out: Option<pipe::Receiver>,
+    pub err: Option<pipe::Receiver>,
+    pub cgroup: Option<CgroupDir>,
+}
+
+fn make_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created by pipe2 and are owned by nobody else.
+    let r = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    // SAFETY: as above.
+    let w = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+    Ok((r, w))
+}
+
+/// Write `data` to `path` with raw syscalls only (safe to call between fork and exec).
+fn raw_write(path: &CStr, data: &[u8]) -> bool {
+    // SAFETY: open with a valid NUL-terminated path; no allocation.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fd is open; data is a valid slice.
+    let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+    // SAFETY: fd is ours to close.
+    unsafe { libc::close(fd) };
+    n == data.len() as isize
+}
+
+/// Spawn per `spec` through the reaper.
+pub fn spawn(
+    reaper: &Reaper,
+    cgroups: Option<&Cgroups>,
+    spec: &SpawnSpec<'_>,
+) -> Result<Proc, ProcessError> {
+    let mut cmd = match spec.command {
+        Command::Shell(line) => {
+            let mut c = std::process::Command::new("/bin/sh");
+            c.arg("-c").arg(line);
+            c
+        }
+        Command::Argv(argv) => {
+            let (first, rest) = argv.split_first().ok_or(ProcessError::EmptyArgv)?;
+            let mut c = std::process::Command::new(first);
+            c.args(rest);
+            c
+        }
+    };
+    cmd.env_clear();
+    for (k, v) in spec.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ProcessError::BadEnv(k.chars().take(64).collect()));
+        }
+        cmd.env(k, v);
+    }
+    match spec.cwd {
+        Some(d) => cmd.current_dir(d),
+        None => cmd.current_dir(spec.default_cwd),
+    };
+    cmd.stdin(if spec.with_stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut combined_read = None;
+    match spec.output {
+        OutputMode::Combined => {
+            let (r, w) = make_pipe().map_err(ProcessError::Pipe)?;
+            let w2 = w.try_clone().map_err(ProcessError::Pipe)?;
+            cmd.stdout(Stdio::from(w));
+            cmd.stderr(Stdio::from(w2));
+            combined_read = Some(r);
+        }
+        OutputMode::Separate => {
+            cmd.stdout(Stdio::piped());
+            cmd.stderr(Stdio::piped());
+        }
+    }
+    let cgroup = match cgroups {
+        Some(c) => Some(c.create(spec.name).map_err(ProcessError::Cgroup)?),
+        None => None,
+    };
+    let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
+    let pre_exec = move || {
+        // SAFETY: setsid has no memory effects.
+        if unsafe { libc::setsid() } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Undo the agent's own -1000 so the OOM killer picks the workload, never the agent.
+        raw_write(c"/proc/self/oom_score_adj", b"0");
+        if let Some(p) = &procs
+            && !raw_write(p, b"0")
+        {
+            return Err(std::io::Error::other("cannot enter cgroup"));
+        }
+        Ok(())
+    };
+    // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close)
+    // and allocates nothing.
+    unsafe { cmd.pre_exec(pre_exec) };
+    let spawned = reaper.spawn(&mut cmd);
+    drop(cmd); // closes our copies of the child's pipe ends
+    let (mut child, exit) = match spawned {
+        Ok(x) => x,
+        Err(e) => {
+            if let Some(cg) = cgroup {
+                tokio::spawn(cg.remove());
+            }
+            return Err(ProcessError::Spawn(e));
+        }
+    };
+    let pid = child.id() as i32;
+    let stdin = child
+        .stdin
+        .take()
+        .and_then(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)).ok());
+    let (out, err) = match combined_read {
+        Some(r) => (pipe::Receiver::from_owned_fd(r).ok(), None),
+        None => (
+            child
+                .stdout
+                .take()
+                .and_then(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)).ok()),
+            child
+                .stderr
+                .take()
+                .and_then(|s| pipe::Receiver::from_owned_fd(OwnedFd::from(s)).ok()),
+        ),
+    };
+    Ok(Proc {
+        pid,
+        exit,
+        stdin,
+        out,
+        err,
+        cgroup,
+    })
+}
+
+impl Proc {
+    /// SIGKILL the whole tree: the leaf cgroup (if any) and the process group.
+    pub fn kill_tree(&self) {
+        kill_tree(self.pid, self.cgroup.as_ref());
+    }
+}
+
+/// SIGKILL the tree rooted at session leader `pid`.
+pub fn kill_tree(pid: i32, cgroup: Option<&CgroupDir>) {
+    if let Some(c) = cgroup {
+        c.kill();
+    }
+    // SAFETY: killpg has no memory effects; pid is the group id set by setsid.
+    unsafe { libc::killpg(pid, libc::SIGKILL) };
+}

@@ -1,0 +1,144 @@
+//! Serve: long-lived processes with a bounded retained output tail.
+//!
+//! Each runs like an Exec (own session, own leaf cgroup, exact environment, stdin from
+//! /dev/null, stdout+stderr on one pipe) but outlives the connection that started it. A task
+//! keeps the last [`SERVE_TAIL_BYTES`] of its output; another records its exit status and then
+//! kills whatever it left behind. At most `max_serves` are tracked (running or exited but not
+//! yet stopped); `stop` kills the tree, waits for the exit (bounded) and forgets the entry.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+use super::Agent;
+use super::cgroup::CgroupDir;
+use super::process::{self, OutputMode, SpawnSpec};
+use crate::protocol::{
+    ErrorKind, ExitStatus, SERVE_TAIL_BYTES, ServeId, ServeRequest, ServeStatus,
+};
+
+#[derive(Debug)]
+struct Entry {
+    pid: i32,
+    cgroup: Mutex<Option<CgroupDir>>,
+    tail: Mutex<VecDeque<u8>>,
+    exit: watch::Receiver<Option<ExitStatus>>,
+}
+
+/// The table of Serve processes.
+#[derive(Debug, Default)]
+pub struct Serves {
+    map: Mutex<HashMap<u64, Arc<Entry>>>,
+}
+
+/// Serve errors: the wire kind and a message.
+pub type ServeError = (ErrorKind, String);
+
+impl Entry {
+    fn kill(&self) {
+        let cg = self.cgroup.lock().unwrap_or_else(|e| e.into_inner());
+        process::kill_tree(self.pid, cg.as_ref());
+    }
+
+    fn status(&self) -> ServeStatus {
+        let exit = *self.exit.borrow();
+        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        ServeStatus {
+            running: exit.is_none(),
+            exit,
+            output_tail: tail.iter().copied().collect(),
+        }
+    }
+}
+
+impl Serves {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Entry>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn start(
+        &self,
+        agent: &Agent,
+        req: &ServeRequest,
+        max: usize,
+    ) -> Result<ServeId, ServeError> {
+        if self.lock().len() >= max {
+            return Err((ErrorKind::Busy, format!("at most {max} serve processes")));
+        }
+        let id = agent.next_id();
+        let name = format!("serve-{id}");
+        let spec = SpawnSpec {
+            command: &req.command,
+            env: &req.env,
+            cwd: req.cwd.as_deref(),
+            default_cwd: agent.root_path(),
+            with_stdin: false,
+            output: OutputMode::Combined,
+            name: &name,
+        };
+        let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)
+            .map_err(|e| (ErrorKind::Spawn, super::conn::error_chain(&e)))?;
+        let (tx, rx) = watch::channel(None);
+        let entry = Arc::new(Entry {
+            pid: p.pid,
+            cgroup: Mutex::new(p.cgroup.take()),
+            tail: Mutex::new(VecDeque::new()),
+            exit: rx,
+        });
+        if let Some(mut out) = p.out.take() {
+            let e = entry.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = out.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut t = e.tail.lock().unwrap_or_else(|e| e.into_inner());
+                    t.extend(&buf[..n]);
+                    let excess = t.len().saturating_sub(SERVE_TAIL_BYTES);
+                    t.drain(..excess);
+                }
+            });
+        }
+        let e = entry.clone();
+        let exit = p.exit;
+        tokio::spawn(async move {
+            let st = exit.await.unwrap_or_default();
+            e.kill();
+            let _ = tx.send(Some(st));
+            let cg = e.cgroup.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(cg) = cg {
+                cg.remove().await;
+            }
+        });
+        self.lock().insert(id, entry);
+        Ok(ServeId(id))
+    }
+
+    pub fn status(&self, id: ServeId) -> Result<ServeStatus, ServeError> {
+        let e = self.lock().get(&id.0).cloned();
+        e.map(|e| e.status())
+            .ok_or((ErrorKind::NotFound, format!("no serve process {}", id.0)))
+    }
+
+    pub async fn stop(&self, id: ServeId) -> Result<ServeStatus, ServeError> {
+        let e = self
+            .lock()
+            .remove(&id.0)
+            .ok_or((ErrorKind::NotFound, format!("no serve process {}", id.0)))?;
+        e.kill();
+        let mut rx = e.exit.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| s.is_some())).await;
+        Ok(e.status())
+    }
+
+    /// Kill every serve tree (shutdown).
+    pub fn kill_all(&self) {
+        for e in self.lock().values() {
+            e.kill();
+        }
+    }
+}

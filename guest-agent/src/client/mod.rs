@@ -1,0 +1,546 @@
+//! Host-side client of the agent.
+//!
+//! The agent is treated as hostile: every step has a timeout, every frame is bounded by
+//! [`MAX_FRAME`] (a larger length prefix is refused before allocating), output and file buffers
+//! are bounded by [`ClientLimits`], and any malformed or unexpected reply is a typed
+//! [`ClientError`], never a panic. One connection per request; [`AgentClient`] is cheap to clone.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::time::Instant;
+
+mod stream;
+
+pub use stream::{ExecEvent, ExecStream};
+
+use crate::PROTOCOL_VERSION;
+use crate::frame::{FrameError, read_frame, write_frame};
+use crate::protocol::{
+    AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, FileEntry, MAX_CHUNK,
+    MAX_EXEC_OUTPUT, MAX_FILE_BYTES, MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request,
+    ServeId, ServeRequest, ServeStatus,
+};
+
+/// The byte stream returned by [`AgentClient::forward`]: spliced to `127.0.0.1:<port>` in the guest.
+pub type ForwardStream = UnixStream;
+
+/// Bounds and timeouts of a client.
+#[derive(Debug, Clone)]
+pub struct ClientLimits {
+    /// Connecting to the socket (and the hybrid-vsock `CONNECT` exchange).
+    pub connect_timeout: Duration,
+    /// Each handshake step, each request/reply frame, each frame body.
+    pub step_timeout: Duration,
+    /// Cap on combined Exec output kept in host memory; past it output is dropped and
+    /// `truncated` set.
+    pub max_output_bytes: u64,
+    /// Cap on ReadFile/WriteFile sizes.
+    pub max_file_bytes: u64,
+    /// Cap on List entries.
+    pub max_list_entries: usize,
+    /// Exec timeout when the request gives none.
+    pub default_exec_timeout: Duration,
+    /// Extra time past an Exec's timeout before the client gives up on the agent.
+    pub exec_grace: Duration,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            connect_timeout: Duration::from_secs(5),
+            step_timeout: Duration::from_secs(10),
+            max_output_bytes: MAX_EXEC_OUTPUT,
+            max_file_bytes: MAX_FILE_BYTES,
+            max_list_entries: MAX_LIST_ENTRIES as usize,
+            default_exec_timeout: Duration::from_secs(3600),
+            exec_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Client errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to {path}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("timed out during {step}")]
+    Timeout { step: &'static str },
+    #[error("hybrid vsock handshake failed: {reply}")]
+    VsockHandshake { reply: String },
+    #[error("protocol error during {step}")]
+    Frame {
+        step: &'static str,
+        #[source]
+        source: FrameError,
+    },
+    #[error("agent speaks protocol {agent:?}, we speak {ours}")]
+    VersionMismatch { agent: Option<u32>, ours: u32 },
+    #[error("agent error ({kind:?}): {message}")]
+    Agent { kind: ErrorKind, message: String },
+    #[error("unexpected {got} frame during {step}")]
+    Unexpected {
+        step: &'static str,
+        got: &'static str,
+    },
+    #[error("{what} exceeds the limit of {max} bytes")]
+    TooLarge { what: &'static str, max: u64 },
+    #[error("invalid request: {0}")]
+    InvalidRequest(&'static str),
+    #[error("i/o error during {step}")]
+    Io {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ClientError {
+    /// The agent's error kind, when this is an agent-reported error.
+    pub fn agent_kind(&self) -> Option<ErrorKind> {
+        match self {
+            ClientError::Agent { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Transport {
+    Unix(PathBuf),
+    HybridVsock { path: PathBuf, port: u32 },
+}
+
+/// Async client; one connection per request.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    transport: Transport,
+    limits: ClientLimits,
+}
+
+#[derive(Debug)]
+struct Conn {
+    s: UnixStream,
+    step: Duration,
+}
+
+impl Conn {
+    async fn send(&mut self, f: &ClientFrame, step: &'static str) -> Result<(), ClientError> {
+        write_frame(&mut self.s, f, MAX_FRAME, self.step)
+            .await
+            .map_err(|e| frame_err(step, e))
+    }
+    /// Receive a frame; `first` bounds the wait for it (default: the step timeout).
+    async fn recv(
+        &mut self,
+        first: Option<Duration>,
+        step: &'static str,
+    ) -> Result<AgentFrame, ClientError> {
+        let f = read_frame(
+            &mut self.s,
+            MAX_FRAME,
+            Some(first.unwrap_or(self.step)),
+            self.step,
+        )
+        .await
+        .map_err(|e| frame_err(step, e))?;
+        match f {
+            AgentFrame::Error(e) => Err(ClientError::Agent {
+                kind: e.kind,
+                message: e.message,
+            }),
+            f => Ok(f),
+        }
+    }
+    async fn request(&mut self, r: Request, step: &'static str) -> Result<AgentFrame, ClientError> {
+        self.send_or_reason(&ClientFrame::Request(r), step).await?;
+        self.recv(None, step).await
+    }
+    /// Send; if the agent already closed the connection, prefer the error frame it left
+    /// behind (e.g. `Busy`) over the bare write error.
+    async fn send_or_reason(
+        &mut self,
+        f: &ClientFrame,
+        step: &'static str,
+    ) -> Result<(), ClientError> {
+        match self.send(f, step).await {
+            Err(
+                e @ ClientError::Frame {
+                    source: FrameError::Io(_),
+                    ..
+                },
+            ) => match self.recv(Some(Duration::from_millis(100)), step).await {
+                Err(agent @ ClientError::Agent { .. }) => Err(agent),
+                _ => Err(e),
+            },
+            r => r,
+        }
+    }
+}
+
+fn frame_err(step: &'static str, e: FrameError) -> ClientError {
+    match e {
+        FrameError::Timeout => ClientError::Timeout { step },
+        source => ClientError::Frame { step, source },
+    }
+}
+
+fn unexpected(step: &'static str, f: &AgentFrame) -> ClientError {
+    ClientError::Unexpected {
+        step,
+        got: f.name(),
+    }
+}
+
+impl AgentClient {
+    /// Talk to an agent listening directly on a Unix socket (host tests).
+    pub fn unix(path: impl Into<PathBuf>) -> Self {
+        AgentClient {
+            transport: Transport::Unix(path.into()),
+            limits: ClientLimits::default(),
+        }
+    }
+
+    /// Talk to a guest agent through a hybrid-vsock Unix socket (`CONNECT <port>\n` -> `OK <n>\n`).
+    pub fn hybrid_vsock(uds_path: impl Into<PathBuf>, port: u32) -> Self {
+        AgentClient {
+            transport: Transport::HybridVsock {
+                path: uds_path.into(),
+                port,
+            },
+            limits: ClientLimits::default(),
+        }
+    }
+
+    pub fn with_limits(mut self, limits: ClientLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> &ClientLimits {
+        &self.limits
+    }
+
+    async fn connect(&self) -> Result<(Conn, AgentInfo), ClientError> {
+        let path = match &self.transport {
+            Transport::Unix(p) | Transport::HybridVsock { path: p, .. } => p,
+        };
+        let ct = self.limits.connect_timeout;
+        let mut s = tokio::time::timeout(ct, UnixStream::connect(path))
+            .await
+            .map_err(|_| ClientError::Timeout { step: "connect" })?
+            .map_err(|source| ClientError::Connect {
+                path: path.clone(),
+                source,
+            })?;
+        if let Transport::HybridVsock { port, .. } = &self.transport {
+            tokio::time::timeout(ct, vsock_connect(&mut s, *port))
+                .await
+                .map_err(|_| ClientError::Timeout {
+                    step: "hybrid vsock connect",
+                })??;
+        }
+        let mut conn = Conn {
+            s,
+            step: self.limits.step_timeout,
+        };
+        conn.send_or_reason(
+            &ClientFrame::Hello {
+                version: PROTOCOL_VERSION,
+            },
+            "handshake",
+        )
+        .await?;
+        match conn.recv(None, "handshake").await {
+            Ok(AgentFrame::HelloOk { version, info }) if version == PROTOCOL_VERSION => {
+                Ok((conn, info))
+            }
+            Ok(AgentFrame::HelloOk { version, .. }) => Err(ClientError::VersionMismatch {
+                agent: Some(version),
+                ours: PROTOCOL_VERSION,
+            }),
+            Ok(f) => Err(unexpected("handshake", &f)),
+            Err(ClientError::Agent {
+                kind: ErrorKind::VersionMismatch,
+                ..
+            }) => Err(ClientError::VersionMismatch {
+                agent: None,
+                ours: PROTOCOL_VERSION,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Handshake and a `Ping`; returns what the agent says about itself.
+    pub async fn ping(&self) -> Result<AgentInfo, ClientError> {
+        let (mut c, info) = self.connect().await?;
+        match c.request(Request::Ping, "ping").await? {
+            AgentFrame::Pong => Ok(info),
+            f => Err(unexpected("ping", &f)),
+        }
+    }
+
+    /// Ping until the agent answers or `timeout` passes (connection errors are retried).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<AgentInfo, ClientError> {
+        let deadline = Instant::now() + timeout;
+        let mut delay = Duration::from_millis(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = tokio::time::timeout(left, self.ping()).await;
+            match attempt {
+                Ok(Ok(info)) => return Ok(info),
+                Ok(Err(e @ (ClientError::VersionMismatch { .. } | ClientError::Agent { .. }))) => {
+                    return Err(e);
+                }
+                Ok(Err(e)) if Instant::now() + delay >= deadline => return Err(e),
+                Err(_) => return Err(ClientError::Timeout { step: "wait_ready" }),
+                Ok(Err(_)) => {}
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    fn prepare_exec(
+        &self,
+        mut req: ExecRequest,
+    ) -> Result<(ExecRequest, Instant, u64), ClientError> {
+        if req.stdin.len() > MAX_STDIN_BYTES {
+            return Err(ClientError::TooLarge {
+                what: "exec stdin",
+                max: MAX_STDIN_BYTES as u64,
+            });
+        }
+        let timeout = req.timeout.unwrap_or(self.limits.default_exec_timeout);
+        req.timeout = Some(timeout);
+        let cap = req
+            .max_output
+            .unwrap_or(crate::protocol::DEFAULT_EXEC_OUTPUT)
+            .min(self.limits.max_output_bytes)
+            .min(MAX_EXEC_OUTPUT);
+        req.max_output = Some(cap);
+        let deadline = Instant::now() + timeout + self.limits.exec_grace + self.limits.step_timeout;
+        Ok((req, deadline, cap))
+    }
+
+    /// Run a command to completion; combined output bounded by the request's and the client's caps.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, ClientError> {
+        let (req, deadline, cap) = self.prepare_exec(req)?;
+        let (mut c, _) = self.connect().await?;
+        c.send(&ClientFrame::Request(Request::Exec(req)), "exec")
+            .await?;
+        let mut out = ExecOutput::default();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match c.recv(Some(left), "exec").await? {
+                AgentFrame::Data(d) => {
+                    let room = cap.saturating_sub(out.output.len() as u64) as usize;
+                    if d.len() > room {
+                        out.truncated = true;
+                    }
+                    out.output.extend_from_slice(&d[..d.len().min(room)]);
+                }
+                AgentFrame::ExecDone { status, truncated } => {
+                    out.status = status;
+                    out.truncated |= truncated;
+                    return Ok(out);
+                }
+                f => return Err(unexpected("exec", &f)),
+            }
+        }
+    }
+
+    /// Start a command whose stdout/stderr arrive as they are produced.
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, ClientError> {
+        let (req, deadline, _) = self.prepare_exec(req)?;
+        let (mut c, _) = self.connect().await?;
+        c.send(
+            &ClientFrame::Request(Request::ExecStream(req)),
+            "exec_stream",
+        )
+        .await?;
+        Ok(ExecStream::new(c, deadline))
+    }
+
+    /// Read a file at `path` relative to `root` (confined to `root`).
+    pub async fn read_file(&self, root: &str, path: &str) -> Result<Vec<u8>, ClientError> {
+        let (mut c, _) = self.connect().await?;
+        let size = match c
+            .request(
+                Request::ReadFile {
+                    root: root.into(),
+                    path: path.into(),
+                },
+                "read_file",
+            )
+            .await?
+        {
+            AgentFrame::FileStart { size } => size,
+            f => return Err(unexpected("read_file", &f)),
+        };
+        let max = self.limits.max_file_bytes.min(MAX_FILE_BYTES);
+        if size > max {
+            return Err(ClientError::TooLarge { what: "file", max });
+        }
+        let mut buf = Vec::with_capacity(size.min(MAX_CHUNK as u64) as usize);
+        loop {
+            match c.recv(None, "read_file").await? {
+                AgentFrame::Data(d) => {
+                    if buf.len() as u64 + d.len() as u64 > size {
+                        return Err(ClientError::TooLarge {
+                            what: "file data past its announced size",
+                            max: size,
+                        });
+                    }
+                    buf.extend_from_slice(&d);
+                }
+                AgentFrame::DataEnd if buf.len() as u64 == size => return Ok(buf),
+                f => return Err(unexpected("read_file", &f)),
+            }
+        }
+    }
+
+    /// Create or replace the file at `path` relative to `root` (parents created).
+    pub async fn write_file(&self, root: &str, path: &str, data: &[u8]) -> Result<(), ClientError> {
+        let max = self.limits.max_file_bytes.min(MAX_FILE_BYTES);
+        if data.len() as u64 > max {
+            return Err(ClientError::TooLarge { what: "file", max });
+        }
+        let (mut c, _) = self.connect().await?;
+        let req = Request::WriteFile {
+            root: root.into(),
+            path: path.into(),
+            size: data.len() as u64,
+        };
+        match c.request(req, "write_file").await? {
+            AgentFrame::Ok => {}
+            f => return Err(unexpected("write_file", &f)),
+        }
+        for chunk in data.chunks(MAX_CHUNK) {
+            c.send(&ClientFrame::Data(chunk.to_vec()), "write_file")
+                .await?;
+        }
+        c.send(&ClientFrame::DataEnd, "write_file").await?;
+        match c.recv(None, "write_file").await? {
+            AgentFrame::Ok => Ok(()),
+            f => Err(unexpected("write_file", &f)),
+        }
+    }
+
+    /// Regular files under `root/path`, recursively, with sizes (symlinks are not followed).
+    pub async fn list(&self, root: &str, path: &str) -> Result<Vec<FileEntry>, ClientError> {
+        let (mut c, _) = self.connect().await?;
+        c.send(
+            &ClientFrame::Request(Request::List {
+                root: root.into(),
+                path: path.into(),
+            }),
+            "list",
+        )
+        .await?;
+        let mut out = Vec::new();
+        loop {
+            match c.recv(None, "list").await? {
+                AgentFrame::ListBatch(b) => {
+                    if out.len() + b.len() > self.limits.max_list_entries {
+                        return Err(ClientError::TooLarge {
+                            what: "list entry count",
+                            max: self.limits.max_list_entries as u64,
+                        });
+                    }
+                    out.extend(b);
+                }
+                AgentFrame::ListEnd => return Ok(out),
+                f => return Err(unexpected("list", &f)),
+            }
+        }
+    }
+
+    /// Start a long-lived process.
+    pub async fn serve_start(&self, req: ServeRequest) -> Result<ServeId, ClientError> {
+        let (mut c, _) = self.connect().await?;
+        match c.request(Request::ServeStart(req), "serve_start").await? {
+            AgentFrame::ServeStarted(id) => Ok(id),
+            f => Err(unexpected("serve_start", &f)),
+        }
+    }
+
+    /// Running/exit state and the retained output tail of a Serve process.
+    pub async fn serve_status(&self, id: ServeId) -> Result<ServeStatus, ClientError> {
+        let (mut c, _) = self.connect().await?;
+        match c.request(Request::ServeStatus(id), "serve_status").await? {
+            AgentFrame::ServeState(s) => Ok(s),
+            f => Err(unexpected("serve_status", &f)),
+        }
+    }
+
+    /// Kill a Serve process's whole tree and forget it; returns its final status.
+    pub async fn serve_stop(&self, id: ServeId) -> Result<ServeStatus, ClientError> {
+        let (mut c, _) = self.connect().await?;
+        match c.request(Request::ServeStop(id), "serve_stop").await? {
+            AgentFrame::ServeState(s) => Ok(s),
+            f => Err(unexpected("serve_stop", &f)),
+        }
+    }
+
+    /// A byte stream spliced to `127.0.0.1:port` inside the guest.
+    pub async fn forward(&self, port: u16) -> Result<ForwardStream, ClientError> {
+        let (mut c, _) = self.connect().await?;
+        match c.request(Request::Forward { port }, "forward").await? {
+            AgentFrame::ForwardOk => Ok(c.s),
+            f => Err(unexpected("forward", &f)),
+        }
+    }
+
+    /// Ask the agent to sync and power the guest off.
+    pub async fn shutdown(&self) -> Result<(), ClientError> {
+        let (mut c, _) = self.connect().await?;
+        match c.request(Request::Shutdown, "shutdown").await {
+            Ok(AgentFrame::Ok)
+            | Err(ClientError::Frame {
+                source: FrameError::Closed,
+                ..
+            }) => Ok(()),
+            Ok(f) => Err(unexpected("shutdown", &f)),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+async fn vsock_connect(s: &mut UnixStream, port: u32) -> Result<(), ClientError> {
+    let step = "hybrid vsock connect";
+    s.write_all(format!("CONNECT {port}\n").as_bytes())
+        .await
+        .map_err(|source| ClientError::Io { step, source })?;
+    // Read byte by byte so nothing past the line is consumed; bounded to 64 bytes.
+    let mut line = Vec::with_capacity(64);
+    loop {
+        let mut b = [0u8; 1];
+        let n = s
+            .read(&mut b)
+            .await
+            .map_err(|source| ClientError::Io { step, source })?;
+        if n == 0 || line.len() >= 64 {
+            return Err(ClientError::VsockHandshake {
+                reply: String::from_utf8_lossy(&line).into_owned(),
+            });
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        line.push(b[0]);
+    }
+    let reply = String::from_utf8_lossy(&line);
+    match reply.strip_prefix("OK ") {
+        Some(n) if n.trim().parse::<u32>().is_ok() => Ok(()),
+        _ => Err(ClientError::VsockHandshake {
+            reply: reply.into_owned(),
+        }),
+    }
+}

@@ -1,0 +1,272 @@
+//! Wire protocol shared by the agent and the host client.
+//!
+//! Every message is one frame: a `u32` little-endian length followed by that many bytes of a
+//! postcard-encoded [`ClientFrame`] (host -> agent) or [`AgentFrame`] (agent -> host). Byte
+//! payloads use `serde_bytes`. Both sides refuse a length prefix above [`MAX_FRAME`] before
+//! allocating anything.
+//!
+//! A connection carries exactly one operation:
+//! `Hello -> HelloOk | Error(VersionMismatch)`, then one [`Request`] and that request's stream
+//! (see the crate docs for each operation's frame sequence).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Hard maximum size of one frame body, both directions.
+pub const MAX_FRAME: u32 = 1024 * 1024;
+/// Largest byte chunk carried in one `Data`/`Stdout`/`Stderr` frame.
+pub const MAX_CHUNK: usize = 256 * 1024;
+/// Largest file ReadFile/WriteFile transfers (read and written in [`MAX_CHUNK`] chunks).
+pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest stdin carried inline in an [`ExecRequest`].
+pub const MAX_STDIN_BYTES: usize = 512 * 1024;
+/// Hard maximum of combined output the agent retains for a non-streaming Exec.
+pub const MAX_EXEC_OUTPUT: u64 = 16 * 1024 * 1024;
+/// Default combined-output cap when the request does not give one.
+pub const DEFAULT_EXEC_OUTPUT: u64 = 4 * 1024 * 1024;
+/// Retained output tail of a Serve process.
+pub const SERVE_TAIL_BYTES: usize = 64 * 1024;
+/// Largest number of entries a List returns.
+pub const MAX_LIST_ENTRIES: u32 = 100_000;
+/// Largest path (bytes) accepted anywhere in the protocol.
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A shell line run as `/bin/sh -c <line>`.
+    Shell(String),
+    /// An argv run directly (`argv[0]` is looked up in `PATH` only if the env gives one).
+    Argv(Vec<String>),
+}
+
+impl Default for Command {
+    fn default() -> Self {
+        Command::Argv(Vec::new())
+    }
+}
+
+/// One command execution.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    pub command: Command,
+    /// Bytes written to the command's stdin (then closed); at most [`MAX_STDIN_BYTES`].
+    #[serde(with = "serde_bytes")]
+    pub stdin: Vec<u8>,
+    /// The command's whole environment: nothing is inherited.
+    pub env: Vec<(String, String)>,
+    /// Working directory (a guest path); `None` = the agent's root.
+    pub cwd: Option<String>,
+    /// Kill the whole process tree after this long; `None` = the client's default.
+    pub timeout: Option<Duration>,
+    /// Combined-output cap for [`crate::client::AgentClient::exec`]; `None` = default,
+    /// clamped to [`MAX_EXEC_OUTPUT`] by the agent and to the client's own cap.
+    pub max_output: Option<u64>,
+}
+
+impl ExecRequest {
+    /// `/bin/sh -c line`, everything else default.
+    pub fn shell(line: impl Into<String>) -> Self {
+        ExecRequest {
+            command: Command::Shell(line.into()),
+            ..Default::default()
+        }
+    }
+    /// Run `argv` directly, everything else default.
+    pub fn argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
+        ExecRequest {
+            command: Command::Argv(argv.into_iter().map(Into::into).collect()),
+            ..Default::default()
+        }
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code when it exited normally.
+    pub code: Option<i32>,
+    /// Signal number when it was killed by a signal.
+    pub signal: Option<i32>,
+    /// The agent killed it because its timeout expired.
+    pub timed_out: bool,
+}
+
+impl ExitStatus {
+    /// Exited normally with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// Result of a non-streaming Exec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecOutput {
+    pub status: ExitStatus,
+    /// Combined stdout+stderr in the order written (one shared pipe).
+    #[serde(with = "serde_bytes")]
+    pub output: Vec<u8>,
+    /// Output went past the cap; the bytes past it were discarded.
+    pub truncated: bool,
+}
+
+/// A regular file under a List root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to the listed directory, `/`-separated.
+    pub path: String,
+    pub size: u64,
+}
+
+/// A long-lived process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServeRequest {
+    pub command: Command,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+}
+
+/// Identifier of a Serve process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServeId(pub u64);
+
+/// State of a Serve process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServeStatus {
+    pub running: bool,
+    pub exit: Option<ExitStatus>,
+    /// The last [`SERVE_TAIL_BYTES`] of its combined output.
+    #[serde(with = "serde_bytes")]
+    pub output_tail: Vec<u8>,
+}
+
+/// What the agent says about itself in `HelloOk`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// Crate version of the agent.
+    pub agent_version: String,
+    pub hostname: String,
+    /// Running as PID 1 (in a guest).
+    pub pid1: bool,
+    /// Per-exec cgroup2 containment active.
+    pub cgroups: bool,
+}
+
+/// One request; the first frame after the handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    Ping,
+    /// Reply: `Data` chunks of combined output (up to the cap, as produced), then `ExecDone`.
+    Exec(ExecRequest),
+    /// Reply: `Stdout`/`Stderr` chunks, then `Exit`.
+    ExecStream(ExecRequest),
+    /// Reply: `FileStart{size}`, `Data` chunks, `DataEnd`.
+    ReadFile {
+        root: String,
+        path: String,
+    },
+    /// Reply `Ok` (file opened); the client then sends `Data` chunks totalling `size` and
+    /// `DataEnd`; final reply: `Ok`.
+    WriteFile {
+        root: String,
+        path: String,
+        size: u64,
+    },
+    /// Reply: `ListBatch`* then `ListEnd`.
+    List {
+        root: String,
+        path: String,
+    },
+    ServeStart(ServeRequest),
+    ServeStatus(ServeId),
+    /// Reply: `ServeState` with the final status.
+    ServeStop(ServeId),
+    /// Reply: `ForwardOk`, then raw bytes both ways.
+    Forward {
+        port: u16,
+    },
+    /// Reply: `Ok`, then the agent syncs and reboots (ends the VM) when PID 1.
+    Shutdown,
+}
+
+/// Host -> agent frames.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientFrame {
+    Hello {
+        version: u32,
+    },
+    Request(Request),
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    DataEnd,
+    /// Cancel the running operation (Exec: kill its whole tree).
+    Cancel,
+}
+
+/// Error categories the agent reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    VersionMismatch,
+    BadRequest,
+    NotFound,
+    /// A path that would leave its root (`..`, absolute, symlink out).
+    Escape,
+    TooLarge,
+    Busy,
+    Io,
+    Spawn,
+    Unsupported,
+    Cancelled,
+}
+
+/// An error reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// Agent -> host frames.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentFrame {
+    HelloOk { version: u32, info: AgentInfo },
+    Error(WireError),
+    Pong,
+    Ok,
+    ExecDone { status: ExitStatus, truncated: bool },
+    Stdout(#[serde(with = "serde_bytes")] Vec<u8>),
+    Stderr(#[serde(with = "serde_bytes")] Vec<u8>),
+    Exit(ExitStatus),
+    FileStart { size: u64 },
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    DataEnd,
+    ListBatch(Vec<FileEntry>),
+    ListEnd,
+    ServeStarted(ServeId),
+    ServeState(ServeStatus),
+    ForwardOk,
+}
+
+impl AgentFrame {
+    /// Variant name, for error messages (never the payload).
+    pub fn name(&self) -> &'static str {
+        match self {
+            AgentFrame::HelloOk { .. } => "HelloOk",
+            AgentFrame::Error(_) => "Error",
+            AgentFrame::Pong => "Pong",
+            AgentFrame::Ok => "Ok",
+            AgentFrame::ExecDone { .. } => "ExecDone",
+            AgentFrame::Stdout(_) => "Stdout",
+            AgentFrame::Stderr(_) => "Stderr",
+            AgentFrame::Exit(_) => "Exit",
+            AgentFrame::FileStart { .. } => "FileStart",
+            AgentFrame::Data(_) => "Data",
+            AgentFrame::DataEnd => "DataEnd",
+            AgentFrame::ListBatch(_) => "ListBatch",
+            AgentFrame::ListEnd => "ListEnd",
+            AgentFrame::ServeStarted(_) => "ServeStarted",
+            AgentFrame::ServeState(_) => "ServeState",
+            AgentFrame::ForwardOk => "ForwardOk",
+        }
+    }
+}

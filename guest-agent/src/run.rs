@@ -1,0 +1,201 @@
+//! Entry points of the `vm-agent` binary (see main.rs).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use guest_agent::agent::cgroup::CgroupLimits;
+use guest_agent::agent::{Agent, AgentOptions, pid1};
+use guest_agent::{AgentConfig, PROTOCOL_VERSION};
+
+fn init_logging(level: &str) {
+    let level = level.parse().unwrap_or(tracing::Level::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .try_init();
+}
+
+pub fn main() {
+    pid1::clear_env();
+    // SAFETY: getpid has no arguments or memory effects.
+    if unsafe { libc::getpid() } == 1 {
+        let r = std::panic::catch_unwind(run_pid1);
+        match r {
+            Ok(Ok(())) => tracing::info!("shutting down"),
+            Ok(Err(e)) => tracing::error!("fatal: {e}"),
+            Err(_) => tracing::error!("fatal: panic"),
+        }
+        pid1::console_line("vm-agent: powering off");
+        pid1::power_off();
+    }
+    match run_host() {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("vm-agent: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn run_pid1() -> Result<(), String> {
+    let mount_errors = pid1::early_mounts();
+    pid1::console_to_stdio();
+    let cmdline =
+        std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("read /proc/cmdline: {e}"))?;
+    let parsed = AgentConfig::from_cmdline(&cmdline);
+    let level = parsed
+        .as_ref()
+        .map(|(c, _)| c.log.clone())
+        .unwrap_or_else(|_| "info".into());
+    init_logging(&level);
+    for e in &mount_errors {
+        tracing::warn!("{}", chain(e));
+    }
+    let (cfg, unknown) = parsed.map_err(|e| format!("configuration: {e}"))?;
+    if !unknown.is_empty() {
+        tracing::warn!(?unknown, "unknown vm.* keys ignored");
+    }
+    if let Err(e) = pid1::protect_from_oom() {
+        tracing::warn!("{}", chain(&e));
+    }
+    if let Err(e) = pid1::loopback_up() {
+        tracing::warn!("loopback: {}", chain(&e));
+    }
+    if let Err(e) = pid1::set_hostname(&cfg.hostname) {
+        tracing::warn!("{}", chain(&e));
+    }
+    for d in &cfg.disks {
+        pid1::mount_disk(d).map_err(|e| format!("disk {}: {}", d.id, chain(&e)))?;
+    }
+    let opts = AgentOptions {
+        root: PathBuf::from("/"),
+        hostname: cfg.hostname.clone(),
+        pid1: true,
+        reap_all: true,
+        cgroup_base: Some(PathBuf::from("/sys/fs/cgroup")),
+        limits: CgroupLimits {
+            pids_max: cfg.pids_max,
+            mem_limit_mib: cfg.mem_limit_mib,
+        },
+        ..AgentOptions::default()
+    };
+    runtime()?.block_on(async move {
+        let agent = Agent::new(opts).map_err(|e| chain(&e))?;
+        if (cfg.pids_max.is_some() || cfg.mem_limit_mib.is_some()) && !agent.info().cgroups {
+            return Err("limits requested but cgroup2 is unavailable".to_string());
+        }
+        let l = Agent::bind_vsock(cfg.port).map_err(|e| chain(&e))?;
+        pid1::console_line(&format!(
+            "vm-agent: ready port={} proto={PROTOCOL_VERSION}",
+            cfg.port
+        ));
+        agent.serve_vsock(l).await;
+        // Let the Shutdown reply leave before the reboot.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(())
+    })
+}
+
+struct HostArgs {
+    unix: PathBuf,
+    root: PathBuf,
+    cmdline: String,
+    io_timeout: Option<Duration>,
+    cgroup_root: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<HostArgs, String> {
+    let mut a = HostArgs {
+        unix: PathBuf::new(),
+        root: PathBuf::from("/"),
+        cmdline: String::new(),
+        io_timeout: None,
+        cgroup_root: None,
+    };
+    let mut it = std::env::args_os().skip(1);
+    while let Some(flag) = it.next() {
+        let flag = flag.to_string_lossy().into_owned();
+        let val = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--unix" => a.unix = val.into(),
+            "--root" => a.root = val.into(),
+            "--cmdline" => a.cmdline = val.to_string_lossy().into_owned(),
+            "--io-timeout-ms" => {
+                let ms: u64 = val
+                    .to_string_lossy()
+                    .parse()
+                    .map_err(|_| "--io-timeout-ms: not a number")?;
+                a.io_timeout = Some(Duration::from_millis(ms));
+            }
+            "--cgroup-root" => a.cgroup_root = Some(val.into()),
+            _ => {
+                return Err(format!(
+                    "unknown flag {flag}; usage: vm-agent --unix PATH [--root DIR] [--cmdline STR] [--io-timeout-ms N] [--cgroup-root DIR]"
+                ));
+            }
+        }
+    }
+    if a.unix.as_os_str().is_empty() {
+        return Err("not PID 1: --unix PATH is required".into());
+    }
+    Ok(a)
+}
+
+fn run_host() -> Result<(), String> {
+    let a = parse_args()?;
+    let (cfg, _) = AgentConfig::from_cmdline(&a.cmdline).map_err(|e| e.to_string())?;
+    init_logging(&cfg.log);
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } < 0 {
+        return Err(format!(
+            "PR_SET_CHILD_SUBREAPER: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let mut opts = AgentOptions {
+        root: a.root,
+        hostname: cfg.hostname.clone(),
+        reap_all: true,
+        cgroup_base: a.cgroup_root,
+        limits: CgroupLimits {
+            pids_max: cfg.pids_max,
+            mem_limit_mib: cfg.mem_limit_mib,
+        },
+        ..AgentOptions::default()
+    };
+    if let Some(t) = a.io_timeout {
+        opts.io_timeout = t;
+    }
+    runtime()?.block_on(async move {
+        let agent = Agent::new(opts).map_err(|e| chain(&e))?;
+        let _ = std::fs::remove_file(&a.unix);
+        let l = tokio::net::UnixListener::bind(&a.unix)
+            .map_err(|e| format!("bind {}: {e}", a.unix.display()))?;
+        pid1::console_line(&format!(
+            "vm-agent: ready unix={} proto={PROTOCOL_VERSION}",
+            a.unix.display()
+        ));
+        agent.serve_unix(l).await;
+        Ok(())
+    })
+}

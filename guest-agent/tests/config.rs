@@ -1,0 +1,71 @@
+//! Kernel command-line configuration round trips and validation.
+use guest_agent::config::ConfigError;
+use guest_agent::{AgentConfig, DiskFs, DiskMount};
+
+#[test]
+fn round_trip() {
+    let c = AgentConfig {
+        hostname: "box-1".into(),
+        pids_max: Some(128),
+        mem_limit_mib: Some(256),
+        disks: vec![
+            DiskMount {
+                id: "data0".into(),
+                guest_path: "/mnt/data".into(),
+                fs: DiskFs::Erofs,
+            },
+            DiskMount {
+                id: "e".into(),
+                guest_path: "/srv/e".into(),
+                fs: DiskFs::Ext4,
+            },
+            DiskMount {
+                id: "raw-1".into(),
+                guest_path: "/dev/disk/raw".into(),
+                fs: DiskFs::Raw,
+            },
+        ],
+        port: 2048,
+        log: "debug".into(),
+    };
+    let line = c.to_cmdline().unwrap();
+    assert_eq!(
+        line,
+        "vm.hostname=box-1 vm.port=2048 vm.pids=128 vm.mem=256 vm.log=debug \
+         vm.disk=data0:/mnt/data:erofs vm.disk=e:/srv/e:ext4 vm.disk=raw-1:/dev/disk/raw:raw"
+    );
+    let full = format!("console=ttyS0 reboot=k {line} vm.future=1 quiet");
+    let (back, unknown) = AgentConfig::from_cmdline(&full).unwrap();
+    assert_eq!(back, c);
+    assert_eq!(unknown, ["vm.future=1"]);
+    let (d, _) = AgentConfig::from_cmdline("console=ttyS0").unwrap();
+    assert_eq!(d, AgentConfig::default());
+    assert_eq!(d.port, guest_agent::AGENT_PORT);
+}
+
+#[test]
+fn invalid_values_name_the_key() {
+    for (line, key) in [
+        ("vm.pids=lots", "pids"),
+        ("vm.pids=0", "pids"),
+        ("vm.mem=-1", "mem"),
+        ("vm.port=x", "port"),
+        ("vm.hostname=bad_name!", "hostname"),
+        ("vm.disk=id:/p", "disk"),
+        ("vm.disk=id:/p:zfs", "disk"),
+        ("vm.disk=id:relative:ext4", "disk"),
+        ("vm.disk=id:/a/../b:ext4", "disk"),
+        ("vm.disk=waytoolongserialnumber1:/p:ext4", "disk"),
+        ("vm.log=loud", "log"),
+    ] {
+        match AgentConfig::from_cmdline(line) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{line}"),
+            other => panic!("{line}: expected invalid {key}, got {other:?}"),
+        }
+    }
+    let bad = AgentConfig {
+        hostname: "has space".into(),
+        ..Default::default()
+    };
+    assert!(bad.to_cmdline().is_err());
+}

@@ -1,0 +1,219 @@
+//! Exec over the real agent binary (Unix socket).
+mod common;
+
+use std::time::Duration;
+
+use common::{TestAgent, wait_gone};
+use guest_agent::{ExecEvent, ExecRequest};
+
+#[tokio::test]
+async fn echo_and_exit_codes() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let out = c
+        .exec(ExecRequest::shell("echo hello; echo err >&2"))
+        .await
+        .unwrap();
+    assert_eq!(out.output, b"hello\nerr\n");
+    assert_eq!(out.status.code, Some(0));
+    assert!(!out.truncated);
+    let out = c.exec(ExecRequest::shell("exit 42")).await.unwrap();
+    assert_eq!(out.status.code, Some(42));
+    let out = c.exec(ExecRequest::shell("kill -TERM $$")).await.unwrap();
+    assert_eq!(out.status.signal, Some(libc::SIGTERM));
+    assert_eq!(out.status.code, None);
+    let out = c
+        .exec(ExecRequest::argv(["/bin/echo", "a b", "c"]))
+        .await
+        .unwrap();
+    assert_eq!(out.output, b"a b c\n");
+    let err = c
+        .exec(ExecRequest::argv(["/nonexistent/prog"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.agent_kind(),
+        Some(guest_agent::ErrorKind::Spawn),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn stdin_and_cwd() {
+    let a = TestAgent::start();
+    std::fs::create_dir(a.root().join("sub")).unwrap();
+    let c = a.client();
+    let mut req = ExecRequest::shell("tr a-z A-Z");
+    req.stdin = b"hello stdin".to_vec();
+    assert_eq!(c.exec(req).await.unwrap().output, b"HELLO STDIN");
+    // default cwd = the agent root
+    let out = c.exec(ExecRequest::shell("pwd")).await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.output).trim(),
+        a.root().canonicalize().unwrap().to_str().unwrap()
+    );
+    let mut req = ExecRequest::shell("pwd");
+    req.cwd = Some(a.root().join("sub").to_string_lossy().into_owned());
+    let out = c.exec(req).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.output)
+            .trim()
+            .ends_with("/sub")
+    );
+}
+
+#[tokio::test]
+async fn env_is_exactly_what_is_given() {
+    let a = TestAgent::start_with(common::Opts {
+        extra_args: &[],
+        env: &[("VM_AGENT_TEST_SECRET", "leaked")],
+    });
+    let c = a.client();
+    let out = c.exec(ExecRequest::argv(["/usr/bin/env"])).await.unwrap();
+    let text = String::from_utf8_lossy(&out.output);
+    assert!(!text.contains("VM_AGENT_TEST_SECRET"), "inherited: {text}");
+    assert!(!text.contains("HOME="), "inherited: {text}");
+    let mut req = ExecRequest::argv(["/usr/bin/env"]);
+    req.env = vec![
+        ("VM_AGENT_TEST_SECRET".into(), "given".into()),
+        ("A".into(), "1".into()),
+    ];
+    let out = c.exec(req).await.unwrap();
+    let mut lines: Vec<_> = String::from_utf8_lossy(&out.output)
+        .lines()
+        .map(String::from)
+        .collect();
+    lines.sort();
+    assert_eq!(lines, ["A=1", "VM_AGENT_TEST_SECRET=given"]);
+    let mut bad = ExecRequest::shell("true");
+    bad.env = vec![("A=B".into(), "x".into())];
+    assert!(c.exec(bad).await.is_err());
+}
+
+#[tokio::test]
+async fn timeout_kills_the_tree() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut req = ExecRequest::shell("sleep 300 & echo $!; wait");
+    req.timeout = Some(Duration::from_millis(500));
+    let out = c.exec(req).await.unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(out.status.signal, Some(libc::SIGKILL));
+    let pid: i32 = String::from_utf8_lossy(&out.output).trim().parse().unwrap();
+    assert!(
+        wait_gone(pid, 3000).await,
+        "grandchild {pid} survived the timeout"
+    );
+}
+
+#[tokio::test]
+async fn cancel_kills_grandchildren() {
+    let a = TestAgent::start();
+    let c = a.client();
+    // Explicit Cancel on a streaming exec.
+    let mut s = c
+        .exec_stream(ExecRequest::shell("sleep 300 & echo $!; sleep 300"))
+        .await
+        .unwrap();
+    let first = s.next().await.unwrap().unwrap();
+    let ExecEvent::Stdout(b) = first else {
+        panic!("expected stdout, got {first:?}")
+    };
+    let pid: i32 = String::from_utf8_lossy(&b).trim().parse().unwrap();
+    assert!(!common::pid_gone(pid));
+    let st = s.cancel().await.unwrap();
+    assert_eq!(st.signal, Some(libc::SIGKILL));
+    assert!(
+        wait_gone(pid, 3000).await,
+        "grandchild {pid} survived cancel"
+    );
+
+    // Dropping the connection mid-exec cancels too.
+    let mut s = c
+        .exec_stream(ExecRequest::shell("sleep 300 & echo $!; sleep 300"))
+        .await
+        .unwrap();
+    let Some(ExecEvent::Stdout(b)) = s.next().await.unwrap() else {
+        panic!("expected stdout")
+    };
+    let pid: i32 = String::from_utf8_lossy(&b).trim().parse().unwrap();
+    drop(s);
+    assert!(
+        wait_gone(pid, 3000).await,
+        "grandchild {pid} survived disconnect"
+    );
+}
+
+#[tokio::test]
+async fn leftovers_are_killed_when_the_main_process_exits() {
+    let a = TestAgent::start();
+    let out = a
+        .client()
+        .exec(ExecRequest::shell("sleep 300 >/dev/null 2>&1 & echo $!"))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code, Some(0));
+    let pid: i32 = String::from_utf8_lossy(&out.output).trim().parse().unwrap();
+    assert!(
+        wait_gone(pid, 3000).await,
+        "background {pid} outlived its exec"
+    );
+}
+
+#[tokio::test]
+async fn output_is_capped() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut req = ExecRequest::shell("head -c 5000000 /dev/zero; echo done >&2");
+    req.max_output = Some(100_000);
+    let out = c.exec(req).await.unwrap();
+    assert_eq!(out.output.len(), 100_000);
+    assert!(out.truncated);
+    assert_eq!(out.status.code, Some(0));
+    // The client's own cap applies even when the request asks for more.
+    let c2 = c.clone().with_limits(guest_agent::ClientLimits {
+        max_output_bytes: 1000,
+        ..Default::default()
+    });
+    let mut req = ExecRequest::shell("head -c 50000 /dev/zero");
+    req.max_output = Some(10_000_000);
+    let out = c2.exec(req).await.unwrap();
+    assert_eq!(out.output.len(), 1000);
+    assert!(out.truncated);
+}
+
+#[tokio::test]
+async fn streaming_delivers_stdout_stderr_and_exit() {
+    let a = TestAgent::start();
+    let mut s = a
+        .client()
+        .exec_stream(ExecRequest::shell("echo out; echo err >&2; exit 3"))
+        .await
+        .unwrap();
+    let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
+    while let Some(ev) = s.next().await.unwrap() {
+        match ev {
+            ExecEvent::Stdout(b) => out.extend(b),
+            ExecEvent::Stderr(b) => err.extend(b),
+            ExecEvent::Exit(st) => exit = Some(st),
+        }
+    }
+    assert_eq!(out, b"out\n");
+    assert_eq!(err, b"err\n");
+    assert_eq!(exit.unwrap().code, Some(3));
+}
+
+#[tokio::test]
+async fn ping_and_shutdown() {
+    let mut a = TestAgent::start();
+    let info = a.client().ping().await.unwrap();
+    assert!(!info.pid1);
+    assert!(!info.cgroups);
+    let info = a.client().wait_ready(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(info.hostname, "vm");
+    a.client().shutdown().await.unwrap();
+    let st = a
+        .wait_exit(Duration::from_secs(5))
+        .expect("agent did not exit after Shutdown");
+    assert!(st.success());
+}

@@ -1,0 +1,200 @@
+//! ReadFile / WriteFile / List round trips and confinement.
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::TestAgent;
+use guest_agent::{ClientLimits, ErrorKind};
+
+#[tokio::test]
+async fn round_trips() {
+    let a = TestAgent::start();
+    let c = a.client();
+    c.write_file("/", "a/b/c.txt", b"hello").await.unwrap();
+    assert_eq!(std::fs::read(a.root().join("a/b/c.txt")).unwrap(), b"hello");
+    assert_eq!(c.read_file("/", "a/b/c.txt").await.unwrap(), b"hello");
+    assert_eq!(c.read_file("/a", "b/c.txt").await.unwrap(), b"hello");
+    // Overwrite truncates; empty files work.
+    c.write_file("/", "a/b/c.txt", b"hi").await.unwrap();
+    assert_eq!(c.read_file("/", "a/b/c.txt").await.unwrap(), b"hi");
+    c.write_file("/", "empty", b"").await.unwrap();
+    assert_eq!(c.read_file("/", "empty").await.unwrap(), b"");
+    // Multi-chunk file.
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    c.write_file("/", "big.bin", &big).await.unwrap();
+    assert_eq!(c.read_file("/", "big.bin").await.unwrap(), big);
+    let mut l = c.list("/", "").await.unwrap();
+    l.sort_by(|x, y| x.path.cmp(&y.path));
+    let got: Vec<(&str, u64)> = l.iter().map(|e| (e.path.as_str(), e.size)).collect();
+    assert_eq!(
+        got,
+        [("a/b/c.txt", 2), ("big.bin", 3_000_000), ("empty", 0)]
+    );
+    let l = c.list("/", "a").await.unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].path, "b/c.txt");
+    let e = c.read_file("/", "missing").await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::NotFound), "{e}");
+    let e = c.read_file("/", "a").await.unwrap_err();
+    assert!(e.agent_kind().is_some(), "{e}");
+}
+
+#[tokio::test]
+async fn size_limits() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let f = std::fs::File::create(a.root().join("huge")).unwrap();
+    f.set_len(65 * 1024 * 1024).unwrap(); // sparse, above the 64 MiB maximum
+    let e = c.read_file("/", "huge").await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::TooLarge), "{e}");
+    let small = c.clone().with_limits(ClientLimits {
+        max_file_bytes: 10,
+        ..Default::default()
+    });
+    assert!(matches!(
+        small.write_file("/", "x", &[0u8; 11]).await,
+        Err(guest_agent::ClientError::TooLarge { .. })
+    ));
+    std::fs::write(a.root().join("eleven"), [1u8; 11]).unwrap();
+    assert!(matches!(
+        small.read_file("/", "eleven").await,
+        Err(guest_agent::ClientError::TooLarge { .. })
+    ));
+}
+
+#[tokio::test]
+async fn escapes_are_refused() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let outside = a.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("secret"), b"SECRET").unwrap();
+    let r = a.root();
+    std::fs::create_dir(r.join("a")).unwrap();
+    std::fs::write(r.join("a/ok"), b"ok").unwrap();
+    symlink(&outside, r.join("abs_out")).unwrap();
+    symlink("../outside", r.join("rel_out")).unwrap();
+    symlink(outside.join("secret"), r.join("file_out")).unwrap();
+    symlink("/proc/self/root/etc/passwd", r.join("magic")).unwrap();
+    symlink("a", r.join("inside")).unwrap();
+
+    let reads = [
+        "../outside/secret",
+        "a/../../outside/secret",
+        "/etc/passwd",
+        "abs_out/secret",
+        "rel_out/secret",
+        "file_out",
+        "magic",
+        "a/../a/../../outside/secret",
+    ];
+    for p in reads {
+        match c.read_file("/", p).await {
+            Ok(data) => panic!(
+                "read of {p:?} succeeded: {:?}",
+                String::from_utf8_lossy(&data)
+            ),
+            Err(e) => assert!(
+                matches!(
+                    e.agent_kind(),
+                    Some(ErrorKind::Escape | ErrorKind::NotFound)
+                ),
+                "{p}: unexpected error {e}"
+            ),
+        }
+    }
+    for p in [
+        "../x",
+        "/tmp/vm-agent-escape",
+        "abs_out/new",
+        "rel_out/new",
+        "file_out",
+        "abs_out/secret",
+    ] {
+        assert!(
+            c.write_file("/", p, b"PWNED").await.is_err(),
+            "write {p:?} succeeded"
+        );
+    }
+    assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"SECRET");
+    assert!(!outside.join("new").exists());
+    for p in ["..", "/", "abs_out", "rel_out", "a/../.."] {
+        assert!(c.list("/", p).await.is_err(), "list {p:?} succeeded");
+    }
+    // Roots are confined to the agent's base too.
+    assert!(c.read_file("/../outside", "secret").await.is_err());
+    assert!(c.read_file("/abs_out", "secret").await.is_err());
+    // Listing the root never follows symlinks out.
+    let l = c.list("/", "").await.unwrap();
+    assert_eq!(
+        l.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(),
+        ["a/ok"]
+    );
+    // A symlink that stays inside is fine.
+    assert_eq!(c.read_file("/", "inside/ok").await.unwrap(), b"ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_swapped_for_symlink_during_reads() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let outside = a.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("f"), b"SECRET-OUTSIDE").unwrap();
+    std::fs::write(outside.join("marker"), b"x").unwrap();
+    let r = a.root().to_path_buf();
+    std::fs::create_dir(r.join("d")).unwrap();
+    std::fs::write(r.join("d/f"), b"inside").unwrap();
+    symlink(&outside, r.join("s")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let swapper = std::thread::spawn(move || {
+        let d = std::ffi::CString::new(r.join("d").to_str().unwrap()).unwrap();
+        let s = std::ffi::CString::new(r.join("s").to_str().unwrap()).unwrap();
+        let mut swaps = 0u64;
+        while !stop2.load(Ordering::Relaxed) {
+            // SAFETY: valid NUL-terminated paths; atomic exchange of two names.
+            let rc = unsafe {
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    d.as_ptr(),
+                    libc::AT_FDCWD,
+                    s.as_ptr(),
+                    libc::RENAME_EXCHANGE,
+                )
+            };
+            assert_eq!(rc, 0, "renameat2: {}", std::io::Error::last_os_error());
+            swaps += 1;
+        }
+        swaps
+    });
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..300 {
+        match c.read_file("/", "d/f").await {
+            Ok(data) => {
+                assert_eq!(data, b"inside", "read returned outside content");
+                ok += 1;
+            }
+            Err(_) => refused += 1,
+        }
+        if let Ok(l) = c.list("/", "d").await {
+            assert!(
+                l.iter().all(|e| e.size == 6 && e.path == "f"),
+                "list saw outside entries: {l:?}"
+            );
+        }
+        let _ = c.write_file("/", "d/f", b"inside").await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert_eq!(
+        std::fs::read(outside.join("f")).unwrap(),
+        b"SECRET-OUTSIDE",
+        "a write went outside"
+    );
+    eprintln!("race: {ok} reads ok, {refused} refused, {swaps} swaps");
+    assert!(swaps > 100, "the swapper did not run");
+    assert_eq!(ok + refused, 300);
+}

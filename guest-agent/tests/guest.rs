@@ -1,0 +1,165 @@
+//! PID-1 duties, checked against a real guest (QEMU TCG) that `tests/guest/run-tcg.sh` boots.
+//!
+//! Runs only when `VM_AGENT_GUEST_SOCK` names the hybrid-vsock socket of such a guest, booted
+//! with `vm.hostname=agent-test vm.pids=64 vm.mem=64 vm.disk=data0:/mnt/data:ext4
+//! vm.disk=raw0:/dev/data-raw:raw` (an ext4 disk holding `hello.txt` = "hello from disk", and
+//! any raw disk); otherwise each test prints a SKIP line. The tests run in order in one
+//! function because the last step powers the guest off.
+mod common;
+
+use std::time::Duration;
+
+use guest_agent::{AgentClient, ExecRequest, ServeRequest};
+
+fn client() -> Option<AgentClient> {
+    let sock = std::env::var("VM_AGENT_GUEST_SOCK").ok()?;
+    Some(AgentClient::hybrid_vsock(sock, guest_agent::AGENT_PORT))
+}
+
+async fn sh(c: &AgentClient, line: &str) -> (String, guest_agent::ExitStatus) {
+    let mut req = ExecRequest::shell(line);
+    req.env = vec![("PATH".into(), "/bin:/sbin:/usr/bin".into())];
+    req.timeout = Some(Duration::from_secs(120));
+    let out = c.exec(req).await.unwrap_or_else(|e| panic!("{line}: {e}"));
+    (
+        String::from_utf8_lossy(&out.output).into_owned(),
+        out.status,
+    )
+}
+
+#[tokio::test]
+async fn pid1_duties_in_a_guest() {
+    let Some(c) = client() else {
+        common::skip(
+            "pid1_duties_in_a_guest",
+            "VM_AGENT_GUEST_SOCK not set (boot one with tests/guest/run-tcg.sh)",
+        );
+        return;
+    };
+    let info = c.wait_ready(Duration::from_secs(120)).await.unwrap();
+    assert!(info.pid1, "{info:?}");
+    assert!(info.cgroups, "{info:?}");
+    assert_eq!(info.hostname, "agent-test");
+
+    let (out, _) = sh(
+        &c,
+        "hostname; cat /proc/1/cmdline | tr '\\0' ' '; echo; env",
+    )
+    .await;
+    let mut l = out.lines();
+    assert_eq!(l.next(), Some("agent-test"));
+    assert_eq!(l.next().map(str::trim), Some("/init"));
+    // Only PATH was given; the kernel's HOME/TERM for init must not leak (busybox sh adds
+    // SHLVL and PWD itself).
+    let mut names: Vec<&str> = l.filter_map(|v| v.split('=').next()).collect();
+    names.sort();
+    assert_eq!(names, ["PATH", "PWD", "SHLVL"], "{out}");
+
+    let (out, _) = sh(&c, "cat /proc/mounts").await;
+    for m in [
+        " /proc proc ",
+        " /sys sysfs ",
+        " /dev devtmpfs ",
+        " /tmp tmpfs ",
+        " /sys/fs/cgroup cgroup2 ",
+    ] {
+        assert!(out.contains(m), "missing mount {m:?} in {out}");
+    }
+    assert!(
+        out.contains(" /mnt/data ext4 ro"),
+        "disk not mounted ro: {out}"
+    );
+    let (out, _) = sh(&c, "cat /mnt/data/hello.txt; touch /mnt/data/x 2>&1; readlink /dev/data-raw; cat /sys/block/$(basename $(readlink /dev/data-raw))/ro").await;
+    assert!(out.starts_with("hello from disk"), "{out}");
+    assert!(out.contains("Read-only file system"), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[lines.len() - 2].starts_with("/dev/vd"),
+        "raw disk link: {out}"
+    );
+    assert_eq!(lines[lines.len() - 1], "1", "raw disk not read-only: {out}");
+
+    // lo is up: a guest-side TCP listener is reachable through Forward.
+    let id = c
+        .serve_start(ServeRequest {
+            command: guest_agent::Command::Shell(
+                "while true; do echo pong | nc -l -p 7000; done".into(),
+            ),
+            env: vec![("PATH".into(), "/bin".into())],
+            cwd: None,
+        })
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        if let Ok(mut s) = c.forward(7000).await {
+            use tokio::io::AsyncReadExt;
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got)).await;
+            if !got.is_empty() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(got, b"pong\n");
+    c.serve_stop(id).await.unwrap();
+
+    // The agent is protected from the OOM killer; its cgroup limits are in place.
+    let (out, _) = sh(&c, "cat /proc/1/oom_score_adj /sys/fs/cgroup/work/pids.max /sys/fs/cgroup/work/memory.max; cat /proc/self/oom_score_adj; cat /proc/self/cgroup").await;
+    let l: Vec<&str> = out.lines().collect();
+    assert_eq!(&l[..4], ["-1000", "64", "67108864", "0"], "{out}");
+    assert!(l[4].starts_with("0::/work/exec-"), "{out}");
+
+    // Fork bomb: pids.max makes fork fail with EAGAIN; the agent survives.
+    let (out, _) = sh(
+        &c,
+        "i=0; while [ $i -lt 200 ]; do sleep 60 & i=$((i+1)); done 2>&1; echo end",
+    )
+    .await;
+    assert!(
+        out.contains("Resource temporarily unavailable") || out.contains("can't fork"),
+        "{out}"
+    );
+    // Memory past memory.max: the allocating process is OOM-killed, not the agent.
+    let (_, st) = sh(
+        &c,
+        "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived",
+    )
+    .await;
+    assert_eq!(st.signal, Some(9), "{st:?}");
+    let (out, _) = sh(
+        &c,
+        "echo after; grep oom_kill /sys/fs/cgroup/work/memory.events",
+    )
+    .await;
+    assert!(out.starts_with("after"), "{out}");
+
+    // Cancel kills a grandchild through cgroup.kill, even one that left the process group.
+    let mut s = c
+        .exec_stream(ExecRequest {
+            env: vec![("PATH".into(), "/bin".into())],
+            ..ExecRequest::shell("setsid sleep 300 & sleep 0.2; pgrep -n sleep; sleep 300")
+        })
+        .await
+        .unwrap();
+    let pid = loop {
+        match s.next().await.unwrap() {
+            Some(guest_agent::ExecEvent::Stdout(b)) => {
+                break String::from_utf8_lossy(&b).trim().to_string();
+            }
+            Some(_) => {}
+            None => panic!("no pid printed"),
+        }
+    };
+    s.cancel().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (out, _) = sh(
+        &c,
+        &format!("kill -0 {pid} 2>&1 && echo alive || echo gone; ls /sys/fs/cgroup/work"),
+    )
+    .await;
+    assert!(out.starts_with("gone"), "grandchild {pid}: {out}");
+
+    // Shutdown ends the VM (the runner checks that QEMU exits).
+    c.shutdown().await.unwrap();
+}

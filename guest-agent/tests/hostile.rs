@@ -1,0 +1,381 @@
+//! Hostile peers: a hostile client against the agent, and a hostile agent against the client.
+//! In each case the victim refuses the bad input with a typed error and keeps serving.
+mod common;
+
+use std::time::Duration;
+
+use common::TestAgent;
+use guest_agent::client::ClientError;
+use guest_agent::frame::{FrameError, read_frame, write_frame};
+use guest_agent::protocol::{AgentFrame, AgentInfo, ClientFrame, ErrorKind, MAX_FRAME, Request};
+use guest_agent::{AgentClient, ClientLimits, ExecRequest, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+const T: Duration = Duration::from_secs(5);
+
+/// Read until EOF (or error) within `within`; true if the peer closed.
+async fn closed_within(s: &mut UnixStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn agent_survives_hostile_clients() {
+    let mut a = TestAgent::start_with(common::Opts {
+        extra_args: &["--io-timeout-ms", "300"],
+        env: &[],
+    });
+    // Oversized length prefix: refused without allocating, connection closed.
+    let mut s = UnixStream::connect(&a.sock).await.unwrap();
+    s.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+    assert!(closed_within(&mut s, T).await);
+    a.client().ping().await.unwrap();
+    // Garbage body.
+    let mut s = UnixStream::connect(&a.sock).await.unwrap();
+    s.write_all(&[8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff])
+        .await
+        .unwrap();
+    assert!(closed_within(&mut s, T).await);
+    a.client().ping().await.unwrap();
+    // Request before Hello.
+    let mut s = UnixStream::connect(&a.sock).await.unwrap();
+    write_frame(&mut s, &ClientFrame::Request(Request::Ping), MAX_FRAME, T)
+        .await
+        .unwrap();
+    let f: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+    assert!(matches!(f, AgentFrame::Error(e) if e.kind == ErrorKind::BadRequest));
+    // Wrong protocol version.
+    let mut s = UnixStream::connect(&a.sock).await.unwrap();
+    write_frame(
+        &mut s,
+        &ClientFrame::Hello {
+            version: PROTOCOL_VERSION + 1,
+        },
+        MAX_FRAME,
+        T,
+    )
+    .await
+    .unwrap();
+    let f: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+    assert!(matches!(f, AgentFrame::Error(e) if e.kind == ErrorKind::VersionMismatch));
+    // Slowloris: two bytes of a length prefix, then nothing; closed after the io timeout,
+    // and others are served meanwhile.
+    let mut slow = UnixStream::connect(&a.sock).await.unwrap();
+    slow.write_all(&[4, 0]).await.unwrap();
+    let out = a
+        .client()
+        .exec(ExecRequest::shell("echo still-serving"))
+        .await
+        .unwrap();
+    assert_eq!(out.output, b"still-serving\n");
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(3)).await,
+        "slowloris connection held open"
+    );
+    // Idle connection that never says Hello: same.
+    let mut idle = UnixStream::connect(&a.sock).await.unwrap();
+    assert!(closed_within(&mut idle, Duration::from_secs(3)).await);
+    // WriteFile sending more data than announced.
+    let mut s = UnixStream::connect(&a.sock).await.unwrap();
+    write_frame(
+        &mut s,
+        &ClientFrame::Hello {
+            version: PROTOCOL_VERSION,
+        },
+        MAX_FRAME,
+        T,
+    )
+    .await
+    .unwrap();
+    let _: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+    let req = Request::WriteFile {
+        root: "/".into(),
+        path: "w".into(),
+        size: 2,
+    };
+    write_frame(&mut s, &ClientFrame::Request(req), MAX_FRAME, T)
+        .await
+        .unwrap();
+    let f: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+    assert_eq!(f, AgentFrame::Ok);
+    write_frame(&mut s, &ClientFrame::Data(vec![1, 2, 3]), MAX_FRAME, T)
+        .await
+        .unwrap();
+    let f: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+    assert!(matches!(f, AgentFrame::Error(e) if e.kind == ErrorKind::BadRequest));
+    assert!(a.alive());
+    a.client().ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn agent_caps_concurrent_connections() {
+    let a = TestAgent::start();
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        held.push(UnixStream::connect(&a.sock).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let e = a.client().ping().await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::Busy), "{e}");
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    a.client().ping().await.unwrap();
+}
+
+/// A fake agent: each accepted connection is handled by the next behaviour in `script`.
+type Behaviour = Box<dyn FnOnce(UnixStream) -> futures_like::BoxFut + Send>;
+
+mod futures_like {
+    pub type BoxFut = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
+
+fn fake_agent(path: &std::path::Path, script: Vec<Behaviour>) {
+    let l = UnixListener::bind(path).unwrap();
+    tokio::spawn(async move {
+        for b in script {
+            let Ok((s, _)) = l.accept().await else { return };
+            tokio::spawn(b(s));
+        }
+    });
+}
+
+async fn hello(s: &mut UnixStream) {
+    let _: ClientFrame = read_frame(s, MAX_FRAME, Some(T), T).await.unwrap();
+    let ok = AgentFrame::HelloOk {
+        version: PROTOCOL_VERSION,
+        info: AgentInfo::default(),
+    };
+    write_frame(s, &ok, MAX_FRAME, T).await.unwrap();
+}
+
+fn behave<F, Fut>(f: F) -> Behaviour
+where
+    F: FnOnce(UnixStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    Box::new(move |s| Box::pin(f(s)))
+}
+
+fn good_ping() -> Behaviour {
+    behave(|mut s| async move {
+        hello(&mut s).await;
+        let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+        write_frame(&mut s, &AgentFrame::Pong, MAX_FRAME, T)
+            .await
+            .unwrap();
+    })
+}
+
+#[tokio::test]
+async fn client_survives_a_hostile_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("fake.sock");
+    let script = vec![
+        // 1: oversized length prefix in place of HelloOk
+        behave(|mut s| async move {
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            s.write_all(&0xfff0_0000u32.to_le_bytes()).await.unwrap();
+            tokio::time::sleep(T).await;
+        }),
+        // 2: garbage
+        behave(|mut s| async move {
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            s.write_all(&[6, 0, 0, 0, 0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0xfa])
+                .await
+                .unwrap();
+            tokio::time::sleep(T).await;
+        }),
+        // 3: slowloris: one byte, then silence
+        behave(|mut s| async move {
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            s.write_all(&[9]).await.unwrap();
+            tokio::time::sleep(T).await;
+        }),
+        // 4: wrong version
+        behave(|mut s| async move {
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            let f = AgentFrame::HelloOk {
+                version: 77,
+                info: AgentInfo::default(),
+            };
+            write_frame(&mut s, &f, MAX_FRAME, T).await.unwrap();
+        }),
+        // 5: unexpected reply type
+        behave(|mut s| async move {
+            hello(&mut s).await;
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            write_frame(&mut s, &AgentFrame::ListEnd, MAX_FRAME, T)
+                .await
+                .unwrap();
+        }),
+        // 6: exec output flood far past the client's cap
+        behave(|mut s| async move {
+            hello(&mut s).await;
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            for _ in 0..40 {
+                if write_frame(
+                    &mut s,
+                    &AgentFrame::Data(vec![b'x'; 512 * 1024]),
+                    MAX_FRAME,
+                    T,
+                )
+                .await
+                .is_err()
+                {
+                    return;
+                }
+            }
+            let done = AgentFrame::ExecDone {
+                status: Default::default(),
+                truncated: false,
+            };
+            let _ = write_frame(&mut s, &done, MAX_FRAME, T).await;
+        }),
+        // 7: file larger than announced
+        behave(|mut s| async move {
+            hello(&mut s).await;
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            write_frame(&mut s, &AgentFrame::FileStart { size: 4 }, MAX_FRAME, T)
+                .await
+                .unwrap();
+            let _ = write_frame(&mut s, &AgentFrame::Data(vec![0; 100]), MAX_FRAME, T).await;
+        }),
+        // 8: file announced above the client's maximum
+        behave(|mut s| async move {
+            hello(&mut s).await;
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            write_frame(
+                &mut s,
+                &AgentFrame::FileStart { size: u64::MAX },
+                MAX_FRAME,
+                T,
+            )
+            .await
+            .unwrap();
+        }),
+        // 9: finally a well-behaved agent
+        good_ping(),
+    ];
+    fake_agent(&sock, script);
+    let limits = ClientLimits {
+        step_timeout: Duration::from_millis(300),
+        max_output_bytes: 1024 * 1024,
+        ..Default::default()
+    };
+    let c = AgentClient::unix(&sock).with_limits(limits);
+    let e = c.ping().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Frame {
+                source: FrameError::TooLarge { .. },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = c.ping().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Frame {
+                source: FrameError::Decode(_),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = c.ping().await.unwrap_err();
+    assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
+    let e = c.ping().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::VersionMismatch {
+                agent: Some(77),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let e = c.ping().await.unwrap_err();
+    assert!(
+        matches!(e, ClientError::Unexpected { got: "ListEnd", .. }),
+        "{e:?}"
+    );
+    let out = c.exec(ExecRequest::shell("x")).await.unwrap();
+    assert_eq!(out.output.len(), 1024 * 1024);
+    assert!(out.truncated);
+    let e = c.read_file("/", "f").await.unwrap_err();
+    assert!(matches!(e, ClientError::TooLarge { .. }), "{e:?}");
+    let e = c.read_file("/", "f").await.unwrap_err();
+    assert!(matches!(e, ClientError::TooLarge { .. }), "{e:?}");
+    c.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn hybrid_vsock_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("vsock.sock");
+    async fn expect_connect(s: &mut UnixStream) -> String {
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while s.read(&mut b).await.unwrap() == 1 && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        String::from_utf8(line).unwrap()
+    }
+    let script = vec![
+        behave(|mut s| async move {
+            assert_eq!(expect_connect(&mut s).await, "CONNECT 1024");
+            // The OK line and the HelloOk arrive in one write: nothing past the line may be lost.
+            let mut buf = b"OK 1024\n".to_vec();
+            let ok = AgentFrame::HelloOk {
+                version: PROTOCOL_VERSION,
+                info: AgentInfo::default(),
+            };
+            buf.extend(guest_agent::frame::encode_frame(&ok, MAX_FRAME).unwrap());
+            s.write_all(&buf).await.unwrap();
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+            write_frame(&mut s, &AgentFrame::Pong, MAX_FRAME, T)
+                .await
+                .unwrap();
+        }),
+        behave(|mut s| async move {
+            expect_connect(&mut s).await;
+            s.write_all(b"NOPE\n").await.unwrap();
+        }),
+        behave(|mut s| async move {
+            expect_connect(&mut s).await;
+            let _ = s.write_all(&[b'O'; 10_000]).await;
+        }),
+        behave(|mut s| async move {
+            expect_connect(&mut s).await;
+            tokio::time::sleep(T).await;
+        }),
+    ];
+    fake_agent(&sock, script);
+    let limits = ClientLimits {
+        connect_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let c = AgentClient::hybrid_vsock(&sock, 1024).with_limits(limits);
+    c.ping().await.unwrap();
+    let e = c.ping().await.unwrap_err();
+    assert!(matches!(e, ClientError::VsockHandshake { .. }), "{e:?}");
+    let e = c.ping().await.unwrap_err();
+    assert!(matches!(e, ClientError::VsockHandshake { .. }), "{e:?}");
+    let e = c.ping().await.unwrap_err();
+    assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
+}

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Builds and caches everything a `vm` guest needs, with one command:
+#
+#   images/build.sh [--force] [--print-dir]
+#
+#   (no flag)    build what is missing, then point <images dir>/current at it
+#   --force      rebuild the kernel and the image even if cached
+#   --print-dir  print the resolved current image directory and exit
+#                (builds nothing; fails if nothing was built yet)
+#
+# <images dir> = ${VM_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/images}
+#
+#   kernels/<khash>/  vmlinux bzImage config gen_init_cpio kernel.info build.log
+#       khash = sha256(linux-source-6.12 package version, gcc version,
+#                      images/kernel/{build-kernel.sh,vm.config,patches/*})
+#       so an agent change never rebuilds the kernel.
+#   <hash>/           vmlinux bzImage initramfs.cpio config manifest.json
+#       hash = sha256(khash, sha256 of the static vm-agent, busybox version
+#                     and sha256, this script, images/initramfs/**)
+#   current -> <hash> (replaced atomically)
+#   agent-target/     cargo target dir of the static agent build
+#                     (override with VM_AGENT_TARGET_DIR)
+#   logs/             kernel build logs
+#
+# Everything is built in <images dir>/.tmp.* and renamed into place, so an
+# interrupted build never leaves a half cache entry. A lock serializes
+# concurrent runs. Progress goes to stderr; --print-dir writes stdout only.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+images_src=$repo/images
+images_dir=${VM_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/images}
+agent_target=${VM_AGENT_TARGET_DIR:-$images_dir/agent-target}
+rust_target=x86_64-unknown-linux-gnu
+# Packages the build needs (Debian names).
+packages=(linux-source-6.12 build-essential patch bc flex bison libelf-dev libssl-dev lz4 cpio
+    busybox-static binutils)
+# The initramfs must offer at least these busybox applets (all are linked).
+required_applets=(sh ls cat echo mount ps sleep uname ip ifconfig wget nc httpd head dd sync
+    grep seq kill mkdir rm true false env id free)
+
+say() { echo "images: $*" >&2; }
+die() { echo "images: ERROR: $*" >&2; exit 1; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+force=0 print_dir=0
+for arg in "$@"; do
+    case $arg in
+    --force) force=1 ;;
+    --print-dir) print_dir=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$arg' (usage: images/build.sh [--force] [--print-dir])" ;;
+    esac
+done
+
+if ((print_dir)); then
+    [[ -e $images_dir/current/manifest.json ]] ||
+        die "no images in $images_dir yet; run images/build.sh"
+    readlink -f "$images_dir/current"
+    exit 0
+fi
+
+start=$SECONDS
+mkdir -p "$images_dir/kernels" "$images_dir/logs"
+
+# --- serialize concurrent runs; clean up what a killed run left behind ------
+exec 9>"$images_dir/.lock"
+if ! flock -n 9; then
+    say "waiting for another images/build.sh to finish"
+    flock 9
+fi
+rm -rf "$images_dir"/.tmp.*
+tmp=
+cleanup() { [[ -z $tmp ]] || rm -rf "$tmp"; }
+trap cleanup EXIT
+new_tmp() { tmp=$(mktemp -d "$images_dir/.tmp.XXXXXX"); }
+
+# --- host packages ----------------------------------------------------------
+command -v dpkg-query >/dev/null || die "dpkg-query not found: images/build.sh needs a Debian host"
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    say "installing ${missing[*]}"
+    sudo=()
+    ((EUID == 0)) || sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >&2 ||
+        die "apt-get install ${missing[*]} failed"
+fi
+
+# --- kernel (cached by khash) -------------------------------------------------
+kernel_inputs() {
+    echo "linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12)"
+    echo "cc $(cc --version | head -n1)"
+    (cd "$images_src/kernel" && sha256sum build-kernel.sh vm.config patches/*.patch)
+}
+khash=$(kernel_inputs | sha256sum | cut -c1-16)
+kdir=$images_dir/kernels/$khash
+if ((force)) || [[ ! -f $kdir/kernel.info ]]; then
+    new_tmp
+    log=$images_dir/logs/kernel-$khash.log
+    estimate=$(cat "$images_dir/kernels/.objects" 2>/dev/null || echo 1400)
+    say "building kernel $khash (~4 min on 2 cores)"
+    VM_KERNEL_OBJECTS_ESTIMATE=$estimate \
+        "$images_src/kernel/build-kernel.sh" "$tmp/out" "$tmp/work" "$log"
+    rm -rf "$kdir.old"
+    [[ ! -e $kdir ]] || mv "$kdir" "$kdir.old"
+    mv "$tmp/out" "$kdir"
+    rm -rf "$kdir.old" "$tmp"
+    tmp=
+    sed -n 's/^objects=//p' "$kdir/kernel.info" >"$images_dir/kernels/.objects"
+fi
+
+# --- guest agent: static vm-agent ---------------------------------------------
+# --target keeps RUSTFLAGS away from build scripts and proc macros.
+say "building vm-agent (release, static, target dir $agent_target)"
+(cd "$repo" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release \
+    -p guest-agent --bin vm-agent --target "$rust_target" --target-dir "$agent_target") ||
+    die "cargo build of the guest agent failed"
+agent=$agent_target/$rust_target/release/vm-agent
+[[ -x $agent ]] || die "$agent missing after cargo build"
+if grep -q NEEDED <<<"$(readelf -d "$agent")" || grep -q INTERP <<<"$(readelf -l "$agent")"; then
+    die "$agent is dynamically linked (NEEDED/INTERP present); crt-static did not apply"
+fi
+
+# --- the image set (cached by hash) -------------------------------------------
+busybox=/bin/busybox
+busybox_version=$(dpkg-query -W -f='${Version}' busybox-static)
+image_inputs() {
+    echo "kernel $khash"
+    echo "agent $(sha "$agent")"
+    echo "busybox $busybox_version $(sha "$busybox")"
+    (cd "$repo" && find images/build.sh images/verify.sh images/initramfs -type f -print0 |
+        sort -z | xargs -0 sha256sum)
+}
+hash=$(image_inputs | sha256sum | cut -c1-16)
+dir=$images_dir/$hash
+
+set_current() {
+    ln -sfn "$hash" "$images_dir/.current.$$"
+    mv -T "$images_dir/.current.$$" "$images_dir/current"
+}
+
+if ((!force)) && [[ -f $dir/manifest.json ]]; then
+    if [[ $(readlink "$images_dir/current" 2>/dev/null) != "$hash" ]]; then
+        set_current
+        say "current -> $hash (already built)"
+    fi
+    say "images up to date: $dir ($((SECONDS - start))s)"
+    exit 0
+fi
+
+new_tmp
+out=$tmp/image
+mkdir -p "$out"
+for f in vmlinux bzImage config; do
+    ln "$kdir/$f" "$out/$f" 2>/dev/null || cp "$kdir/$f" "$out/$f"
+done
+
+# Initramfs layout (gen_init_cpio spec): /init = agent; busybox with every
+# applet linked in /bin; /sbin, /usr/bin, /usr/sbin point at /bin.
+spec=$tmp/initramfs.spec
+{
+    echo "dir /dev 0755 0 0"
+    echo "nod /dev/console 0600 0 0 c 5 1"
+    echo "nod /dev/null 0666 0 0 c 1 3"
+    for d in proc sys; do echo "dir /$d 0555 0 0"; done
+    echo "dir /tmp 1777 0 0"
+    for d in mnt run etc bin usr; do echo "dir /$d 0755 0 0"; done
+    echo "dir /root 0700 0 0"
+    for f in "$images_src"/initramfs/etc/*; do
+        echo "file /etc/$(basename "$f") $f 0644 0 0"
+    done
+    echo "file /bin/busybox $busybox 0755 0 0"
+    "$busybox" --list | grep -vx busybox | sort | while read -r applet; do
+        echo "slink /bin/$applet busybox 0777 0 0"
+    done
+    echo "slink /sbin bin 0777 0 0"
+    echo "slink /usr/bin ../bin 0777 0 0"
+    echo "slink /usr/sbin ../bin 0777 0 0"
+    echo "file /init $agent 0755 0 0"
+} >"$spec"
+for a in "${required_applets[@]}"; do
+    grep -q "^slink /bin/$a busybox " "$spec" || die "busybox ($busybox) lacks the '$a' applet"
+done
+"$kdir/gen_init_cpio" -t 0 "$spec" >"$out/initramfs.cpio" || die "gen_init_cpio failed"
+
+# manifest.json
+json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '"%s"' "$s"; }
+file_entry() { printf '"%s": {"sha256": "%s", "size": %s}' "$1" "$(sha "$out/$1")" "$(stat -c %s "$out/$1")"; }
+kinfo() { sed -n "s/^$1=//p" "$kdir/kernel.info"; }
+{
+    echo "{"
+    echo "  \"format\": 1,"
+    echo "  \"hash\": \"$hash\","
+    echo "  \"built_at\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
+    echo "  \"kernel\": {\"hash\": \"$khash\", \"release\": $(json_str "$(kinfo release)"),"
+    echo "             \"source_package\": $(json_str "linux-source-6.12 $(dpkg-query -W -f='${Version}' linux-source-6.12)"),"
+    echo "             \"compiler\": $(json_str "$(cc --version | head -n1)"),"
+    echo "             \"built_at\": $(json_str "$(kinfo built_at)"), \"build_seconds\": $(kinfo build_seconds)},"
+    echo "  \"agent\": {\"sha256\": \"$(sha "$agent")\", \"rustc\": $(json_str "$(rustc --version)")},"
+    echo "  \"busybox\": {\"package_version\": $(json_str "$busybox_version"), \"sha256\": \"$(sha "$busybox")\"},"
+    echo "  \"files\": {"
+    echo "    $(file_entry vmlinux),"
+    echo "    $(file_entry bzImage),"
+    echo "    $(file_entry initramfs.cpio),"
+    echo "    $(file_entry config)"
+    echo "  }"
+    echo "}"
+} >"$out/manifest.json"
+
+"$images_src/verify.sh" "$out" >&2 || die "verification of the new image set failed"
+
+rm -rf "$dir"
+mv "$out" "$dir"
+set_current
+say "images ready: $dir ($((SECONDS - start))s)"

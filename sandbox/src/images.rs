@@ -1,0 +1,205 @@
+//! The guest image cache built by `images/build.sh`:
+//! `<images dir>/<hash>/{vmlinux,bzImage,initramfs.cpio,config,manifest.json}` plus a
+//! `current` symlink to the default `<hash>`. The images dir is `$VM_IMAGES_DIR`, else
+//! `$XDG_CACHE_HOME/vm/images`, else `$HOME/.cache/vm/images`.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use thiserror::Error;
+use vm_drivers::ImagePaths;
+
+/// Why images could not be found or managed.
+#[derive(Debug, Error)]
+pub enum ImageError {
+    #[error("no images directory: set VM_IMAGES_DIR, XDG_CACHE_HOME or HOME")]
+    NoDir,
+    #[error("guest image {} is missing; run images/build.sh", .0.display())]
+    Missing(PathBuf),
+    #[error("{what} {}", .path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One built image set in the cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImageEntry {
+    /// The directory name (the build hash).
+    pub hash: String,
+    pub path: PathBuf,
+    /// Total size of its files.
+    pub bytes: u64,
+    /// `current` points here.
+    pub current: bool,
+}
+
+/// The images directory (see the module docs).
+pub fn images_dir() -> Result<PathBuf, ImageError> {
+    vm_drivers::default_images_dir().ok_or(ImageError::NoDir)
+}
+
+/// `<images dir>/current/{vmlinux,bzImage,initramfs.cpio}`, each checked to exist.
+pub fn default_images() -> Result<ImagePaths, ImageError> {
+    images_in(&images_dir()?.join("current"))
+}
+
+/// The image files in `dir`, each checked to exist.
+pub fn images_in(dir: &Path) -> Result<ImagePaths, ImageError> {
+    let paths = ImagePaths::in_dir(dir);
+    for p in [&paths.vmlinux, &paths.bz_image, &paths.initramfs] {
+        if !p.is_file() {
+            return Err(ImageError::Missing(p.clone()));
+        }
+    }
+    Ok(paths)
+}
+
+/// The default images as a `vm_spec::Image` (no digests pinned).
+pub fn default_spec_image() -> Result<vm_spec::Image, ImageError> {
+    let p = default_images()?;
+    Ok(vm_spec::Image {
+        kernel: p.vmlinux,
+        bz_image: Some(p.bz_image),
+        initrd: Some(p.initramfs),
+        rootfs: None,
+        digests: Default::default(),
+    })
+}
+
+/// Every image set in the images directory (an absent directory lists as empty).
+pub fn list() -> Result<Vec<ImageEntry>, ImageError> {
+    list_in(&images_dir()?)
+}
+
+/// Every image set in `dir`, sorted by hash.
+pub fn list_in(dir: &Path) -> Result<Vec<ImageEntry>, ImageError> {
+    let io_err = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ImageError::Io { what, path, source }
+    };
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("reading", dir)(e)),
+    };
+    let current = fs::read_link(dir.join("current"))
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(io_err("reading", dir))?;
+        let ft = entry.file_type().map_err(io_err("stat", &entry.path()))?;
+        if !ft.is_dir() {
+            continue; // `current` (a symlink), stray files
+        }
+        let hash = entry.file_name().to_string_lossy().into_owned();
+        let mut bytes = 0u64;
+        for f in fs::read_dir(entry.path()).map_err(io_err("reading", &entry.path()))? {
+            let f = f.map_err(io_err("reading", &entry.path()))?;
+            bytes += f.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+        let is_current = current.as_deref() == Some(hash.as_str());
+        out.push(ImageEntry {
+            hash,
+            path: entry.path(),
+            bytes,
+            current: is_current,
+        });
+    }
+    out.sort_by(|a, b| a.hash.cmp(&b.hash));
+    Ok(out)
+}
+
+/// Remove image sets: all but `current` when `keep_current`, else all (and the `current`
+/// link). Returns what was removed.
+pub fn prune(keep_current: bool) -> Result<Vec<ImageEntry>, ImageError> {
+    prune_in(&images_dir()?, keep_current)
+}
+
+/// [`prune`] over an explicit directory.
+pub fn prune_in(dir: &Path, keep_current: bool) -> Result<Vec<ImageEntry>, ImageError> {
+    let mut removed = Vec::new();
+    for e in list_in(dir)? {
+        if keep_current && e.current {
+            continue;
+        }
+        fs::remove_dir_all(&e.path).map_err(|source| ImageError::Io {
+            what: "removing",
+            path: e.path.clone(),
+            source,
+        })?;
+        removed.push(e);
+    }
+    if !keep_current {
+        let link = dir.join("current");
+        match fs::remove_file(&link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(ImageError::Io {
+                    what: "removing",
+                    path: link,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn make_set(dir: &Path, hash: &str) {
+        let d = dir.join(hash);
+        fs::create_dir_all(&d).unwrap();
+        for f in ["vmlinux", "bzImage", "initramfs.cpio"] {
+            fs::write(d.join(f), b"1234").unwrap();
+        }
+    }
+
+    #[test]
+    fn resolve_list_prune() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        assert!(list_in(&dir.join("absent")).unwrap().is_empty());
+        let err = images_in(&dir.join("current")).unwrap_err();
+        assert!(err.to_string().contains("images/build.sh"), "{err}");
+
+        make_set(dir, "aaa");
+        make_set(dir, "bbb");
+        std::os::unix::fs::symlink("bbb", dir.join("current")).unwrap();
+        let paths = images_in(&dir.join("current")).unwrap();
+        assert!(paths.vmlinux.ends_with("current/vmlinux"));
+        fs::remove_file(dir.join("bbb/bzImage")).unwrap();
+        let err = images_in(&dir.join("current")).unwrap_err().to_string();
+        assert!(
+            err.contains("bzImage") && err.contains("images/build.sh"),
+            "{err}"
+        );
+        fs::write(dir.join("bbb/bzImage"), b"1234").unwrap();
+
+        let listed = list_in(dir).unwrap();
+        assert_eq!(listed.len(), 2);
+        assert_eq!((listed[0].hash.as_str(), listed[0].current), ("aaa", false));
+        assert_eq!(
+            (listed[1].hash.as_str(), listed[1].current, listed[1].bytes),
+            ("bbb", true, 12)
+        );
+
+        let removed = prune_in(dir, true).unwrap();
+        assert_eq!(removed.len(), 1);
+        assert_eq!(removed[0].hash, "aaa");
+        assert!(!dir.join("aaa").exists() && dir.join("bbb").exists());
+        prune_in(dir, false).unwrap();
+        assert!(list_in(dir).unwrap().is_empty());
+        assert!(fs::symlink_metadata(dir.join("current")).is_err());
+    }
+}

@@ -1,0 +1,292 @@
+//! The MicroVm API against the real agent protocol (the agent runs on the host over a Unix
+//! socket; see common/hostagent.rs). Real guests are covered by the end-to-end suite.
+
+mod common;
+
+use std::time::Duration;
+
+use common::hostagent::{HostAgentDriver, agent_bin};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vm_drivers::Registry;
+use vm_sandbox::{MicroVm, Options, PublishSpec, SandboxError, ServeSpec};
+use vm_spec::{Containment, Spec};
+
+fn setup(name: &str, wall: Duration) -> Option<(tempfile::TempDir, Registry, Spec, Options)> {
+    let Some(bin) = agent_bin() else {
+        common::skip(
+            name,
+            "vm-agent not built (cargo build -p guest-agent --bin vm-agent)",
+        );
+        return None;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut spec = common::spec_in(tmp.path());
+    spec.guarantees.mounts.clear(); // the host agent mounts nothing
+    spec.guarantees.limits.wall = wall;
+    spec.root = tmp.path().join("work").to_str().unwrap().to_string();
+    spec.guarantees = spec
+        .guarantees
+        .with_env("PATH", "/usr/bin:/bin")
+        .with_env("GREETING", "hi");
+    let runs = tmp.path().join("runs");
+    std::fs::create_dir(&runs).unwrap();
+    let options = Options {
+        run_dir_parent: Some(runs),
+        mount_cache: Some(tmp.path().join("cache")),
+        ..Options::default()
+    };
+    let registry = Registry::new(vec![Box::new(HostAgentDriver {
+        bin,
+        machine_containment: Containment::MicroVm,
+    })]);
+    Some((tmp, registry, spec, options))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_files_glob_and_close() {
+    let Some((tmp, registry, spec, options)) = setup("exec_files_glob_and_close", Duration::ZERO)
+    else {
+        return;
+    };
+    let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
+    assert_eq!(vm.containment(), Containment::MicroVm);
+    assert_eq!(vm.driver(), "host-agent");
+
+    let out = vm.exec("echo $GREETING; pwd").await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.output),
+        format!("hi\n{}\n", vm.root())
+    );
+
+    // The environment is exactly Guarantees.env (argv, no shell).
+    let out = vm.capture(&["env"]).await.unwrap();
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.output)
+        .lines()
+        .map(String::from)
+        .collect();
+    lines.sort();
+    assert_eq!(lines, ["GREETING=hi", "PATH=/usr/bin:/bin"]);
+
+    let out = vm.exec("exit 3").await.unwrap();
+    assert_eq!(out.status.code, Some(3));
+
+    vm.write_file("a/b.txt", b"payload").await.unwrap();
+    vm.write_file("a/c/d.txt", b"x").await.unwrap();
+    vm.write_file("top.md", b"y").await.unwrap();
+    assert_eq!(vm.read_file("a/b.txt").await.unwrap(), b"payload");
+    assert_eq!(
+        std::fs::read(tmp.path().join("work/a/b.txt")).unwrap(),
+        b"payload"
+    );
+
+    for bad in ["../escape", "/etc/passwd", "a/../../x", "a\0b", ""] {
+        let err = vm.read_file(bad).await.unwrap_err();
+        assert!(matches!(err, SandboxError::Path(_)), "{bad:?}: {err}");
+        let err = vm.write_file(bad, b"no").await.unwrap_err();
+        assert!(matches!(err, SandboxError::Path(_)), "{bad:?}: {err}");
+    }
+    assert!(!tmp.path().join("escape").exists());
+
+    assert_eq!(
+        vm.walk("").await.unwrap(),
+        ["a/b.txt", "a/c/d.txt", "top.md"]
+    );
+    assert_eq!(vm.walk("a/c").await.unwrap(), ["a/c/d.txt"]);
+    assert!(vm.walk("nope").await.unwrap().is_empty());
+    assert_eq!(vm.glob("**/*.txt").await.unwrap(), ["a/b.txt", "a/c/d.txt"]);
+    assert_eq!(vm.glob("a/*.txt").await.unwrap(), ["a/b.txt"]);
+    assert_eq!(vm.glob("*.md").await.unwrap(), ["top.md"]);
+    assert!(matches!(vm.glob("../*").await, Err(SandboxError::Glob(_))));
+
+    let pids = vm.machine().host_pids();
+    let run_dir = std::fs::read_dir(tmp.path().join("runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(run_dir.join("agent.sock").exists());
+    vm.close().await;
+    vm.close().await; // idempotent
+    assert!(!run_dir.exists(), "run dir left behind");
+    for pid in pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "agent {pid} still alive"
+        );
+    }
+    assert!(vm.exec("true").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_forwards_a_loopback_port_and_stop_closes_it() {
+    let Some((_tmp, registry, spec, options)) = setup("serve_forwards", Duration::ZERO) else {
+        return;
+    };
+    let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
+    // A free port for the "guest" server (the host agent's guest is the host).
+    let guest_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let code = format!(
+        "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('127.0.0.1',{guest_port}))\ns.listen()\nprint('listening',flush=True)\n\
+         while True:\n c,_=s.accept()\n d=c.recv(100)\n c.sendall(b'echo:'+d)\n c.close()\n"
+    );
+    let serving = vm
+        .serve(ServeSpec {
+            argv: vec!["python3".into(), "-c".into(), code],
+            publish: PublishSpec::loopback(0, guest_port),
+        })
+        .await
+        .unwrap();
+    let addr = serving.addr();
+    assert!(addr.ip().is_loopback() && addr.port() != 0);
+    assert!(serving.running());
+
+    let mut reply = Vec::new();
+    for _ in 0..100 {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"ping").await.unwrap();
+        reply.clear();
+        let _ = c.read_to_end(&mut reply).await;
+        if !reply.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await; // the server is still starting
+    }
+    assert_eq!(reply, b"echo:ping");
+    tokio::time::sleep(vm_sandbox::POLL_INTERVAL * 2).await;
+    assert!(
+        serving.output().contains("listening"),
+        "{:?}",
+        serving.output()
+    );
+
+    serving.stop().await.unwrap();
+    serving.stop().await.unwrap(); // idempotent
+    assert!(!serving.running());
+    tokio::time::timeout(Duration::from_secs(5), serving.done())
+        .await
+        .expect("done() resolves");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "host port still open"
+    );
+    // The guest process is gone too: its port is free again.
+    let mut freed = false;
+    for _ in 0..50 {
+        if std::net::TcpListener::bind(("127.0.0.1", guest_port)).is_ok() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "guest server still holds its port");
+    vm.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_taken_host_port_before_starting() {
+    let Some((_tmp, registry, spec, options)) =
+        setup("serve_refuses_a_taken_host_port", Duration::ZERO)
+    else {
+        return;
+    };
+    let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let marker = format!("{}.{port}", std::process::id()); // a unique sleep duration
+    let err = vm
+        .serve(ServeSpec {
+            argv: vec!["sleep".into(), marker.clone()],
+            publish: PublishSpec::loopback(port, 9),
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("serve"), "{err}");
+    let out = vm
+        .exec(&format!("ps -eo args | grep -c '^sleep {marker}$' || true"))
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.output).trim(),
+        "0",
+        "process started anyway"
+    );
+    vm.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_lifetime_reaches_the_machine() {
+    let Some((_tmp, registry, spec, options)) = setup(
+        "wall_lifetime_reaches_the_machine",
+        Duration::from_millis(700),
+    ) else {
+        return;
+    };
+    let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
+    assert!(vm.exec("true").await.unwrap().status.success());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let err = vm.exec("true").await.unwrap_err();
+    assert!(err.to_string().contains("exec failed"), "{err}");
+    let SandboxError::Machine { source, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        matches!(source, vm_drivers::MachineError::WallExpired { .. }),
+        "{source}"
+    );
+    vm.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_reports_a_process_that_exits_by_itself() {
+    let Some((_tmp, registry, spec, options)) = setup(
+        "serving_reports_a_process_that_exits_by_itself",
+        Duration::ZERO,
+    ) else {
+        return;
+    };
+    let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
+    let serving = vm
+        .serve(ServeSpec {
+            argv: vec!["sh".into(), "-c".into(), "echo bye; exit 7".into()],
+            publish: PublishSpec::loopback(0, 9),
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), serving.done())
+        .await
+        .expect("done() resolves");
+    assert!(!serving.running());
+    assert_eq!(serving.exit().and_then(|e| e.code), Some(7));
+    assert!(serving.output().contains("bye"), "{:?}", serving.output());
+    serving.stop().await.unwrap();
+    vm.close().await;
+}
+
+#[test]
+fn a_machine_weaker_than_its_driver_claimed_is_refused_and_torn_down() {
+    let Some((tmp, _, spec, options)) = setup("a_machine_weaker_than_its_driver", Duration::ZERO)
+    else {
+        return;
+    };
+    let bin = agent_bin().unwrap();
+    let liar = HostAgentDriver {
+        bin,
+        machine_containment: Containment::Container,
+    };
+    let registry = Registry::new(vec![Box::new(liar)]);
+    let err = MicroVm::create_with(&registry, &spec, &options).unwrap_err();
+    assert!(matches!(err, SandboxError::Admit(_)), "{err}");
+    assert!(err.to_string().contains("container"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("runs")).unwrap().count(),
+        0,
+        "run dir left"
+    );
+}

@@ -1,0 +1,62 @@
+//! Smoke test on a real guest through the default registry (kvm if the host has hardware
+//! virtualization, else tcg with the explicit emulation policy). Skips when the guest images
+//! have not been built (`images/build.sh`) or no driver can run here.
+
+mod common;
+
+use std::time::Duration;
+
+use vm_sandbox::{MicroVm, Options, SandboxError, images};
+use vm_spec::{Guarantees, Limits, Mount, Policy, Spec};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_guest_exec_files_and_mounts() {
+    const NAME: &str = "real_guest_exec_files_and_mounts";
+    let image = match images::default_spec_image() {
+        Ok(i) => i,
+        Err(e) => return common::skip(NAME, &e.to_string()),
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("a.txt"), b"from the host").unwrap();
+    let limits = Limits {
+        vcpus: 1,
+        mem_mib: 256,
+        pids: 0,
+        wall: Duration::from_secs(600),
+    };
+    let guarantees = Guarantees::untrusted(limits, vec![Mount::read_only(&data, "/data")])
+        .with_env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin");
+    let spec = Spec::new(image, guarantees);
+    let options = Options {
+        policy: Policy {
+            allow_emulation: true,
+        },
+        mount_cache: Some(tmp.path().join("cache")),
+        ..Options::default()
+    };
+    let vm = match MicroVm::boot(spec, options).await {
+        Ok(vm) => vm,
+        Err(SandboxError::Select(e)) => return common::skip(NAME, &e.to_string()),
+        Err(e) => panic!("boot failed: {e:?}"),
+    };
+    let out = vm.exec("echo hi; pwd; cat /data/a.txt").await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.output),
+        "hi\n/work\nfrom the host"
+    );
+    let out = vm.exec("echo x > /data/new 2>&1; echo $?").await.unwrap();
+    assert_ne!(
+        String::from_utf8_lossy(&out.output)
+            .trim_end()
+            .lines()
+            .last(),
+        Some("0")
+    );
+    vm.write_file("d/f.txt", b"guest file").await.unwrap();
+    assert_eq!(vm.read_file("d/f.txt").await.unwrap(), b"guest file");
+    assert_eq!(vm.glob("**/*.txt").await.unwrap(), ["d/f.txt"]);
+    vm.close().await;
+    assert!(!vm.machine().is_running());
+}

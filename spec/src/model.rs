@@ -1,0 +1,133 @@
+//! The declarative request: what to boot and under which guarantees.
+//!
+//! These types are plain data (serde both ways) so the CLI can print them with
+//! `--dry-run --json`. Nothing here is trusted until [`Spec::validate`](crate::Spec::validate)
+//! turns it into a [`ValidSpec`](crate::ValidSpec).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::Limits;
+
+/// Default guest working root: where file operations are confined and commands run.
+pub const DEFAULT_ROOT: &str = "/work";
+
+/// A host path exposed inside the guest. Only read-only mounts pass validation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// Absolute host path (file or directory).
+    pub host_path: PathBuf,
+    /// Absolute guest path it appears at.
+    pub guest_path: String,
+    /// Must be true: a writable host mount into an untrusted guest is a hole.
+    pub read_only: bool,
+}
+
+impl Mount {
+    /// A read-only mount.
+    pub fn read_only(host_path: impl Into<PathBuf>, guest_path: impl Into<String>) -> Self {
+        Mount {
+            host_path: host_path.into(),
+            guest_path: guest_path.into(),
+            read_only: true,
+        }
+    }
+}
+
+/// Optional pinned sha256 (lowercase hex) per image file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageDigests {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bz_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<String>,
+}
+
+/// The guest kernel and filesystems to boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Image {
+    /// Uncompressed kernel (`vmlinux`, ELF with a PVH note), booted by our own VMM.
+    pub kernel: PathBuf,
+    /// Compressed kernel (`bzImage`) for drivers that need one (QEMU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bz_image: Option<PathBuf>,
+    /// Initramfs (uncompressed newc cpio with `/init` = the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<PathBuf>,
+    /// Optional root filesystem image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<PathBuf>,
+    /// Pinned digests; a file whose digest is given must match it.
+    #[serde(default)]
+    pub digests: ImageDigests,
+}
+
+/// The non-negotiable security composition a guest runs under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guarantees {
+    /// No outbound network. Must be true.
+    pub egress_denied: bool,
+    /// Resource caps.
+    pub limits: Limits,
+    /// Host paths exposed to the guest; each must be read-only.
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    /// The complete environment of every guest process; nothing is inherited.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Env names explicitly allowed even though they look like secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_allow: Vec<String>,
+}
+
+impl Guarantees {
+    /// The untrusted posture: egress denied, the given caps, every mount forced read-only,
+    /// an empty environment.
+    pub fn untrusted(limits: Limits, mounts: Vec<Mount>) -> Self {
+        let mounts = mounts
+            .into_iter()
+            .map(|m| Mount {
+                read_only: true,
+                ..m
+            })
+            .collect();
+        Guarantees {
+            egress_denied: true,
+            limits,
+            mounts,
+            env: Vec::new(),
+            env_allow: Vec::new(),
+        }
+    }
+
+    /// Add one environment variable.
+    pub fn with_env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// A request to boot a confined guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    /// Guest working root (absolute guest path); file operations are confined to it.
+    pub root: String,
+    pub image: Image,
+    pub guarantees: Guarantees,
+}
+
+impl Spec {
+    /// A spec rooted at [`DEFAULT_ROOT`].
+    pub fn new(image: Image, guarantees: Guarantees) -> Self {
+        Spec {
+            root: DEFAULT_ROOT.to_string(),
+            image,
+            guarantees,
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Booting a guest on a named driver, and small exec helpers.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use guest_agent::protocol::ExecOutput;
+use vm_drivers::Registry;
+use vm_sandbox::{MicroVm, Options, images};
+use vm_spec::{Containment, Guarantees, Image, Limits, Mount, Policy, Spec, Trust};
+
+use crate::cases::Ctx;
+
+/// `PATH` the suite gives its guests (busybox links its applets in `/bin`).
+pub const DEFAULT_PATH: &str = "/bin:/sbin:/usr/bin:/usr/sbin";
+
+/// How long a boot waits for the agent unless `VM_E2E_BOOT_TIMEOUT` (seconds) says otherwise.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Safety net: every guest of the suite dies by itself after this long unless asked otherwise.
+const DEFAULT_WALL: Duration = Duration::from_secs(900);
+
+/// What a scenario asks of its guest; turned into a [`Spec`] and [`Options`].
+#[derive(Debug, Clone)]
+pub struct GuestSpec {
+    /// Guest name (logs, hostname).
+    pub name: String,
+    pub mem_mib: i64,
+    /// `<= 0` = the spec's default cap.
+    pub pids: i64,
+    pub wall: Duration,
+    pub mounts: Vec<Mount>,
+    /// The complete guest environment.
+    pub env: Vec<(String, String)>,
+    /// Where the per-VM run directory goes (`None` = the system temp dir).
+    pub run_dir_parent: Option<PathBuf>,
+    /// The erofs cache for directory mounts (`None` = the sandbox default).
+    pub mount_cache: Option<PathBuf>,
+}
+
+impl GuestSpec {
+    /// 256 MiB, the default pid cap, a 15-minute safety wall, `PATH` only.
+    pub fn new(name: &str) -> GuestSpec {
+        GuestSpec {
+            name: format!("e2e-{name}"),
+            mem_mib: 256,
+            pids: 0,
+            wall: DEFAULT_WALL,
+            mounts: Vec::new(),
+            env: vec![("PATH".into(), DEFAULT_PATH.into())],
+            run_dir_parent: None,
+            mount_cache: None,
+        }
+    }
+}
+
+/// The default guest images (`<images dir>/current`), or why they are not there.
+pub fn default_image() -> Result<Image, String> {
+    images::default_spec_image().ctx("guest images")
+}
+
+/// The directory the default images resolve in (`<images dir>/current`).
+pub fn image_dir() -> Result<PathBuf, String> {
+    Ok(images::images_dir().ctx("guest images")?.join("current"))
+}
+
+/// The [`Spec`] for `g` over the default images.
+pub fn spec_for(g: &GuestSpec) -> Result<Spec, String> {
+    let limits = Limits { vcpus: 1, mem_mib: g.mem_mib, pids: g.pids, wall: g.wall };
+    let mut guarantees = Guarantees::untrusted(limits, g.mounts.clone());
+    guarantees.env = g.env.clone();
+    Ok(Spec::new(default_image()?, guarantees))
+}
+
+/// Untrusted work forced onto `driver`. Emulation is allowed only for a driver whose
+/// containment is below a hardware boundary (tcg: user-kernel), which is exactly what the
+/// policy flag exists for; a microVM driver runs under the strict default policy.
+pub fn options_for(driver: &str, g: &GuestSpec) -> Options {
+    let registry = Registry::with_defaults();
+    let emulated = registry.get(driver).is_some_and(|d| d.containment() < Containment::MicroVm);
+    let boot_timeout = std::env::var("VM_E2E_BOOT_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(BOOT_TIMEOUT);
+    Options {
+        trust: Trust::Untrusted,
+        policy: Policy { allow_emulation: emulated },
+        driver: Some(driver.to_string()),
+        name: g.name.clone(),
+        boot_timeout,
+        mount_cache: g.mount_cache.clone(),
+        run_dir_parent: g.run_dir_parent.clone(),
+        ..Options::default()
+    }
+}
+
+/// Boots `g` on `driver`, checks the guest really runs there, and prints the time from the
+/// call to the agent answering: `boot+agent ready in X s [driver]`.
+pub async fn boot(driver: &'static str, g: &GuestSpec) -> Result<MicroVm, String> {
+    let spec = spec_for(g)?;
+    let options = options_for(driver, g);
+    let start = Instant::now();
+    let vm = MicroVm::boot(spec, options).await.ctx(&format!("booting {} on {driver}", g.name))?;
+    eprintln!("boot+agent ready in {:.1} s [{driver}]", start.elapsed().as_secs_f64());
+    if vm.driver() != driver {
+        return Err(format!("asked for driver {driver}, the guest runs on {}", vm.driver()));
+    }
+    Ok(vm)
+}
+
+/// Runs a shell line in the guest root.
+pub async fn sh(vm: &MicroVm, line: &str) -> Result<ExecOutput, String> {
+    vm.exec(line).await.ctx(&format!("exec {line:?}"))
+}
+
+/// Runs a shell line that must exit 0; returns its combined output as text.
+pub async fn exec_ok(vm: &MicroVm, line: &str) -> Result<String, String> {
+    let out = sh(vm, line).await?;
+    let text = String::from_utf8_lossy(&out.output).into_owned();
+    if !out.status.success() {
+        return Err(format!("{line:?} ended with {:?}; output: {text:?}", out.status));
+    }
+    Ok(text)
+}

@@ -1,0 +1,141 @@
+//! Host-side observations: processes, file hashes, the kernel banner, plain HTTP.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+/// True while a process with this pid exists (`kill(pid, 0)` is not `ESRCH`).
+pub fn pid_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 performs only the existence and permission check; no memory is touched.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// `(pid, comm)` of every process whose parent is this process and whose command name
+/// starts with `prefix` (comm is at most 15 bytes: `qemu-system-x86`).
+pub fn children_named(prefix: &str) -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // `pid (comm) state ppid ...`; comm may hold spaces or parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let comm = &stat[open + 1..close];
+        let ppid = stat[close + 1..].split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(me) && comm.starts_with(prefix) {
+            out.push((pid, comm.to_string()));
+        }
+    }
+    out
+}
+
+/// Hex sha256 of a byte string.
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// Relative path -> sha256 of every regular file under `dir` (symlinks are not followed).
+pub fn hash_tree(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, String>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let ft = entry.file_type()?;
+            let path = entry.path();
+            if ft.is_dir() {
+                stack.push(path);
+            } else if ft.is_file() {
+                let rel = path.strip_prefix(dir).unwrap_or(&path).to_path_buf();
+                out.insert(rel, sha256_hex(&std::fs::read(&path)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The kernel release in a kernel image's `Linux version <release> ...` banner (what
+/// `strings vmlinux | grep 'Linux version'` shows).
+pub fn kernel_release_in(image: &[u8]) -> Option<String> {
+    const TAG: &[u8] = b"Linux version ";
+    let mut from = 0;
+    while let Some(pos) = find(&image[from..], TAG) {
+        let start = from + pos + TAG.len();
+        let rest = &image[start..image.len().min(start + 128)];
+        let end = rest.iter().position(|b| !b.is_ascii_graphic()).unwrap_or(rest.len());
+        let release = &rest[..end];
+        if release.first().is_some_and(u8::is_ascii_digit) {
+            return Some(String::from_utf8_lossy(release).into_owned());
+        }
+        from = start;
+    }
+    None
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), for payloads that must not compress or
+/// repeat.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A plain HTTP/1.0 GET over `std::net::TcpStream`; returns the whole response (blocking).
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
+    let mut out = Vec::new();
+    s.take(1 << 20).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn banner_release_is_found() {
+        let img = b"\0\0Linux version %s\0junk Linux version 6.12.48 (me@host) #1\0";
+        assert_eq!(kernel_release_in(img).as_deref(), Some("6.12.48"));
+        assert_eq!(kernel_release_in(b"no banner here"), None);
+    }
+
+    #[test]
+    fn random_bytes_are_deterministic_and_varied() {
+        let a = pseudo_random(1000, 7);
+        assert_eq!(a, pseudo_random(1000, 7));
+        assert_ne!(a, pseudo_random(1000, 8));
+        assert!(a.iter().filter(|&&b| b == 0).count() < 50);
+    }
+
+    #[test]
+    fn this_process_exists_and_a_reaped_child_does_not() {
+        assert!(pid_exists(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!pid_exists(pid));
+    }
+}

@@ -1,0 +1,57 @@
+//! Boot: the guest comes up with the agent answering, on our kernel.
+
+use vm_tests::host::kernel_release_in;
+use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok, image_dir};
+
+/// The release the built image carries: the `Linux version` banner inside `vmlinux`, checked
+/// against the `config` header when the image has one.
+fn image_release() -> Result<String, String> {
+    let dir = image_dir()?;
+    let vmlinux = std::fs::read(dir.join("vmlinux")).ctx("reading vmlinux")?;
+    let release = kernel_release_in(&vmlinux).ok_or("no 'Linux version' banner in vmlinux")?;
+    if let Ok(config) = std::fs::read_to_string(dir.join("config")) {
+        // "# Linux/x86 6.12.48 Kernel Configuration": the base version without local suffixes.
+        let header = config.lines().take(5).find_map(|l| {
+            let l = l.strip_prefix("# Linux/")?;
+            l.split_whitespace().nth(1).map(str::to_string)
+        });
+        if let Some(base) = header {
+            ensure!(
+                release.starts_with(&base),
+                "vmlinux says {release}, its config header says {base}"
+            );
+        }
+    }
+    Ok(release)
+}
+
+async fn uname_is_our_kernel(vm: &MicroVm) -> Result<(), String> {
+    let out = vm.capture(&["uname", "-r"]).await.ctx("uname -r")?;
+    ensure!(out.status.success(), "uname -r: {:?}", out.status);
+    let guest = String::from_utf8_lossy(&out.output).trim().to_string();
+    ensure!(guest.starts_with("6.12."), "guest kernel release {guest:?} is not 6.12.x");
+    let built = image_release()?;
+    ensure!(guest == built, "guest runs {guest:?}, the image's vmlinux is {built:?}");
+    eprintln!("    guest kernel {guest} == image vmlinux {built}");
+    Ok(())
+}
+
+async fn agent_is_pid1(vm: &MicroVm) -> Result<(), String> {
+    let info = vm.machine().agent().ping().await.ctx("ping")?;
+    ensure!(info.pid1, "the agent does not run as PID 1: {info:?}");
+    let comm = exec_ok(vm, "cat /proc/1/comm").await?;
+    ensure!(comm.trim() == "init", "PID 1 is {comm:?}, expected the agent as /init");
+    Ok(())
+}
+
+#[test]
+fn boot_and_kernel() {
+    vm_tests::scenario("boot", |driver| async move {
+        let vm = boot(driver, &GuestSpec::new("boot")).await?;
+        let mut c = Cases::new("boot", driver);
+        c.run("agent_answers_as_pid1", agent_is_pid1(&vm)).await;
+        c.run("uname_is_our_kernel", uname_is_our_kernel(&vm)).await;
+        vm.close().await;
+        c.finish()
+    });
+}

@@ -1,0 +1,87 @@
+//! Exec: output, exit codes, stdin and pipelines inside a real guest.
+
+use guest_agent::protocol::Command;
+use vm_tests::host::{pseudo_random, sha256_hex};
+use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok, sh};
+use vm_sandbox::Run;
+
+async fn echo(vm: &MicroVm) -> Result<(), String> {
+    let out = exec_ok(vm, "echo hello from the guest").await?;
+    ensure!(out == "hello from the guest\n", "echo printed {out:?}");
+    let argv = vm.capture(&["echo", "-n", "two words", "x"]).await.ctx("capture echo")?;
+    ensure!(argv.output == b"two words x", "argv echo printed {:?}", argv.output);
+    Ok(())
+}
+
+async fn exit_codes(vm: &MicroVm) -> Result<(), String> {
+    for code in [0, 1, 7, 255] {
+        let out = sh(vm, &format!("exit {code}")).await?;
+        ensure!(out.status.code == Some(code), "exit {code} came back as {:?}", out.status);
+        ensure!(out.status.signal.is_none() && !out.status.timed_out, "{:?}", out.status);
+    }
+    let killed = sh(vm, "kill -9 $$").await?;
+    ensure!(killed.status.signal == Some(9), "a SIGKILLed shell came back as {:?}", killed.status);
+    Ok(())
+}
+
+async fn stdin_reaches_the_command(vm: &MicroVm) -> Result<(), String> {
+    let run = Run {
+        command: Command::Shell("tr a-z A-Z".into()),
+        stdin: b"hello stdin\n".to_vec(),
+        ..Default::default()
+    };
+    let out = vm.run(run).await.ctx("tr with stdin")?;
+    ensure!(out.output == b"HELLO STDIN\n", "tr printed {:?}", String::from_utf8_lossy(&out.output));
+    // A larger binary stdin arrives intact.
+    let blob = pseudo_random(200 * 1024, 42);
+    let run = Run {
+        command: Command::Shell("wc -c".into()),
+        stdin: blob.clone(),
+        ..Default::default()
+    };
+    let out = vm.run(run).await.ctx("wc -c with stdin")?;
+    let text = String::from_utf8_lossy(&out.output);
+    ensure!(text.lines().next().map(str::trim) == Some("204800"), "wc -c said {text:?}");
+    let run = Run { command: Command::Shell("sha256sum".into()), stdin: blob.clone(), ..Default::default() };
+    let out = vm.run(run).await.ctx("sha256sum with stdin")?;
+    let text = String::from_utf8_lossy(&out.output);
+    let want = sha256_hex(&blob);
+    ensure!(text.starts_with(&want), "guest sha256 {text:?}, host {want}");
+    Ok(())
+}
+
+async fn pipeline(vm: &MicroVm) -> Result<(), String> {
+    let want = (1..=100).filter(|n: &u32| n.to_string().contains('1')).count();
+    let out = exec_ok(vm, "seq 1 100 | grep -c 1").await?;
+    ensure!(out.trim() == want.to_string(), "seq|grep -c printed {out:?}, expected {want}");
+    let sum: u32 = (1..=100).sum();
+    let out = exec_ok(vm, "seq 1 100 | awk '{s+=$1} END {print s}'").await?;
+    ensure!(out.trim() == sum.to_string(), "seq|awk sum printed {out:?}, expected {sum}");
+    Ok(())
+}
+
+async fn cwd_is_the_root(vm: &MicroVm) -> Result<(), String> {
+    let out = exec_ok(vm, "pwd").await?;
+    ensure!(out.trim() == vm.root(), "pwd {out:?}, root {}", vm.root());
+    exec_ok(vm, "mkdir -p sub/dir").await?;
+    let run = Run { command: Command::Shell("pwd".into()), cwd: Some("sub/dir".into()), ..Default::default() };
+    let out = vm.run(run).await.ctx("pwd in sub/dir")?;
+    let want = format!("{}/sub/dir\n", vm.root());
+    ensure!(out.output == want.as_bytes(), "pwd printed {:?}", String::from_utf8_lossy(&out.output));
+    Ok(())
+}
+
+#[test]
+fn exec() {
+    vm_tests::scenario("exec", |driver| async move {
+        let vm = boot(driver, &GuestSpec::new("exec")).await?;
+        let mut c = Cases::new("exec", driver);
+        c.run("echo", echo(&vm)).await;
+        c.run("exit_codes", exit_codes(&vm)).await;
+        c.run("stdin", stdin_reaches_the_command(&vm)).await;
+        c.run("pipeline", pipeline(&vm)).await;
+        c.run("cwd", cwd_is_the_root(&vm)).await;
+        vm.close().await;
+        c.finish()
+    });
+}

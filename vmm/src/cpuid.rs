@@ -1,0 +1,280 @@
+//! CPUID: normalize what KVM supports into what one vCPU of this VM reports.
+//!
+//! Per vCPU: APIC id in leaf 1 EBX[31:24] and in the x2APIC topology leaves 0xb/0x1f, logical
+//! processor counts, the hypervisor bit, and cache leaf 4's sharing counts. The
+//! [`Baseline`](crate::config::CpuProfile::Baseline) profile also hides features that KVM's
+//! instruction emulator on a PVM host cannot execute at CPL0 (see [`BASELINE_HIDDEN`]).
+
+use kvm_bindings::kvm_cpuid_entry2;
+
+/// A feature bit: (leaf, subleaf or None for any, register, bit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeatureBit {
+    /// Name as in /proc/cpuinfo or clearcpuid=.
+    pub name: &'static str,
+    /// Leaf.
+    pub leaf: u32,
+    /// Sub-leaf.
+    pub index: u32,
+    /// Register.
+    pub reg: Reg,
+    /// Bit number.
+    pub bit: u32,
+}
+
+/// A CPUID output register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reg {
+    /// EBX.
+    Ebx,
+    /// ECX.
+    Ecx,
+    /// EDX.
+    Edx,
+}
+
+const fn fb(name: &'static str, leaf: u32, index: u32, reg: Reg, bit: u32) -> FeatureBit {
+    FeatureBit {
+        name,
+        leaf,
+        index,
+        reg,
+        bit,
+    }
+}
+
+/// Features the baseline profile hides.
+pub const BASELINE_HIDDEN: &[FeatureBit] = &[
+    fb("pcid", 1, 0, Reg::Ecx, 17),
+    fb("movbe", 1, 0, Reg::Ecx, 22),
+    fb("popcnt", 1, 0, Reg::Ecx, 23),
+    fb("xsave", 1, 0, Reg::Ecx, 26),
+    fb("osxsave", 1, 0, Reg::Ecx, 27),
+    fb("avx", 1, 0, Reg::Ecx, 28),
+    fb("rdrand", 1, 0, Reg::Ecx, 30),
+    fb("fsgsbase", 7, 0, Reg::Ebx, 0),
+    fb("bmi1", 7, 0, Reg::Ebx, 3),
+    fb("avx2", 7, 0, Reg::Ebx, 5),
+    fb("smep", 7, 0, Reg::Ebx, 7),
+    fb("bmi2", 7, 0, Reg::Ebx, 8),
+    fb("erms", 7, 0, Reg::Ebx, 9),
+    fb("invpcid", 7, 0, Reg::Ebx, 10),
+    fb("rdseed", 7, 0, Reg::Ebx, 18),
+    fb("smap", 7, 0, Reg::Ebx, 20),
+    fb("umip", 7, 0, Reg::Ecx, 2),
+    fb("rdpid", 7, 0, Reg::Ecx, 22),
+    fb("fsrm", 7, 0, Reg::Edx, 4),
+    fb("abm", 0x8000_0001, 0, Reg::Ecx, 5),
+];
+
+/// Leaf 1 ECX: hypervisor present.
+const HYPERVISOR_BIT: u32 = 31;
+/// Leaf 1 EDX: HTT (more than one logical processor per package).
+const HTT_BIT: u32 = 28;
+
+/// Parameters of [`normalize`].
+#[derive(Clone, Copy, Debug)]
+pub struct CpuidParams {
+    /// This vCPU's index (= APIC id).
+    pub vcpu: u8,
+    /// vCPUs in the VM (one package, one thread per core).
+    pub vcpus: u8,
+    /// Hide [`BASELINE_HIDDEN`] and the XSAVE leaf.
+    pub baseline: bool,
+}
+
+fn reg_mut(e: &mut kvm_cpuid_entry2, reg: Reg) -> &mut u32 {
+    match reg {
+        Reg::Ebx => &mut e.ebx,
+        Reg::Ecx => &mut e.ecx,
+        Reg::Edx => &mut e.edx,
+    }
+}
+
+/// Normalize the supported CPUID entries for one vCPU, in place.
+pub fn normalize(entries: &mut [kvm_cpuid_entry2], p: CpuidParams) {
+    let apic_id = u32::from(p.vcpu);
+    let count = u32::from(p.vcpus.max(1));
+    // Bits needed to number `count` cores.
+    let core_bits = 32 - (count - 1).leading_zeros();
+    for e in entries.iter_mut() {
+        match e.function {
+            1 => {
+                e.ebx = (e.ebx & 0x0000_ffff) | (apic_id << 24) | (count << 16);
+                e.ecx |= 1 << HYPERVISOR_BIT;
+                if count > 1 {
+                    e.edx |= 1 << HTT_BIT;
+                } else {
+                    e.edx &= !(1 << HTT_BIT);
+                }
+            }
+            4 => {
+                // EAX[31:26] = cores per package - 1; EAX[25:14] = threads sharing - 1.
+                let level = (e.eax >> 5) & 0x7;
+                let sharing = if level >= 3 { count - 1 } else { 0 };
+                e.eax = (e.eax & 0x3ff) | ((count - 1) << 26) | (sharing << 14);
+            }
+            0xb | 0x1f => {
+                // Sub-leaf 0: SMT level (1 thread); sub-leaf 1: core level; others invalid.
+                match e.index {
+                    0 => {
+                        e.eax = 0;
+                        e.ebx = 1;
+                        e.ecx = 1 << 8;
+                    }
+                    1 => {
+                        e.eax = core_bits;
+                        e.ebx = count;
+                        e.ecx = (2 << 8) | 1;
+                    }
+                    _ => {
+                        e.eax = 0;
+                        e.ebx = 0;
+                        e.ecx = e.index;
+                    }
+                }
+                e.edx = apic_id;
+            }
+            0xd if p.baseline => {
+                e.eax = 0;
+                e.ebx = 0;
+                e.ecx = 0;
+                e.edx = 0;
+            }
+            _ => {}
+        }
+        if p.baseline {
+            for f in BASELINE_HIDDEN {
+                if f.leaf == e.function && f.index == e.index {
+                    *reg_mut(e, f.reg) &= !(1 << f.bit);
+                }
+            }
+        }
+    }
+}
+
+/// `clearcpuid=` value naming every feature the baseline hides (minus the XSAVE pair, which the
+/// kernel controls with `noxsave`).
+pub fn baseline_clearcpuid() -> String {
+    let names: Vec<&str> = BASELINE_HIDDEN
+        .iter()
+        .map(|f| f.name)
+        .filter(|n| !matches!(*n, "xsave" | "osxsave"))
+        .collect();
+    names.join(",")
+}
+
+/// True when this host's KVM is kvm_pvm in native mode without hardware virtualization.
+pub fn host_is_pvm_native() -> bool {
+    let native = std::fs::read_to_string("/sys/module/kvm_pvm/parameters/pvm_native")
+        .map(|s| s.trim() == "Y")
+        .unwrap_or(false);
+    native && !cpuinfo_has_hw_virt()
+}
+
+fn cpuinfo_has_hw_virt() -> bool {
+    let Ok(s) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return false;
+    };
+    s.lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|w| w == "vmx" || w == "svm"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(
+        function: u32,
+        index: u32,
+        eax: u32,
+        ebx: u32,
+        ecx: u32,
+        edx: u32,
+    ) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            eax,
+            ebx,
+            ecx,
+            edx,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sets_apic_id_topology_and_hypervisor_bit() {
+        let mut e = vec![
+            entry(1, 0, 0, 0xff00_1234, 0, 0),
+            entry(0xb, 0, 0, 0, 0, 0),
+            entry(0xb, 1, 0, 0, 0, 0),
+            entry(4, 0, 0x121, 0, 0, 0),
+            entry(4, 3, 0x163, 0, 0, 0),
+        ];
+        normalize(
+            &mut e,
+            CpuidParams {
+                vcpu: 2,
+                vcpus: 3,
+                baseline: false,
+            },
+        );
+        assert_eq!(e[0].ebx, (2 << 24) | (3 << 16) | 0x1234);
+        assert_ne!(e[0].ecx & (1 << 31), 0);
+        assert_ne!(e[0].edx & (1 << HTT_BIT), 0);
+        assert_eq!((e[1].ebx, e[1].edx), (1, 2));
+        assert_eq!((e[2].eax, e[2].ebx, e[2].edx), (2, 3, 2));
+        assert_eq!(e[3].eax >> 26, 2);
+        assert_eq!((e[3].eax >> 14) & 0xfff, 0, "L1 is per core");
+        assert_eq!((e[4].eax >> 14) & 0xfff, 2, "L3 shared by all");
+    }
+
+    #[test]
+    fn baseline_hides_emulator_unsafe_features_only_in_baseline() {
+        let all = entry(1, 0, 0, 0, u32::MAX, u32::MAX);
+        let l7 = entry(7, 0, 0, u32::MAX, u32::MAX, u32::MAX);
+        let ext = entry(0x8000_0001, 0, 0, 0, u32::MAX, 0);
+        let mut e = vec![all, l7, ext, entry(0xd, 0, 7, 1, 1, 0)];
+        normalize(
+            &mut e,
+            CpuidParams {
+                vcpu: 0,
+                vcpus: 1,
+                baseline: true,
+            },
+        );
+        for bit in [17, 22, 23, 26, 27, 28, 30] {
+            assert_eq!(e[0].ecx & (1 << bit), 0, "leaf 1 ecx bit {bit}");
+        }
+        assert_ne!(e[0].ecx & (1 << 31), 0);
+        assert_ne!(e[0].ecx & 1, 0, "sse3 stays");
+        for bit in [0, 3, 5, 7, 8, 9, 10, 18, 20] {
+            assert_eq!(e[1].ebx & (1 << bit), 0, "leaf 7 ebx bit {bit}");
+        }
+        assert_eq!(e[1].ecx & ((1 << 2) | (1 << 22)), 0);
+        assert_eq!(e[1].edx & (1 << 4), 0);
+        assert_eq!(e[2].ecx & (1 << 5), 0);
+        assert_eq!(e[3].eax, 0);
+
+        let mut h = vec![all, l7];
+        normalize(
+            &mut h,
+            CpuidParams {
+                vcpu: 0,
+                vcpus: 1,
+                baseline: false,
+            },
+        );
+        assert_ne!(h[0].ecx & (1 << 23), 0, "host keeps popcnt");
+        assert_eq!(h[0].edx & (1 << HTT_BIT), 0);
+    }
+
+    #[test]
+    fn clearcpuid_lists_names() {
+        let s = baseline_clearcpuid();
+        assert!(s.starts_with("pcid,movbe,popcnt,avx,"));
+        assert!(s.contains("abm") && !s.contains("xsave"));
+    }
+}

@@ -1,0 +1,121 @@
+//! Boot-time MSR values and local APIC LINT0/LINT1 setup.
+
+use kvm_bindings::{Msrs, kvm_lapic_state, kvm_msr_entry};
+
+/// IA32_SYSENTER_CS.
+pub const MSR_IA32_SYSENTER_CS: u32 = 0x174;
+/// IA32_SYSENTER_ESP.
+pub const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
+/// IA32_SYSENTER_EIP.
+pub const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
+/// STAR.
+pub const MSR_STAR: u32 = 0xc000_0081;
+/// LSTAR.
+pub const MSR_LSTAR: u32 = 0xc000_0082;
+/// CSTAR.
+pub const MSR_CSTAR: u32 = 0xc000_0083;
+/// SYSCALL_MASK.
+pub const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+/// KERNEL_GS_BASE.
+pub const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+/// TSC.
+pub const MSR_IA32_TSC: u32 = 0x10;
+/// MISC_ENABLE.
+pub const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
+/// MISC_ENABLE: fast strings.
+pub const MISC_ENABLE_FAST_STRING: u64 = 1;
+/// MTRR default type.
+pub const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
+
+/// Errors of programming MSRs or the LAPIC.
+#[derive(Debug, thiserror::Error)]
+pub enum MsrError {
+    /// Building the FAM wrapper failed.
+    #[error("cannot build the MSR list")]
+    Build(#[source] vmm_sys_util::fam::Error),
+}
+
+/// (index, value) of every MSR set at boot.
+pub fn boot_msr_values() -> Vec<(u32, u64)> {
+    vec![
+        (MSR_IA32_SYSENTER_CS, 0),
+        (MSR_IA32_SYSENTER_ESP, 0),
+        (MSR_IA32_SYSENTER_EIP, 0),
+        (MSR_STAR, 0),
+        (MSR_CSTAR, 0),
+        (MSR_KERNEL_GS_BASE, 0),
+        (MSR_SYSCALL_MASK, 0),
+        (MSR_LSTAR, 0),
+        (MSR_IA32_TSC, 0),
+        (MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
+        // MTRRs enabled, default type write-back.
+        (MSR_MTRR_DEF_TYPE, (1 << 11) | 6),
+    ]
+}
+
+/// The boot MSRs as a KVM_SET_MSRS argument.
+pub fn boot_msrs() -> Result<Msrs, MsrError> {
+    let entries: Vec<kvm_msr_entry> = boot_msr_values()
+        .into_iter()
+        .map(|(index, data)| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        })
+        .collect();
+    Msrs::from_entries(&entries).map_err(MsrError::Build)
+}
+
+/// LVT LINT0 register offset.
+const APIC_LVT0: usize = 0x350;
+/// LVT LINT1 register offset.
+const APIC_LVT1: usize = 0x360;
+/// Delivery mode ExtINT.
+const APIC_MODE_EXTINT: u32 = 0x7;
+/// Delivery mode NMI.
+const APIC_MODE_NMI: u32 = 0x4;
+
+fn get_reg(lapic: &kvm_lapic_state, off: usize) -> u32 {
+    let b = &lapic.regs[off..off + 4];
+    u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8])
+}
+
+fn set_reg(lapic: &mut kvm_lapic_state, off: usize, v: u32) {
+    for (i, byte) in v.to_le_bytes().iter().enumerate() {
+        lapic.regs[off + i] = *byte as _;
+    }
+}
+
+fn with_delivery_mode(reg: u32, mode: u32) -> u32 {
+    (reg & !0x700) | (mode << 8)
+}
+
+/// LINT0 -> ExtINT (the PIC), LINT1 -> NMI, as a BIOS would leave them.
+pub fn setup_lint(lapic: &mut kvm_lapic_state) {
+    let lvt0 = get_reg(lapic, APIC_LVT0);
+    set_reg(lapic, APIC_LVT0, with_delivery_mode(lvt0, APIC_MODE_EXTINT));
+    let lvt1 = get_reg(lapic, APIC_LVT1);
+    set_reg(lapic, APIC_LVT1, with_delivery_mode(lvt1, APIC_MODE_NMI));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_msrs_have_fast_strings_and_zero_syscall_state() {
+        let v = boot_msr_values();
+        assert!(v.contains(&(MSR_IA32_MISC_ENABLE, 1)));
+        assert!(v.contains(&(MSR_LSTAR, 0)) && v.contains(&(MSR_IA32_TSC, 0)));
+        assert_eq!(boot_msrs().unwrap().as_slice().len(), v.len());
+    }
+
+    #[test]
+    fn lint_delivery_modes() {
+        let mut l = kvm_lapic_state::default();
+        set_reg(&mut l, APIC_LVT0, 0x0001_0000); // masked
+        setup_lint(&mut l);
+        assert_eq!(get_reg(&l, APIC_LVT0), 0x0001_0700);
+        assert_eq!(get_reg(&l, APIC_LVT1), 0x400);
+    }
+}

@@ -1,0 +1,168 @@
+//! vCPU setup (CPUID, MSRs, LAPIC, registers) and the vCPU thread's run loop.
+
+use std::sync::Arc;
+
+use kvm_bindings::{CpuId, KVM_MP_STATE_RUNNABLE, kvm_mp_state};
+use kvm_ioctls::VcpuFd;
+
+use crate::boot::{LoadedKernel, regs};
+use crate::bus::Bus;
+use crate::control::{Control, GuestFault, set_thread_kvm_run};
+use crate::cpuid::{CpuidParams, normalize};
+use crate::exit::{Action, ExitContext, FaultKind, RateLimit, from_kvm, handle};
+use crate::msr;
+
+/// Errors of configuring a vCPU.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    /// A KVM vCPU ioctl failed.
+    #[error("vcpu {vcpu}: {what} failed")]
+    Kvm {
+        /// vCPU index.
+        vcpu: u8,
+        /// The operation.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// MSR list.
+    #[error(transparent)]
+    Msr(#[from] msr::MsrError),
+}
+
+/// Per-VM inputs of [`configure`].
+#[derive(Clone, Copy, Debug)]
+pub struct VcpuSetup<'a> {
+    /// KVM_GET_SUPPORTED_CPUID result.
+    pub supported_cpuid: &'a CpuId,
+    /// vCPUs in the VM.
+    pub vcpus: u8,
+    /// Baseline CPU profile.
+    pub baseline: bool,
+    /// The loaded kernel (entry point, AP start policy).
+    pub kernel: &'a LoadedKernel,
+}
+
+/// Configure vCPU `index` for a direct 64-bit entry.
+pub fn configure(vcpu: &VcpuFd, index: u8, s: &VcpuSetup<'_>) -> Result<(), VcpuError> {
+    let kvm = |what| {
+        move |source| VcpuError::Kvm {
+            vcpu: index,
+            what,
+            source,
+        }
+    };
+    let mut cpuid = s.supported_cpuid.clone();
+    normalize(
+        cpuid.as_mut_slice(),
+        CpuidParams {
+            vcpu: index,
+            vcpus: s.vcpus,
+            baseline: s.baseline,
+        },
+    );
+    vcpu.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+
+    let msrs = msr::boot_msrs()?;
+    let written = vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+    if written != msrs.as_slice().len() {
+        let failed = msrs.as_slice().get(written).map(|e| e.index).unwrap_or(0);
+        tracing::debug!(
+            vcpu = index,
+            written,
+            failed = format_args!("{failed:#x}"),
+            "not every boot MSR was accepted"
+        );
+    }
+
+    let mut lapic = vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?;
+    msr::setup_lint(&mut lapic);
+    vcpu.set_lapic(&lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+
+    let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    vcpu.set_sregs(&regs::long_mode_sregs(sregs))
+        .map_err(kvm("KVM_SET_SREGS"))?;
+    vcpu.set_regs(&regs::boot_regs(s.kernel.entry))
+        .map_err(kvm("KVM_SET_REGS"))?;
+    vcpu.set_fpu(&regs::boot_fpu())
+        .map_err(kvm("KVM_SET_FPU"))?;
+    if s.kernel.all_vcpus_start && index != 0 {
+        vcpu.set_mp_state(kvm_mp_state {
+            mp_state: KVM_MP_STATE_RUNNABLE,
+        })
+        .map_err(kvm("KVM_SET_MP_STATE"))?;
+    }
+    Ok(())
+}
+
+/// What a vCPU thread needs.
+pub struct VcpuThread {
+    /// vCPU index.
+    pub index: u8,
+    /// The vCPU.
+    pub fd: VcpuFd,
+    /// Port I/O bus.
+    pub pio: Arc<Bus>,
+    /// MMIO bus.
+    pub mmio: Arc<Bus>,
+    /// Lifecycle state.
+    pub control: Arc<Control>,
+}
+
+impl VcpuThread {
+    /// Thread body: run until the VM stops, record the outcome, deregister.
+    pub fn run(mut self) {
+        set_thread_kvm_run(self.fd.get_kvm_run());
+        self.control.register_current(usize::from(self.index));
+        let outcome = self.run_loop();
+        if let Some(outcome) = outcome {
+            self.control.request_stop(outcome);
+        }
+        set_thread_kvm_run(std::ptr::null_mut());
+        self.control.thread_done(usize::from(self.index));
+    }
+
+    fn fault(&self, kind: FaultKind) -> GuestFault {
+        let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
+        GuestFault {
+            vcpu: self.index,
+            kind,
+            rip,
+        }
+    }
+
+    /// Returns `None` when stopped from outside, the VM outcome otherwise.
+    fn run_loop(&mut self) -> Option<crate::control::Outcome> {
+        let mut limit = RateLimit::default();
+        loop {
+            if self.control.stop_requested() {
+                return None;
+            }
+            let action = match self.fd.run() {
+                Ok(exit) => {
+                    let mut ctx = ExitContext {
+                        pio: &self.pio,
+                        mmio: &self.mmio,
+                        log_limit: &mut limit,
+                    };
+                    handle(from_kvm(exit), &mut ctx)
+                }
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.set_kvm_immediate_exit(0);
+                    Action::Continue
+                }
+                Err(e) => Action::Fault(FaultKind::Unexpected(format!("KVM_RUN error {e}"))),
+            };
+            match action {
+                Action::Continue => {}
+                Action::Exit(x) => return Some(Ok(x)),
+                Action::Fault(kind) => {
+                    let f = self.fault(kind);
+                    tracing::warn!(error = %f, "vcpu fault");
+                    return Some(Err(f));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! The virtio-mmio transport, version 2 (virtio 1.2 §4.2.2).
+//!
+//! The register state machine is enforced: driver features are accepted only between DRIVER
+//! and FEATURES_OK; FEATURES_OK sticks only if the driver acked nothing the device did not
+//! offer and acked `VIRTIO_F_VERSION_1`; queue registers are accepted only after FEATURES_OK and
+//! before DRIVER_OK. DRIVER_OK with a missing or invalid queue puts the device into
+//! DEVICE_NEEDS_RESET instead of starting it. Writing 0 to the status register stops the worker
+//! (dropping every connection and in-flight buffer) and returns all registers to their initial
+//! values.
+
+use std::sync::{Arc, Mutex};
+
+use virtio_queue::{Queue, QueueT};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use super::queue::{clone_queue, queue_usable};
+use super::worker::{Interrupt, Worker, WorkerSetup};
+use super::{DeviceConfig, GuestMemoryMmap, VIRTIO_F_VERSION_1, VirtioDevice, VirtioError};
+use crate::bus::BusDevice;
+
+const MAGIC: u32 = 0x7472_6976;
+const VERSION: u32 = 2;
+const VENDOR_ID: u32 = 0x554d_4551; // any constant; Linux does not check it
+
+/// Device status bits.
+pub mod status {
+    /// The guest noticed the device.
+    pub const ACKNOWLEDGE: u32 = 1;
+    /// The guest has a driver for it.
+    pub const DRIVER: u32 = 2;
+    /// The driver is ready.
+    pub const DRIVER_OK: u32 = 4;
+    /// Feature negotiation is complete.
+    pub const FEATURES_OK: u32 = 8;
+    /// The device hit an error it cannot recover from without a reset.
+    pub const DEVICE_NEEDS_RESET: u32 = 0x40;
+    /// The driver gave up.
+    pub const FAILED: u32 = 0x80;
+}
+
+/// Register offsets.
+#[allow(missing_docs)]
+pub mod reg {
+    pub const MAGIC: u64 = 0x00;
+    pub const VERSION: u64 = 0x04;
+    pub const DEVICE_ID: u64 = 0x08;
+    pub const VENDOR_ID: u64 = 0x0c;
+    pub const DEVICE_FEATURES: u64 = 0x10;
+    pub const DEVICE_FEATURES_SEL: u64 = 0x14;
+    pub const DRIVER_FEATURES: u64 = 0x20;
+    pub const DRIVER_FEATURES_SEL: u64 = 0x24;
+    pub const QUEUE_SEL: u64 = 0x30;
+    pub const QUEUE_NUM_MAX: u64 = 0x34;
+    pub const QUEUE_NUM: u64 = 0x38;
+    pub const QUEUE_READY: u64 = 0x44;
+    pub const QUEUE_NOTIFY: u64 = 0x50;
+    pub const INTERRUPT_STATUS: u64 = 0x60;
+    pub const INTERRUPT_ACK: u64 = 0x64;
+    pub const STATUS: u64 = 0x70;
+    pub const QUEUE_DESC_LOW: u64 = 0x80;
+    pub const QUEUE_DESC_HIGH: u64 = 0x84;
+    pub const QUEUE_AVAIL_LOW: u64 = 0x90;
+    pub const QUEUE_AVAIL_HIGH: u64 = 0x94;
+    pub const QUEUE_USED_LOW: u64 = 0xa0;
+    pub const QUEUE_USED_HIGH: u64 = 0xa4;
+    pub const CONFIG_GENERATION: u64 = 0xfc;
+    pub const CONFIG: u64 = 0x100;
+}
+
+/// A virtio device behind a 0x1000-byte MMIO register window.
+pub struct MmioDevice {
+    device: Box<dyn VirtioDevice>,
+    mem: GuestMemoryMmap,
+    queues: Vec<Queue>,
+    /// Sizes the driver wrote (validated at DRIVER_OK).
+    requested_sizes: Vec<u16>,
+    queue_sel: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    acked_features: u64,
+    status: u32,
+    config_generation: u32,
+    irq: Arc<Interrupt>,
+    notify: Vec<EventFd>,
+    request: EventFd,
+    worker: Mutex<Option<Worker>>,
+    name: String,
+}
+
+impl MmioDevice {
+    /// Build the device described by `cfg` over guest memory `mem`.
+    pub fn new(cfg: &DeviceConfig, mem: GuestMemoryMmap) -> Result<MmioDevice, VirtioError> {
+        let device = super::build_device(cfg)?;
+        Self::with_device(device, mem)
+    }
+
+    pub(crate) fn with_device(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+    ) -> Result<Self, VirtioError> {
+        let sizes = device.queue_max_sizes().to_vec();
+        let queues = sizes
+            .iter()
+            .map(|&m| Queue::new(m).map_err(VirtioError::Queue))
+            .collect::<Result<Vec<_>, _>>()?;
+        let notify = sizes
+            .iter()
+            .map(|_| EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("notify eventfd")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let name = format!("virtio-{}", device.device_type());
+        Ok(MmioDevice {
+            requested_sizes: sizes,
+            device,
+            mem,
+            queues,
+            queue_sel: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            acked_features: 0,
+            status: 0,
+            config_generation: 0,
+            irq: Arc::new(Interrupt::new()?),
+            notify,
+            request: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("request eventfd"))?,
+            worker: Mutex::new(None),
+            name,
+        })
+    }
+
+    /// One event per queue; the VMM registers each as an ioeventfd at `base + 0x50` with
+    /// datamatch = queue index. Writing to the notify register through the bus signals the same
+    /// events, so the device also works without ioeventfds.
+    pub fn queue_notify_events(&self) -> Vec<(u32, EventFd)> {
+        self.notify
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| Some((i as u32, e.try_clone().ok()?)))
+            .collect()
+    }
+
+    /// The interrupt event; the VMM registers it as the irqfd of the device's GSI.
+    pub fn interrupt_event(&self) -> EventFd {
+        // Cloning an eventfd only fails when the process is out of file descriptors; a fresh,
+        // unconnected eventfd then keeps the VMM running (the device just cannot interrupt).
+        self.irq
+            .event()
+            .try_clone()
+            .or_else(|_| EventFd::new(EFD_NONBLOCK))
+            .expect("cannot create an eventfd")
+    }
+
+    /// Ask an active vsock device to send VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (and drop its
+    /// connections); a no-op for other devices or before DRIVER_OK.
+    pub fn request_transport_reset(&self) {
+        if self.is_active() {
+            let _ = self.request.write(1);
+        }
+    }
+
+    /// Stop the worker thread (idempotent; also done on drop). The device stops serving until
+    /// the guest resets it.
+    pub fn shutdown(&self) {
+        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut w) = worker {
+            w.stop();
+        }
+    }
+
+    /// Whether the worker runs.
+    pub fn is_active(&self) -> bool {
+        self.worker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// The device status register as the guest reads it.
+    pub fn device_status(&self) -> u32 {
+        let nr = if self.irq.needs_reset() {
+            status::DEVICE_NEEDS_RESET
+        } else {
+            0
+        };
+        self.status | nr
+    }
+
+    fn offered_features(&self) -> u64 {
+        self.device.features() | (1u64 << VIRTIO_F_VERSION_1)
+    }
+
+    fn selected_queue(&mut self) -> Option<(&mut Queue, &mut u16)> {
+        let i = usize::try_from(self.queue_sel).ok()?;
+        Some((self.queues.get_mut(i)?, self.requested_sizes.get_mut(i)?))
+    }
+
+    fn queue_config_allowed(&self) -> bool {
+        self.status & status::FEATURES_OK != 0 && self.status & status::DRIVER_OK == 0
+    }
+
+    fn reset(&mut self) {
+        self.shutdown();
+        for (q, s) in self.queues.iter_mut().zip(self.requested_sizes.iter_mut()) {
+            q.reset();
+            *s = q.max_size();
+        }
+        self.queue_sel = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.acked_features = 0;
+        self.status = 0;
+        self.irq.clear();
+        let _ = self.request.read();
+        for n in &self.notify {
+            let _ = n.read();
+        }
+    }
+
+    fn set_status(&mut self, v: u32) {
+        if v == 0 {
+            self.reset();
+            return;
+        }
+        // Bits may only be added (except by a reset).
+        if v & self.status != self.status {
+            tracing::debug!(
+                "virtio: status write {v:#x} clears bits of {:#x}; ignored",
+                self.status
+            );
+            return;
+        }
+        let new = v & !self.status;
+        let mut v = v & !status::DEVICE_NEEDS_RESET;
+        if new & status::FEATURES_OK != 0 {
+            let unoffered = self.acked_features & !self.offered_features();
+            let has_v1 = self.acked_features & (1u64 << VIRTIO_F_VERSION_1) != 0;
+            if unoffered != 0 || !has_v1 || self.status & status::DRIVER == 0 {
+                tracing::debug!(
+                    "virtio: FEATURES_OK refused (acked {:#x})",
+                    self.acked_features
+                );
+                v &= !status::FEATURES_OK;
+            }
+        }
+        if new & status::DRIVER_OK != 0 && v & status::FEATURES_OK == 0 {
+            v &= !status::DRIVER_OK;
+        }
+        self.status = v;
+        if new & status::DRIVER_OK != 0 && v & status::DRIVER_OK != 0 {
+            self.activate();
+        }
+    }
+
+    fn activate(&mut self) {
+        let all_valid = self
+            .queues
+            .iter()
+            .zip(&self.requested_sizes)
+            .all(|(q, &s)| queue_usable(q, s, &self.mem));
+        if !all_valid {
+            tracing::warn!("{}: DRIVER_OK with an invalid queue", self.name);
+            self.irq.set_needs_reset();
+            return;
+        }
+        match self.start_worker() {
+            Ok(w) => *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(w),
+            Err(e) => {
+                tracing::error!("{}: activation failed: {e}", self.name);
+                self.irq.set_needs_reset();
+            }
+        }
+    }
+
+    fn start_worker(&mut self) -> Result<Worker, VirtioError> {
+        let handler = self.device.activate(self.acked_features)?;
+        let queues = self
+            .queues
+            .iter()
+            .map(|q| {
+                let mut q = clone_queue(q).map_err(VirtioError::Queue)?;
+                q.set_event_idx(
+                    self.acked_features & (1u64 << super::VIRTIO_F_RING_EVENT_IDX) != 0,
+                );
+                Ok(q)
+            })
+            .collect::<Result<Vec<_>, VirtioError>>()?;
+        let notify = self
+            .notify
+            .iter()
+            .map(|e| e.try_clone().map_err(VirtioError::os("notify eventfd")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let _ = self.request.read();
+        // Chains posted before DRIVER_OK must be seen: kick every queue once.
+        for n in &self.notify {
+            let _ = n.write(1);
+        }
+        let setup = WorkerSetup {
+            mem: self.mem.clone(),
+            queues,
+            notify,
+            request: self
+                .request
+                .try_clone()
+                .map_err(VirtioError::os("request eventfd"))?,
+            irq: self.irq.clone(),
+            handler,
+        };
+        Worker::spawn(setup, self.name.clone())
+    }
+
+    fn read_u32(&self, offset: u64) -> u32 {
+        let q = usize::try_from(self.queue_sel)
+            .ok()
+            .and_then(|i| self.queues.get(i));
+        match offset {
+            reg::MAGIC => MAGIC,
+            reg::VERSION => VERSION,
+            reg::DEVICE_ID => self.device.device_type(),
+            reg::VENDOR_ID => VENDOR_ID,
+            reg::DEVICE_FEATURES => match self.device_features_sel {
+                0 => self.offered_features() as u32,
+                1 => (self.offered_features() >> 32) as u32,
+                _ => 0,
+            },
+            reg::QUEUE_NUM_MAX => q.map_or(0, |q| u32::from(q.max_size())),
+            reg::QUEUE_READY => q.map_or(0, |q| u32::from(q.ready())),
+            reg::INTERRUPT_STATUS => self.irq.status(),
+            reg::STATUS => self.device_status(),
+            reg::CONFIG_GENERATION => self.config_generation,
+            // No shared memory regions: length and base read as all ones.
+            0xb0..=0xbc => u32::MAX,
+            _ => 0,
+        }
+    }
+
+    fn write_u32(&mut self, offset: u64, v: u32) {
+        match offset {
+            reg::DEVICE_FEATURES_SEL => self.device_features_sel = v,
+            reg::DRIVER_FEATURES_SEL => self.driver_features_sel = v,
+            reg::DRIVER_FEATURES => {
+                let negotiating =
+                    self.status & status::DRIVER != 0 && self.status & status::FEATURES_OK == 0;
+                if !negotiating {
+                    return;
+                }
+                match self.driver_features_sel {
+                    0 => self.acked_features = (self.acked_features & !0xffff_ffff) | u64::from(v),
+                    1 => {
+                        self.acked_features =
+                            (self.acked_features & 0xffff_ffff) | (u64::from(v) << 32)
+                    }
+                    _ => {}
+                }
+            }
+            reg::QUEUE_SEL => self.queue_sel = v,
+            reg::QUEUE_NOTIFY => {
+                if let Some(e) = usize::try_from(v).ok().and_then(|i| self.notify.get(i)) {
+                    let _ = e.write(1);
+                }
+            }
+            reg::INTERRUPT_ACK => self.irq.ack(v),
+            reg::STATUS => self.set_status(v),
+            reg::QUEUE_NUM
+            | reg::QUEUE_READY
+            | reg::QUEUE_DESC_LOW
+            | reg::QUEUE_DESC_HIGH
+            | reg::QUEUE_AVAIL_LOW
+            | reg::QUEUE_AVAIL_HIGH
+            | reg::QUEUE_USED_LOW
+            | reg::QUEUE_USED_HIGH => self.write_queue_reg(offset, v),
+            _ => tracing::trace!("virtio: write to unknown register {offset:#x}"),
+        }
+    }
+
+    fn write_queue_reg(&mut self, offset: u64, v: u32) {
+        if !self.queue_config_allowed() {
+            tracing::debug!(
+                "virtio: queue register {offset:#x} written outside FEATURES_OK..DRIVER_OK"
+            );
+            return;
+        }
+        let Some((q, requested)) = self.selected_queue() else {
+            return;
+        };
+        match offset {
+            reg::QUEUE_NUM => {
+                *requested = u16::try_from(v).unwrap_or(0);
+                if q.try_set_size(*requested).is_err() {
+                    tracing::debug!("virtio: invalid queue size {v}");
+                }
+            }
+            reg::QUEUE_READY => q.set_ready(v == 1),
+            reg::QUEUE_DESC_LOW => q.set_desc_table_address(Some(v), None),
+            reg::QUEUE_DESC_HIGH => q.set_desc_table_address(None, Some(v)),
+            reg::QUEUE_AVAIL_LOW => q.set_avail_ring_address(Some(v), None),
+            reg::QUEUE_AVAIL_HIGH => q.set_avail_ring_address(None, Some(v)),
+            reg::QUEUE_USED_LOW => q.set_used_ring_address(Some(v), None),
+            reg::QUEUE_USED_HIGH => q.set_used_ring_address(None, Some(v)),
+            _ => {}
+        }
+    }
+}
+
+impl BusDevice for MmioDevice {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if offset >= reg::CONFIG {
+            self.device.read_config(offset - reg::CONFIG, data);
+            return;
+        }
+        data.fill(0);
+        if data.len() != 4 || !offset.is_multiple_of(4) {
+            return;
+        }
+        data.copy_from_slice(&self.read_u32(offset).to_le_bytes());
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset >= reg::CONFIG {
+            // Device configuration is read-only for every device here.
+            return;
+        }
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            return;
+        };
+        if offset.is_multiple_of(4) {
+            self.write_u32(offset, u32::from_le_bytes(bytes));
+        }
+    }
+}
+
+impl Drop for MmioDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,193 @@
+//! virtio-mmio devices: the transport (virtio 1.2, MMIO version 2) and the block, vsock and rng
+//! devices a guest needs. There is no network device, by design.
+//!
+//! # Design
+//!
+//! The code is split the way Firecracker splits it: pure logic that parses and validates what
+//! the guest put into memory, and event handling around it.
+//!
+//! - [`mmio`]: [`MmioDevice`], the register window (implements [`crate::bus::BusDevice`]). It owns
+//!   the status handshake and feature negotiation, and the queue configuration. When the driver
+//!   sets DRIVER_OK and every queue is valid it *activates* the device: the device builds a
+//!   [`worker::Handler`] and one worker thread per device runs it.
+//! - [`worker`]: the per-device thread. It waits with epoll on the queue-notify `EventFd`s (the
+//!   VMM registers them as ioeventfds), a stop event, a request event and whatever file
+//!   descriptors the handler adds (vsock sockets). It never busy-loops: it only wakes on events
+//!   or on a deadline the handler asks for.
+//! - [`queue`]: helpers over `virtio-queue`: collect a descriptor chain with every descriptor
+//!   checked against guest RAM, its total length bounded, and loops/truncation detected.
+//! - [`block`], [`vsock`], [`rng`]: the devices; `block::request` and `vsock::packet` hold the
+//!   pure parsers (fuzzed by the `fuzz/` crate).
+//! - [`test_utils`]: a harness that plays the guest driver against a real `GuestMemoryMmap`.
+//!
+//! Interrupts go through an `EventFd` ([`MmioDevice::interrupt_event`]) the VMM registers as an
+//! irqfd; the interrupt status register is set before the event is signalled.
+//!
+//! A guest that drives a device wrongly gets a failed request (e.g. `VIRTIO_BLK_S_IOERR`) or the
+//! device enters DEVICE_NEEDS_RESET; nothing it does can panic the VMM, make it allocate by a
+//! guest-chosen size, or make it spin.
+//!
+//! # API
+//!
+//! ```text
+//! MmioDevice::new(cfg: &DeviceConfig, mem: GuestMemoryMmap) -> Result<MmioDevice, VirtioError>
+//! MmioDevice::queue_notify_events(&self) -> Vec<(u32, EventFd)>   // ioeventfd at base+0x50, datamatch = index
+//! MmioDevice::interrupt_event(&self) -> EventFd                   // irqfd for the device's GSI
+//! MmioDevice::request_transport_reset(&self)                      // vsock: send TRANSPORT_RESET (e.g. after restore)
+//! MmioDevice::shutdown(&self)                                     // stop the worker; also on Drop
+//! ```
+
+use std::path::PathBuf;
+
+pub mod block;
+pub mod mmio;
+pub mod queue;
+pub mod rng;
+pub mod test_utils;
+pub mod vsock;
+pub mod worker;
+
+pub use mmio::MmioDevice;
+
+/// The guest memory type devices use.
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
+
+/// Size of the MMIO register window of one device.
+pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
+/// Offset of the queue-notify register (the VMM's ioeventfd address is `base + this`).
+pub const NOTIFY_REG_OFFSET: u64 = 0x50;
+
+/// `VIRTIO_F_VERSION_1`: the only transport version this implementation speaks.
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+/// `VIRTIO_F_RING_EVENT_IDX`.
+pub const VIRTIO_F_RING_EVENT_IDX: u32 = 29;
+
+/// virtio device ids.
+pub mod device_id {
+    /// Block device.
+    pub const BLOCK: u32 = 2;
+    /// Entropy source.
+    pub const RNG: u32 = 4;
+    /// Socket device.
+    pub const VSOCK: u32 = 19;
+}
+
+/// What device to build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceConfig {
+    /// A virtio-blk disk backed by a raw image file.
+    Block {
+        /// Host path of the raw image.
+        path: PathBuf,
+        /// Offer `VIRTIO_BLK_F_RO`, open the file read-only and refuse every write.
+        read_only: bool,
+        /// The disk serial (at most 20 bytes) answered to `VIRTIO_BLK_T_GET_ID`.
+        id: String,
+    },
+    /// A hybrid virtio-vsock device.
+    Vsock {
+        /// The guest's CID (3 and up).
+        guest_cid: u64,
+        /// The host Unix socket; guest connections to host port P go to `<uds_path>_P`.
+        uds_path: PathBuf,
+    },
+    /// A virtio-rng device fed by getrandom(2).
+    Rng,
+}
+
+/// Errors of building or running a virtio device.
+#[derive(Debug, thiserror::Error)]
+pub enum VirtioError {
+    /// Opening or inspecting a disk image failed.
+    #[error("cannot open disk image {path}")]
+    DiskOpen {
+        /// The image path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A block device id longer than 20 bytes.
+    #[error("block device id {0:?} is longer than 20 bytes")]
+    BlockIdTooLong(String),
+    /// A vsock guest CID below 3.
+    #[error("invalid guest cid {0}")]
+    InvalidCid(u64),
+    /// Binding the vsock Unix socket failed.
+    #[error("cannot bind vsock socket {path}")]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating an eventfd, epoll instance or thread failed.
+    #[error("cannot create {what}")]
+    Os {
+        /// What was being created.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A queue could not be created.
+    #[error("invalid queue")]
+    Queue(#[source] virtio_queue::Error),
+    /// An operation this device does not support.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+}
+
+impl VirtioError {
+    pub(crate) fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> VirtioError {
+        move |source| VirtioError::Os { what, source }
+    }
+}
+
+/// A device model behind the MMIO transport.
+pub(crate) trait VirtioDevice: Send {
+    /// The virtio device id.
+    fn device_type(&self) -> u32;
+    /// Maximum size of each queue (each a power of two).
+    fn queue_max_sizes(&self) -> &[u16];
+    /// The features offered (without `VIRTIO_F_VERSION_1`, which the transport adds).
+    fn features(&self) -> u64;
+    /// Read the device-specific configuration space.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Build the handler that serves the queues; called on DRIVER_OK.
+    fn activate(&mut self, acked_features: u64) -> Result<Box<dyn worker::Handler>, VirtioError>;
+}
+
+/// Copy `src[offset..]` into `data`, zero-filling what lies outside `src`.
+pub(crate) fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(off) = usize::try_from(offset) else {
+        return;
+    };
+    if off >= src.len() {
+        return;
+    }
+    let n = data.len().min(src.len() - off);
+    data[..n].copy_from_slice(&src[off..off + n]);
+}
+
+/// Build the device model for a configuration.
+pub(crate) fn build_device(cfg: &DeviceConfig) -> Result<Box<dyn VirtioDevice>, VirtioError> {
+    Ok(match cfg {
+        DeviceConfig::Block {
+            path,
+            read_only,
+            id,
+        } => Box::new(block::Block::new(&block::BlockConfig {
+            path: path.clone(),
+            read_only: *read_only,
+            id: id.clone(),
+        })?),
+        DeviceConfig::Vsock {
+            guest_cid,
+            uds_path,
+        } => Box::new(vsock::Vsock::new(*guest_cid, uds_path)?),
+        DeviceConfig::Rng => Box::new(rng::Rng::new()),
+    })
+}

@@ -1,0 +1,119 @@
+//! virtio-rng: fills the guest's writable buffers with bytes from the host's getrandom(2),
+//! at most [`MAX_BYTES_PER_REQUEST`] per request.
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::queue::{self, Buf};
+use super::worker::{Ctx, Handler};
+use super::{GuestMemoryMmap, VirtioDevice, VirtioError, device_id};
+
+/// Most bytes served for one request (the rest of the guest's buffers stay untouched).
+pub const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
+const QUEUE_SIZES: &[u16] = &[256];
+
+/// The rng device model.
+pub struct Rng;
+
+impl Rng {
+    /// A new rng device.
+    pub fn new() -> Self {
+        Rng
+    }
+}
+
+impl Default for Rng {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl VirtioDevice for Rng {
+    fn device_type(&self) -> u32 {
+        device_id::RNG
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        QUEUE_SIZES
+    }
+    fn features(&self) -> u64 {
+        0
+    }
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+    fn activate(&mut self, _acked: u64) -> Result<Box<dyn Handler>, VirtioError> {
+        Ok(Box::new(RngHandler))
+    }
+}
+
+struct RngHandler;
+
+/// Fill `len` bytes at `addr` with random bytes; returns how many were written.
+fn fill(mem: &GuestMemoryMmap, addr: GuestAddress, len: u32) -> u32 {
+    let mut chunk = [0u8; 4096];
+    let mut done = 0u32;
+    while done < len {
+        let n = (len - done).min(chunk.len() as u32) as usize;
+        // SAFETY: the pointer and length describe `chunk`, a live local buffer of at least `n` bytes.
+        let got = unsafe { libc::getrandom(chunk.as_mut_ptr().cast(), n, 0) };
+        let Ok(got) = usize::try_from(got) else {
+            tracing::warn!(
+                "virtio-rng: getrandom failed: {}",
+                std::io::Error::last_os_error()
+            );
+            break;
+        };
+        let Some(dst) = addr.0.checked_add(u64::from(done)) else {
+            break;
+        };
+        if mem.write_slice(&chunk[..got], GuestAddress(dst)).is_err() {
+            break;
+        }
+        done += got as u32;
+    }
+    done
+}
+
+fn serve(bufs: &[Buf], mem: &GuestMemoryMmap) -> u32 {
+    let mut total = 0u32;
+    for b in bufs.iter().filter(|b| b.write) {
+        let want = b.len.min(MAX_BYTES_PER_REQUEST - total);
+        if want == 0 {
+            break;
+        }
+        let got = fill(mem, b.addr, want);
+        total += got;
+        if got < want {
+            break;
+        }
+    }
+    total
+}
+
+impl Handler for RngHandler {
+    fn queue_notify(&mut self, _index: usize, ctx: &mut Ctx<'_>) {
+        let Some(q) = ctx.queues.first_mut() else {
+            return;
+        };
+        let mut used = false;
+        loop {
+            let chain = match queue::pop_chain(q, ctx.mem) {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("virtio-rng: {e}");
+                    ctx.irq.set_needs_reset();
+                    return;
+                }
+            };
+            let len = chain.bufs.as_deref().map_or(0, |b| serve(b, ctx.mem));
+            if queue::add_used(q, ctx.mem, chain.head, len).is_err() {
+                ctx.irq.set_needs_reset();
+                return;
+            }
+            used = true;
+        }
+        if used && queue::needs_notification(q, ctx.mem) {
+            ctx.irq.signal_used();
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! A harness that plays the guest driver: it lays descriptor tables and rings in a real
+//! `GuestMemoryMmap`, drives the MMIO registers through [`BusDevice`], notifies queues and waits
+//! on the interrupt `EventFd`. Used by the tests in `vmm/tests/virtio_*.rs`; not for production.
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::mmio::{reg, status};
+use super::{DeviceConfig, GuestMemoryMmap, MmioDevice, VIRTIO_F_VERSION_1, VirtioError};
+use crate::bus::BusDevice;
+
+/// `VRING_DESC_F_NEXT`.
+pub const F_NEXT: u16 = 1;
+/// `VRING_DESC_F_WRITE`.
+pub const F_WRITE: u16 = 2;
+
+/// Guest RAM size of the harness.
+pub const MEM_SIZE: usize = 64 << 20;
+const RING_BASE: u64 = 0x10000;
+const RING_STRIDE: u64 = 0x10000;
+/// First address handed out by [`Driver::alloc`].
+pub const DATA_BASE: u64 = 0x10_0000;
+
+/// The driver side of one queue.
+#[derive(Debug, Clone)]
+pub struct DriverQueue {
+    /// Queue size.
+    pub size: u16,
+    /// Descriptor table address.
+    pub desc: u64,
+    /// Available ring address.
+    pub avail: u64,
+    /// Used ring address.
+    pub used: u64,
+    avail_idx: u16,
+    used_seen: u16,
+    free: Vec<u16>,
+}
+
+/// A buffer the driver offers: address, length, device-writable.
+#[derive(Debug, Clone, Copy)]
+pub struct Seg {
+    /// Guest address.
+    pub addr: u64,
+    /// Length.
+    pub len: u32,
+    /// Device-writable.
+    pub write: bool,
+}
+
+/// The fake guest driver.
+pub struct Driver {
+    /// Guest memory.
+    pub mem: GuestMemoryMmap,
+    /// The device under test.
+    pub dev: MmioDevice,
+    /// The interrupt event of the device.
+    pub irq: EventFd,
+    /// Driver-side queues (after [`Driver::setup_queues`]).
+    pub queues: Vec<DriverQueue>,
+    next_alloc: u64,
+}
+
+/// Fresh guest memory for the harness.
+pub fn guest_memory() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).expect("guest memory")
+}
+
+impl Driver {
+    /// Build the device for `cfg` over fresh memory.
+    pub fn new(cfg: &DeviceConfig) -> Result<Driver, VirtioError> {
+        let mem = guest_memory();
+        let dev = MmioDevice::new(cfg, mem.clone())?;
+        let irq = dev.interrupt_event();
+        Ok(Driver {
+            mem,
+            dev,
+            irq,
+            queues: Vec::new(),
+            next_alloc: DATA_BASE,
+        })
+    }
+
+    /// Read a 32-bit register.
+    pub fn read_reg(&mut self, offset: u64) -> u32 {
+        let mut b = [0u8; 4];
+        self.dev.read(offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    /// Write a 32-bit register.
+    pub fn write_reg(&mut self, offset: u64, v: u32) {
+        self.dev.write(offset, &v.to_le_bytes());
+    }
+
+    /// Read `len` bytes of device config space.
+    pub fn read_config(&mut self, offset: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.dev.read(reg::CONFIG + offset, &mut v);
+        v
+    }
+
+    /// The device status register.
+    pub fn status(&mut self) -> u32 {
+        self.read_reg(reg::STATUS)
+    }
+
+    /// The features the device offers.
+    pub fn device_features(&mut self) -> u64 {
+        self.write_reg(reg::DEVICE_FEATURES_SEL, 0);
+        let lo = self.read_reg(reg::DEVICE_FEATURES);
+        self.write_reg(reg::DEVICE_FEATURES_SEL, 1);
+        let hi = self.read_reg(reg::DEVICE_FEATURES);
+        (u64::from(hi) << 32) | u64::from(lo)
+    }
+
+    /// ACKNOWLEDGE, DRIVER, write `features`, FEATURES_OK; returns whether FEATURES_OK stuck.
+    pub fn negotiate(&mut self, features: u64) -> bool {
+        self.write_reg(reg::STATUS, 0);
+        self.write_reg(reg::STATUS, status::ACKNOWLEDGE);
+        self.write_reg(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
+        self.write_reg(reg::DRIVER_FEATURES_SEL, 0);
+        self.write_reg(reg::DRIVER_FEATURES, features as u32);
+        self.write_reg(reg::DRIVER_FEATURES_SEL, 1);
+        self.write_reg(reg::DRIVER_FEATURES, (features >> 32) as u32);
+        self.write_reg(
+            reg::STATUS,
+            status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+        );
+        self.status() & status::FEATURES_OK != 0
+    }
+
+    /// Program queue `i` with `size` entries at the harness's fixed ring addresses.
+    pub fn setup_queue(&mut self, i: u32, size: u16) {
+        let base = RING_BASE + u64::from(i) * RING_STRIDE;
+        let q = DriverQueue {
+            size,
+            desc: base,
+            avail: base + 0x4000,
+            used: base + 0x8000,
+            avail_idx: 0,
+            used_seen: 0,
+            free: (0..size).rev().collect(),
+        };
+        // Zero the rings.
+        let _ = self
+            .mem
+            .write_slice(&vec![0u8; RING_STRIDE as usize], GuestAddress(base));
+        self.write_reg(reg::QUEUE_SEL, i);
+        self.write_reg(reg::QUEUE_NUM, u32::from(size));
+        for (lo, hi, addr) in [
+            (reg::QUEUE_DESC_LOW, reg::QUEUE_DESC_HIGH, q.desc),
+            (reg::QUEUE_AVAIL_LOW, reg::QUEUE_AVAIL_HIGH, q.avail),
+            (reg::QUEUE_USED_LOW, reg::QUEUE_USED_HIGH, q.used),
+        ] {
+            self.write_reg(lo, addr as u32);
+            self.write_reg(hi, (addr >> 32) as u32);
+        }
+        self.write_reg(reg::QUEUE_READY, 1);
+        let idx = i as usize;
+        if self.queues.len() <= idx {
+            self.queues.resize(idx + 1, q.clone());
+        }
+        self.queues[idx] = q;
+    }
+
+    /// Set up every queue at its maximum size.
+    pub fn setup_queues(&mut self) {
+        let mut i = 0;
+        loop {
+            self.write_reg(reg::QUEUE_SEL, i);
+            let max = self.read_reg(reg::QUEUE_NUM_MAX);
+            if max == 0 {
+                break;
+            }
+            self.setup_queue(i, max as u16);
+            i += 1;
+        }
+    }
+
+    /// Set DRIVER_OK.
+    pub fn driver_ok(&mut self) {
+        let s = self.status();
+        self.write_reg(reg::STATUS, s | status::DRIVER_OK);
+    }
+
+    /// The usual bring-up: negotiate `VERSION_1 | extra`, set up all queues, DRIVER_OK.
+    pub fn activate(&mut self, extra: u64) {
+        assert!(
+            self.negotiate((1u64 << VIRTIO_F_VERSION_1) | extra),
+            "FEATURES_OK refused"
+        );
+        self.setup_queues();
+        self.driver_ok();
+        assert!(self.dev.is_active(), "device did not activate");
+    }
+
+    /// Allocate `len` bytes of guest memory (16-byte aligned; never freed).
+    pub fn alloc(&mut self, len: u64) -> u64 {
+        let a = self.next_alloc;
+        self.next_alloc = (a + len + 15) & !15;
+        assert!(
+            self.next_alloc <= MEM_SIZE as u64,
+            "harness out of guest memory"
+        );
+        a
+    }
+
+    /// Write bytes into guest memory.
+    pub fn write_mem(&self, addr: u64, data: &[u8]) {
+        self.mem
+            .write_slice(data, GuestAddress(addr))
+            .expect("write guest memory");
+    }
+
+    /// Read bytes from guest memory.
+    pub fn read_mem(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.mem
+            .read_slice(&mut v, GuestAddress(addr))
+            .expect("read guest memory");
+        v
+    }
+
+    /// Write raw descriptor `idx` of queue `q`.
+    pub fn write_desc(&self, q: usize, idx: u16, seg: Seg, flags: u16, next: u16) {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&seg.addr.to_le_bytes());
+        d[8..12].copy_from_slice(&seg.len.to_le_bytes());
+        let f = flags | if seg.write { F_WRITE } else { 0 };
+        d[12..14].copy_from_slice(&f.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        self.write_mem(self.queues[q].desc + u64::from(idx) * 16, &d);
+    }
+
+    /// Put `head` in the available ring of `q` and publish it (no notify).
+    pub fn push_avail(&mut self, q: usize, head: u16) {
+        let dq = &self.queues[q];
+        let slot = dq.avail + 4 + u64::from(dq.avail_idx % dq.size) * 2;
+        let new_idx = dq.avail_idx.wrapping_add(1);
+        self.write_mem(slot, &head.to_le_bytes());
+        self.set_avail_idx(q, new_idx);
+    }
+
+    /// Overwrite the avail index of `q` (to test a driver that runs ahead).
+    pub fn set_avail_idx(&mut self, q: usize, idx: u16) {
+        self.queues[q].avail_idx = idx;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let a = self.queues[q].avail + 2;
+        self.write_mem(a, &idx.to_le_bytes());
+    }
+
+    /// Lay `segs` out as a chain from free descriptors and publish it; returns the head.
+    pub fn add_chain(&mut self, q: usize, segs: &[Seg]) -> u16 {
+        assert!(
+            !segs.is_empty() && segs.len() <= self.queues[q].free.len(),
+            "no free descriptors"
+        );
+        let idxs: Vec<u16> = (0..segs.len())
+            .map(|_| self.queues[q].free.pop().expect("free"))
+            .collect();
+        for (i, seg) in segs.iter().enumerate() {
+            let (flags, next) = if i + 1 < segs.len() {
+                (F_NEXT, idxs[i + 1])
+            } else {
+                (0, 0)
+            };
+            self.write_desc(q, idxs[i], *seg, flags, next);
+        }
+        self.push_avail(q, idxs[0]);
+        idxs[0]
+    }
+
+    /// Notify queue `q` through the notify register.
+    pub fn notify(&mut self, q: u32) {
+        self.write_reg(reg::QUEUE_NOTIFY, q);
+    }
+
+    /// The next used element of `q` if one is there: (head, len). Reclaims its descriptors.
+    pub fn try_used(&mut self, q: usize) -> Option<(u16, u32)> {
+        let dq = self.queues[q].clone();
+        let mut idx = [0u8; 2];
+        self.mem
+            .read_slice(&mut idx, GuestAddress(dq.used + 2))
+            .ok()?;
+        if u16::from_le_bytes(idx) == dq.used_seen {
+            return None;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let e = self.read_mem(dq.used + 4 + u64::from(dq.used_seen % dq.size) * 8, 8);
+        let head = u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as u16;
+        let len = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        self.queues[q].used_seen = dq.used_seen.wrapping_add(1);
+        // Reclaim the chain's descriptors (bounded walk).
+        let mut i = head;
+        for _ in 0..dq.size {
+            if i >= dq.size {
+                break;
+            }
+            self.queues[q].free.push(i);
+            let d = self.read_mem(dq.desc + u64::from(i) * 16, 16);
+            let flags = u16::from_le_bytes([d[12], d[13]]);
+            if flags & F_NEXT == 0 {
+                break;
+            }
+            i = u16::from_le_bytes([d[14], d[15]]);
+        }
+        Some((head, len))
+    }
+
+    /// Wait (on the irq eventfd) up to `timeout` for a used element of `q`.
+    pub fn wait_used(&mut self, q: usize, timeout: Duration) -> Option<(u16, u32)> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(u) = self.try_used(q) {
+                return Some(u);
+            }
+            let left = end.checked_duration_since(Instant::now())?;
+            if !self.wait_irq(left.min(Duration::from_millis(50))) {
+                continue;
+            }
+        }
+    }
+
+    /// Wait up to `timeout` for the interrupt; acks it. Returns whether it fired.
+    pub fn wait_irq(&mut self, timeout: Duration) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.irq.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `pfd` is a valid pollfd array of length 1 that outlives the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n <= 0 {
+            return false;
+        }
+        let _ = self.irq.read();
+        let st = self.read_reg(reg::INTERRUPT_STATUS);
+        self.write_reg(reg::INTERRUPT_ACK, st);
+        true
+    }
+
+    /// Free descriptors left in queue `q`.
+    pub fn free_descs(&self, q: usize) -> usize {
+        self.queues[q].free.len()
+    }
+}
+
+pub mod vsock_guest;

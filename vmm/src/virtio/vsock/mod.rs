@@ -1,0 +1,81 @@
+//! virtio-vsock with a "hybrid" host side, as Firecracker does it: one Unix socket per VM.
+//!
+//! - Host -> guest: a host client connects to `uds_path`, writes `CONNECT <port>\n` (at most
+//!   32 bytes, within 3 s, or it is dropped), gets `OK <hostport>\n` once the guest's listener on
+//!   `port` accepted, and is then spliced to that guest connection.
+//! - Guest -> host: a guest connection to host port P is connected to the Unix socket
+//!   `<uds_path>_P`; if nothing listens there the guest gets RST.
+//!
+//! [`packet`] parses and validates headers (pure), [`connection`] keeps the per-connection
+//! credit accounting, [`muxer`] is the event handler, [`unix`] the host-socket side.
+//! The listening socket file is removed when the device is dropped.
+
+pub mod connection;
+pub mod muxer;
+pub mod packet;
+pub mod timers;
+pub mod unix;
+
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+use super::worker::Handler;
+use super::{VirtioDevice, VirtioError, device_id, read_config_bytes};
+
+const QUEUE_SIZES: &[u16] = &[256, 256, 256];
+
+/// The vsock device model.
+pub struct Vsock {
+    guest_cid: u64,
+    uds_path: PathBuf,
+    listener: UnixListener,
+    config: [u8; 8],
+}
+
+impl Vsock {
+    /// Bind `uds_path` for guest `guest_cid` (3 and up).
+    pub fn new(guest_cid: u64, uds_path: &Path) -> Result<Self, VirtioError> {
+        if guest_cid < 3 || guest_cid > u64::from(u32::MAX) {
+            return Err(VirtioError::InvalidCid(guest_cid));
+        }
+        let listener = unix::bind(uds_path)?;
+        Ok(Vsock {
+            guest_cid,
+            uds_path: uds_path.to_path_buf(),
+            listener,
+            config: guest_cid.to_le_bytes(),
+        })
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        device_id::VSOCK
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        QUEUE_SIZES
+    }
+    fn features(&self) -> u64 {
+        0
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+    fn activate(&mut self, _acked: u64) -> Result<Box<dyn Handler>, VirtioError> {
+        let listener = self
+            .listener
+            .try_clone()
+            .map_err(VirtioError::os("vsock listener handle"))?;
+        Ok(Box::new(muxer::Muxer::new(
+            self.guest_cid,
+            self.uds_path.clone(),
+            listener,
+        )))
+    }
+}
+
+impl Drop for Vsock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.uds_path);
+    }
+}

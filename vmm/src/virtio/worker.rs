@@ -1,0 +1,248 @@
+//! The per-device worker thread: an epoll loop over the queue-notify events, a stop event, a
+//! request event and the handler's own file descriptors. It sleeps in `epoll_wait` until
+//! something happens or until the handler's next deadline; it never polls.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use virtio_queue::Queue;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use super::{GuestMemoryMmap, VirtioError};
+
+/// Interrupt status bit: a used buffer was added.
+pub const INT_VRING: u32 = 1;
+/// Interrupt status bit: the configuration (or the device status) changed.
+pub const INT_CONFIG: u32 = 2;
+
+/// Token of the stop event.
+const TOKEN_STOP: u64 = u64::MAX;
+/// Token of the request event (e.g. vsock transport reset).
+const TOKEN_REQUEST: u64 = u64::MAX - 1;
+/// Tokens at or above this value (and below the two above) belong to the handler.
+pub const HANDLER_TOKEN_BASE: u64 = 1 << 32;
+
+/// The interrupt line of a device: the interrupt status register plus the irqfd.
+pub struct Interrupt {
+    status: AtomicU32,
+    needs_reset: AtomicBool,
+    evt: EventFd,
+}
+
+impl Interrupt {
+    pub(crate) fn new() -> Result<Self, VirtioError> {
+        Ok(Interrupt {
+            status: AtomicU32::new(0),
+            needs_reset: AtomicBool::new(false),
+            evt: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("irq eventfd"))?,
+        })
+    }
+
+    /// Set `bits` in the interrupt status and raise the interrupt.
+    pub fn raise(&self, bits: u32) {
+        self.status.fetch_or(bits, Ordering::SeqCst);
+        if let Err(e) = self.evt.write(1) {
+            tracing::warn!("virtio: cannot signal irqfd: {e}");
+        }
+    }
+
+    /// Signal that used buffers were added.
+    pub fn signal_used(&self) {
+        self.raise(INT_VRING);
+    }
+
+    /// Enter DEVICE_NEEDS_RESET (the guest drove the device wrongly) and tell the driver.
+    pub fn set_needs_reset(&self) {
+        if !self.needs_reset.swap(true, Ordering::SeqCst) {
+            tracing::warn!("virtio: device needs reset (invalid guest input)");
+            self.raise(INT_CONFIG);
+        }
+    }
+
+    pub(crate) fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn status(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::SeqCst);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.status.store(0, Ordering::SeqCst);
+        self.needs_reset.store(false, Ordering::SeqCst);
+    }
+
+    pub(crate) fn event(&self) -> &EventFd {
+        &self.evt
+    }
+}
+
+/// What a handler gets to work with.
+pub struct Ctx<'a> {
+    /// Guest memory.
+    pub mem: &'a GuestMemoryMmap,
+    /// The device's queues, configured and validated by the transport.
+    pub queues: &'a mut [Queue],
+    /// The interrupt line.
+    pub irq: &'a Interrupt,
+    /// The worker's epoll set, for the handler's own descriptors (tokens from
+    /// [`HANDLER_TOKEN_BASE`]).
+    pub epoll: &'a Epoll,
+}
+
+impl Ctx<'_> {
+    /// Add, modify or remove a handler descriptor in the epoll set.
+    pub fn epoll_ctl(&self, op: ControlOperation, fd: RawFd, events: EventSet, token: u64) {
+        if let Err(e) = self.epoll.ctl(op, fd, EpollEvent::new(events, token)) {
+            tracing::debug!("virtio: epoll_ctl failed: {e}");
+        }
+    }
+}
+
+/// The event-handling side of an activated device.
+pub trait Handler: Send {
+    /// Called once in the worker thread before the loop starts.
+    fn start(&mut self, _ctx: &mut Ctx<'_>) {}
+    /// The driver notified queue `index`.
+    fn queue_notify(&mut self, index: usize, ctx: &mut Ctx<'_>);
+    /// A handler descriptor is ready.
+    fn fd_event(&mut self, _token: u64, _events: EventSet, _ctx: &mut Ctx<'_>) {}
+    /// The earliest deadline at which [`Handler::timeout`] must run.
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+    /// A deadline passed.
+    fn timeout(&mut self, _ctx: &mut Ctx<'_>) {}
+    /// The VMM asked for a device-specific action (vsock: transport reset event).
+    fn request(&mut self, _ctx: &mut Ctx<'_>) {}
+}
+
+/// A running worker thread.
+pub(crate) struct Worker {
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Everything a worker thread owns.
+pub(crate) struct WorkerSetup {
+    pub mem: GuestMemoryMmap,
+    pub queues: Vec<Queue>,
+    pub notify: Vec<EventFd>,
+    pub request: EventFd,
+    pub irq: Arc<Interrupt>,
+    pub handler: Box<dyn Handler>,
+}
+
+impl Worker {
+    pub(crate) fn spawn(setup: WorkerSetup, name: String) -> Result<Worker, VirtioError> {
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("stop eventfd"))?;
+        let epoll = Epoll::new().map_err(VirtioError::os("epoll"))?;
+        let add = |fd: RawFd, token: u64| {
+            epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, token),
+                )
+                .map_err(VirtioError::os("epoll registration"))
+        };
+        for (i, evt) in setup.notify.iter().enumerate() {
+            add(evt.as_raw_fd(), i as u64)?;
+        }
+        add(stop.as_raw_fd(), TOKEN_STOP)?;
+        add(setup.request.as_raw_fd(), TOKEN_REQUEST)?;
+        let thread_stop = stop.try_clone().map_err(VirtioError::os("stop eventfd"))?;
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || run(setup, epoll, thread_stop))
+            .map_err(VirtioError::os("worker thread"))?;
+        Ok(Worker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stop the thread and wait for it.
+    pub(crate) fn stop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("virtio: worker thread panicked");
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(mut s: WorkerSetup, epoll: Epoll, stop: EventFd) {
+    let mut events = vec![EpollEvent::default(); 64];
+    {
+        let mut ctx = Ctx {
+            mem: &s.mem,
+            queues: &mut s.queues,
+            irq: &s.irq,
+            epoll: &epoll,
+        };
+        s.handler.start(&mut ctx);
+    }
+    loop {
+        let timeout_ms = match s.handler.deadline() {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                // Round up so a deadline is never polled early in a tight loop.
+                i32::try_from(left.as_millis().saturating_add(1)).unwrap_or(i32::MAX)
+            }
+        };
+        let n = match epoll.wait(timeout_ms, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::error!("virtio: epoll_wait failed: {e}; worker exits");
+                return;
+            }
+        };
+        let mut ctx = Ctx {
+            mem: &s.mem,
+            queues: &mut s.queues,
+            irq: &s.irq,
+            epoll: &epoll,
+        };
+        for ev in &events[..n] {
+            match ev.data() {
+                TOKEN_STOP => {
+                    let _ = stop.read();
+                    return;
+                }
+                TOKEN_REQUEST => {
+                    let _ = s.request.read();
+                    s.handler.request(&mut ctx);
+                }
+                t if t < HANDLER_TOKEN_BASE => {
+                    let i = t as usize;
+                    if let Some(evt) = s.notify.get(i) {
+                        let _ = evt.read();
+                    }
+                    s.handler.queue_notify(i, &mut ctx);
+                }
+                t => s.handler.fd_event(t, ev.event_set(), &mut ctx),
+            }
+        }
+        if s.handler.deadline().is_some_and(|d| d <= Instant::now()) {
+            s.handler.timeout(&mut ctx);
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! [`Vm`]: build a VM from a [`VmConfig`]; [`RunningVm`]: its vCPU threads and lifecycle.
+//!
+//! `Vm::create` does all fallible setup (KVM VM, irqchip, PIT, memory, kernel, devices, vCPUs)
+//! without running anything; `Vm::start` spawns one thread per vCPU. The VM ends when the guest
+//! resets (i8042), a vCPU faults, or the host calls [`RunningVm::stop`]; [`RunningVm::wait`]
+//! joins every thread and then drops the VM (memory, KVM fds, device workers).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
+use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::boot::{self, BootInput};
+use crate::bus::{Bus, BusError, SharedDevice};
+use crate::config::{CpuProfile, VmConfig, build_cmdline};
+use crate::control::{Control, GuestFault, Outcome, install_kick_handler};
+use crate::exit::VmExit;
+use crate::i8042::{I8042, I8042_BASE, I8042_LEN};
+use crate::layout::{
+    IDENTITY_MAP_ADDR, MAX_GSI, MemoryLayout, TSS_ADDR, VIRTIO_GSI_BASE, VIRTIO_MMIO_SIZE,
+    virtio_mmio_base,
+};
+use crate::legacy::{ABSORBED_PORTS, Sink};
+use crate::memory::{self, GuestMemoryMmap};
+use crate::serial::{COM1_IRQ, COM1_PORT, ConsoleRing, Serial, SharedConsole};
+use crate::vcpu::{self, VcpuSetup, VcpuThread};
+use crate::virtio::{MmioDevice, VirtioError};
+
+/// Offset of QueueNotify in a virtio-mmio window.
+const VIRTIO_MMIO_QUEUE_NOTIFY: u64 = 0x50;
+
+/// Errors of creating or running a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// Invalid configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A KVM system or VM ioctl failed.
+    #[error("{what} failed")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// Memory layout.
+    #[error(transparent)]
+    Layout(#[from] crate::layout::LayoutError),
+    /// Guest memory.
+    #[error(transparent)]
+    Memory(#[from] memory::MemoryError),
+    /// Kernel loading / boot structures.
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    /// vCPU setup.
+    #[error(transparent)]
+    Vcpu(#[from] vcpu::VcpuError),
+    /// Device placement.
+    #[error("cannot place device")]
+    Bus(#[source] BusError),
+    /// A virtio device.
+    #[error("cannot create virtio device {index}")]
+    Virtio {
+        /// Device index.
+        index: usize,
+        /// Cause.
+        #[source]
+        source: VirtioError,
+    },
+    /// Host resource (eventfd, signal handler, thread).
+    #[error("{what} failed")]
+    Host {
+        /// The operation.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The guest stopped on an exit it cannot continue from.
+    #[error(transparent)]
+    Guest(#[from] GuestFault),
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Kvm { what, source }
+}
+
+fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> VmmError {
+    move |source| VmmError::Host { what, source }
+}
+
+static VM_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A created, not yet running VM.
+pub struct Vm {
+    seq: u64,
+    // Field order is drop order: vCPUs and devices before the VM fd, memory last.
+    vcpus: Vec<VcpuFd>,
+    virtio: Vec<Arc<Mutex<MmioDevice>>>,
+    pio: Bus,
+    mmio: Bus,
+    console: SharedConsole,
+    control: Arc<Control>,
+    _irq_events: Vec<EventFd>,
+    _vm: VmFd,
+    _kvm: Kvm,
+    mem: GuestMemoryMmap,
+    cmdline: String,
+}
+
+impl std::fmt::Debug for Vm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm")
+            .field("seq", &self.seq)
+            .field("vcpus", &self.vcpus.len())
+            .finish()
+    }
+}
+
+impl Vm {
+    /// Create the VM: memory, kernel, boot structures, devices and vCPUs.
+    pub fn create(mut cfg: VmConfig) -> Result<Vm, VmmError> {
+        if cfg.vcpus == 0 || cfg.vcpus > boot::mptable::MAX_CPUS {
+            return Err(VmmError::Config(format!(
+                "vcpus must be 1..={}, got {}",
+                boot::mptable::MAX_CPUS,
+                cfg.vcpus
+            )));
+        }
+        let max_devices = (MAX_GSI - VIRTIO_GSI_BASE + 1) as usize;
+        if cfg.devices.len() > max_devices {
+            return Err(VmmError::Config(format!(
+                "at most {max_devices} virtio devices, got {}",
+                cfg.devices.len()
+            )));
+        }
+        install_kick_handler().map_err(|e| VmmError::Host {
+            what: "installing the vCPU kick handler",
+            source: e.into(),
+        })?;
+        let layout = MemoryLayout::new(cfg.mem_mib)?;
+        let profile = cfg.cpu_profile.resolve();
+
+        let kvm = Kvm::new().map_err(kvm_err("opening /dev/kvm"))?;
+        let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+        vm.set_tss_address(TSS_ADDR as usize)
+            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+        vm.set_identity_map_address(IDENTITY_MAP_ADDR)
+            .map_err(kvm_err("KVM_SET_IDENTITY_MAP_ADDR"))?;
+        vm.create_irq_chip()
+            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+
+        let mem = memory::allocate(&layout)?;
+        memory::register(&vm, &mem)?;
+
+        let cmdline = build_cmdline(profile, cfg.devices.len(), &cfg.cmdline);
+        let kernel = boot::prepare(
+            &mem,
+            &BootInput {
+                layout: &layout,
+                kernel: &cfg.kernel,
+                format: cfg.kernel_format,
+                initrd: cfg.initrd.as_deref(),
+                cmdline: &cmdline,
+                vcpus: cfg.vcpus,
+            },
+        )?;
+
+        let control = Arc::new(Control::new(usize::from(cfg.vcpus)));
+        let console: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(cfg.console.ring_bytes)));
+        let mut irq_events = Vec::new();
+        let mut pio = Bus::new();
+        let mut mmio = Bus::new();
+
+        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("eventfd"))?;
+        vm.register_irqfd(&serial_irq, COM1_IRQ)
+            .map_err(kvm_err("KVM_IRQFD (serial)"))?;
+        let serial_trigger = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
+        irq_events.push(serial_irq);
+        let serial = Serial::new(
+            console.clone(),
+            cfg.console.sink.take(),
+            Some(serial_trigger),
+        );
+        pio.insert(Arc::new(Mutex::new(serial)), COM1_PORT, 8)
+            .map_err(VmmError::Bus)?;
+
+        let reset_control = control.clone();
+        let i8042 = I8042::new(Arc::new(move || {
+            reset_control.request_stop(Ok(VmExit::Reset))
+        }));
+        pio.insert(Arc::new(Mutex::new(i8042)), I8042_BASE, I8042_LEN)
+            .map_err(VmmError::Bus)?;
+        for (base, len, value) in ABSORBED_PORTS {
+            pio.insert(Arc::new(Mutex::new(Sink(*value))), *base, *len)
+                .map_err(VmmError::Bus)?;
+        }
+
+        let mut virtio = Vec::new();
+        for (index, dev_cfg) in cfg.devices.iter().enumerate() {
+            let dev = MmioDevice::new(dev_cfg, mem.clone())
+                .map_err(|source| VmmError::Virtio { index, source })?;
+            let base = virtio_mmio_base(index);
+            for (queue, evt) in dev.queue_notify_events() {
+                vm.register_ioevent(
+                    &evt,
+                    &IoEventAddress::Mmio(base + VIRTIO_MMIO_QUEUE_NOTIFY),
+                    queue,
+                )
+                .map_err(kvm_err("KVM_IOEVENTFD"))?;
+                irq_events.push(evt);
+            }
+            let irq = dev.interrupt_event();
+            vm.register_irqfd(&irq, VIRTIO_GSI_BASE + index as u32)
+                .map_err(kvm_err("KVM_IRQFD (virtio)"))?;
+            irq_events.push(irq);
+            let dev = Arc::new(Mutex::new(dev));
+            mmio.insert(dev.clone(), base, VIRTIO_MMIO_SIZE)
+                .map_err(VmmError::Bus)?;
+            virtio.push(dev);
+        }
+
+        let supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let setup = VcpuSetup {
+            supported_cpuid: &supported,
+            vcpus: cfg.vcpus,
+            baseline: profile == CpuProfile::Baseline,
+            kernel: &kernel,
+        };
+        let mut vcpus = Vec::with_capacity(usize::from(cfg.vcpus));
+        for index in 0..cfg.vcpus {
+            let fd = vm
+                .create_vcpu(u64::from(index))
+                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+            vcpu::configure(&fd, index, &setup)?;
+            vcpus.push(fd);
+        }
+        Ok(Vm {
+            seq: VM_SEQ.fetch_add(1, Ordering::Relaxed),
+            vcpus,
+            virtio,
+            pio,
+            mmio,
+            console,
+            control,
+            _irq_events: irq_events,
+            _vm: vm,
+            _kvm: kvm,
+            mem,
+            cmdline,
+        })
+    }
+
+    /// Add a port I/O device (e.g. a test probe) before starting.
+    pub fn add_pio_device(
+        &mut self,
+        device: SharedDevice,
+        base: u64,
+        len: u64,
+    ) -> Result<(), VmmError> {
+        self.pio.insert(device, base, len).map_err(VmmError::Bus)
+    }
+
+    /// Add an MMIO device (outside guest RAM) before starting.
+    pub fn add_mmio_device(
+        &mut self,
+        device: SharedDevice,
+        base: u64,
+        len: u64,
+    ) -> Result<(), VmmError> {
+        self.mmio.insert(device, base, len).map_err(VmmError::Bus)
+    }
+
+    /// Guest memory (shared with the VM; reads see what the guest wrote).
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    /// The full kernel command line passed to the guest.
+    pub fn cmdline(&self) -> &str {
+        &self.cmdline
+    }
+
+    /// Names the vCPU threads will carry (unique per VM in this process).
+    pub fn vcpu_thread_names(&self) -> Vec<String> {
+        self.vcpu_thread_names_for(self.vcpus.len())
+    }
+
+    fn vcpu_thread_names_for(&self, n: usize) -> Vec<String> {
+        (0..n).map(|i| thread_name(self.seq, i)).collect()
+    }
+
+    /// Spawn the vCPU threads.
+    pub fn start(mut self) -> Result<RunningVm, VmmError> {
+        let pio = Arc::new(std::mem::take(&mut self.pio));
+        let mmio = Arc::new(std::mem::take(&mut self.mmio));
+        let names = self.vcpu_thread_names();
+        let mut threads = Vec::with_capacity(self.vcpus.len());
+        for (index, fd) in std::mem::take(&mut self.vcpus).into_iter().enumerate() {
+            let t = VcpuThread {
+                index: index as u8,
+                fd,
+                pio: pio.clone(),
+                mmio: mmio.clone(),
+                control: self.control.clone(),
+            };
+            self.control.add_live();
+            let spawned = std::thread::Builder::new()
+                .name(names[index].clone())
+                .spawn(move || t.run());
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    // The closure (and its vCPU) was dropped; account for it and stop the rest.
+                    self.control.thread_done(index);
+                    let running = RunningVm {
+                        vm: Some(self),
+                        threads,
+                    };
+                    running.stop();
+                    drop(running);
+                    return Err(VmmError::Host {
+                        what: "spawning a vCPU thread",
+                        source: e,
+                    });
+                }
+            }
+        }
+        Ok(RunningVm {
+            vm: Some(self),
+            threads,
+        })
+    }
+}
+
+fn thread_name(seq: u64, index: usize) -> String {
+    format!("vm{seq}-vcpu{index}")
+}
+
+/// A VM whose vCPUs are running.
+pub struct RunningVm {
+    vm: Option<Vm>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RunningVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningVm")
+            .field("threads", &self.threads.len())
+            .finish()
+    }
+}
+
+impl RunningVm {
+    fn control(&self) -> Option<&Arc<Control>> {
+        self.vm.as_ref().map(|v| &v.control)
+    }
+
+    /// Ask every vCPU to stop (returns at once; use [`Self::wait`] to join).
+    pub fn stop(&self) {
+        if let Some(c) = self.control() {
+            c.request_stop(Ok(VmExit::Stopped));
+        }
+    }
+
+    /// Whether every vCPU thread has finished.
+    pub fn is_finished(&self) -> bool {
+        self.control().is_none_or(|c| c.is_finished())
+    }
+
+    /// Wait up to `timeout` for the VM to end; `None` if it is still running.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Outcome> {
+        self.control()?.wait_timeout(timeout)
+    }
+
+    /// Snapshot of the console ring.
+    pub fn console(&self) -> String {
+        self.vm
+            .as_ref()
+            .map(|v| {
+                v.console
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .snapshot()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Names of the vCPU threads (see [`Vm::vcpu_thread_names`]); empty once waited for.
+    pub fn vcpu_thread_names(&self) -> Vec<String> {
+        self.vm.as_ref().map(|v| v.vcpu_thread_names_for(self.threads.len())).unwrap_or_default()
+    }
+
+    /// Guest memory.
+    pub fn memory(&self) -> Option<&GuestMemoryMmap> {
+        self.vm.as_ref().map(|v| &v.mem)
+    }
+
+    /// Wait for the VM to end, join every vCPU thread and release the VM.
+    pub fn wait(mut self) -> Result<VmExit, VmmError> {
+        let outcome = self.join_all();
+        outcome.map_err(VmmError::Guest)
+    }
+
+    fn join_all(&mut self) -> Outcome {
+        let Some(vm) = self.vm.as_ref() else {
+            return Ok(VmExit::Stopped);
+        };
+        let control = vm.control.clone();
+        let outcome = loop {
+            if let Some(o) = control.wait_timeout(Duration::from_secs(1)) {
+                break o;
+            }
+        };
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a vCPU thread panicked");
+            }
+        }
+        if let Some(vm) = self.vm.take() {
+            for dev in &vm.virtio {
+                dev.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
+            }
+            drop(vm);
+        }
+        outcome
+    }
+}
+
+impl Drop for RunningVm {
+    fn drop(&mut self) {
+        if self.vm.is_some() {
+            self.stop();
+            let _ = self.join_all();
+        }
+    }
+}

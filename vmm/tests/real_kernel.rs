@@ -1,0 +1,223 @@
+//! Boots the project's guest kernel (`<images dir>/current/vmlinux`) under KVM.
+//!
+//! The fast test checks the banner, our command line and the e820 memory cap within 30 s, then
+//! stops the VM and checks every vCPU thread is gone. The `#[ignore]`d slow tier boots a bzImage
+//! to its banner and a vmlinux with the baseline profile (plus virtio-blk and virtio-vsock) to
+//! `/init`; on this PVM host guest kernel code is interpreted, so these take minutes.
+
+mod tiny_harness;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tiny_harness::{skip, skip_without_kvm};
+use vmm::virtio::DeviceConfig;
+use vmm::{ConsoleConfig, CpuProfile, RunningVm, Vm, VmConfig, VmExit};
+
+fn images_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("VM_IMAGES_DIR") {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+        });
+    cache.join("vm/images")
+}
+
+/// The image file, or None after printing the skip line.
+fn image(test: &str, file: &str) -> Option<PathBuf> {
+    if skip_without_kvm(test) {
+        return None;
+    }
+    let p = images_dir().join("current").join(file);
+    if p.is_file() {
+        Some(p)
+    } else {
+        skip(
+            test,
+            &format!(
+                "{} is absent (build images with images/build.sh)",
+                p.display()
+            ),
+        );
+        None
+    }
+}
+
+fn wait_console(vm: &RunningVm, timeout: Duration, what: &[&str]) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        let c = vm.console();
+        if what.iter().all(|w| c.contains(w)) {
+            return true;
+        }
+        if Instant::now() >= end || vm.is_finished() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn live_threads(names: &[String]) -> Vec<String> {
+    let mut live = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for t in dir.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if names
+                .iter()
+                .any(|n| n.starts_with(comm.trim()) && !comm.trim().is_empty())
+            {
+                live.push(comm.trim().to_string());
+            }
+        }
+    }
+    live
+}
+
+/// Sum of the `usable` ranges of the kernel's `BIOS-e820:` lines.
+fn e820_usable(console: &str) -> u64 {
+    console
+        .lines()
+        .filter(|l| l.contains("BIOS-e820: [mem ") && l.trim_end().ends_with("usable"))
+        .filter_map(|l| {
+            let r = l.split("[mem ").nth(1)?.split(']').next()?;
+            let (a, b) = r.split_once('-')?;
+            let a = u64::from_str_radix(a.trim_start_matches("0x"), 16).ok()?;
+            let b = u64::from_str_radix(b.trim_start_matches("0x"), 16).ok()?;
+            Some(b + 1 - a)
+        })
+        .sum()
+}
+
+#[test]
+fn vmlinux_prints_banner_and_cmdline_then_stops_cleanly() {
+    let test = "vmlinux_prints_banner_and_cmdline_then_stops_cleanly";
+    let Some(kernel) = image(test, "vmlinux") else {
+        return;
+    };
+    let marker = format!("vmm.test.marker={}", std::process::id());
+    let cfg = VmConfig {
+        mem_mib: 64,
+        vcpus: 1,
+        kernel,
+        cmdline: marker.clone(),
+        console: ConsoleConfig {
+            ring_bytes: 1 << 20,
+            sink: None,
+        },
+        ..VmConfig::default()
+    };
+    let vm = Vm::create(cfg).unwrap();
+    assert!(vm.cmdline().contains(&marker));
+    let names = vm.vcpu_thread_names();
+    let running = vm.start().unwrap();
+    let seen = wait_console(
+        &running,
+        Duration::from_secs(30),
+        &["Linux version 6.12", &marker, "BIOS-e820"],
+    );
+    // Give the remaining e820 lines a moment to be printed.
+    std::thread::sleep(Duration::from_millis(500));
+    let console = running.console();
+    assert!(
+        seen,
+        "banner/cmdline not seen within 30 s; console:\n{console}"
+    );
+    assert!(!live_threads(&names).is_empty(), "vCPU thread running");
+    // Memory cap: the kernel sees exactly 64 MiB minus the EBDA/legacy hole as usable RAM.
+    assert_eq!(
+        e820_usable(&console),
+        (64 << 20) - (0x10_0000 - 0x9_fc00),
+        "console:\n{console}"
+    );
+    running.stop();
+    assert_eq!(running.wait().unwrap(), VmExit::Stopped);
+    assert_eq!(
+        live_threads(&names),
+        Vec::<String>::new(),
+        "every vCPU thread joined"
+    );
+}
+
+#[test]
+#[ignore = "slow: the bzImage decompressor runs interpreted on PVM (minutes)"]
+fn slow_bzimage_boots_to_banner() {
+    let test = "slow_bzimage_boots_to_banner";
+    let Some(kernel) = image(test, "bzImage") else {
+        return;
+    };
+    let cfg = VmConfig {
+        mem_mib: 128,
+        kernel,
+        ..VmConfig::default()
+    };
+    let running = Vm::create(cfg).unwrap().start().unwrap();
+    let seen = wait_console(&running, Duration::from_secs(900), &["Linux version 6.12"]);
+    let console = running.console();
+    running.stop();
+    let outcome = running.wait();
+    assert!(seen, "no banner; outcome {outcome:?}; console:\n{console}");
+}
+
+#[test]
+#[ignore = "slow: interpreted guest kernel boot to /init takes ~2 minutes on PVM"]
+fn slow_vmlinux_baseline_boots_to_init_with_virtio_devices() {
+    let test = "slow_vmlinux_baseline_boots_to_init_with_virtio_devices";
+    let Some(kernel) = image(test, "vmlinux") else {
+        return;
+    };
+    let Some(initrd) = image(test, "initramfs.cpio") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
+    let cfg = VmConfig {
+        mem_mib: 256,
+        kernel,
+        initrd: Some(initrd),
+        cpu_profile: CpuProfile::Baseline,
+        devices: vec![
+            DeviceConfig::Block {
+                path: disk,
+                read_only: true,
+                id: "testdisk".into(),
+            },
+            DeviceConfig::Vsock {
+                guest_cid: 3,
+                uds_path: dir.path().join("vsock.sock"),
+            },
+        ],
+        console: ConsoleConfig {
+            ring_bytes: 1 << 20,
+            sink: None,
+        },
+        ..VmConfig::default()
+    };
+    let running = Vm::create(cfg).unwrap().start().unwrap();
+    let seen = wait_console(
+        &running,
+        Duration::from_secs(600),
+        &[
+            "Run /init as init process",
+            "virtio_blk virtio0: [vda]",
+            "NET: Registered PF_VSOCK protocol family",
+        ],
+    );
+    let console = running.console();
+    let early = running.wait_timeout(Duration::ZERO);
+    running.stop();
+    let outcome = running.wait();
+    assert!(seen, "outcome {outcome:?}; console:\n{console}");
+    let before_init = console
+        .split("Run /init as init process")
+        .next()
+        .unwrap_or_default();
+    assert!(!before_init.contains("INTERNAL_ERROR") && !before_init.contains("internal error"));
+    assert!(
+        !matches!(early, Some(Err(_))),
+        "vCPU fault before /init: {early:?}"
+    );
+}
