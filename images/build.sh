@@ -101,7 +101,7 @@ kdir=$images_dir/kernels/$khash
 if ((force)) || [[ ! -f $kdir/kernel.info ]]; then
     new_tmp
     log=$images_dir/logs/kernel-$khash.log
-    estimate=$(cat "$images_dir/kernels/.objects" 2>/dev/null || echo 1400)
+    estimate=$(cat "$images_dir/kernels/.objects" 2>/dev/null || echo 1100)
     say "building kernel $khash (~4 min on 2 cores)"
     VM_KERNEL_OBJECTS_ESTIMATE=$estimate \
         "$images_src/kernel/build-kernel.sh" "$tmp/out" "$tmp/work" "$log"

@@ -115,7 +115,7 @@ pub struct CmdOpts {
     /// Pass this variable even though its name or value looks like a secret
     #[arg(long = "env-allow", value_name = "NAME")]
     pub env_allow: Vec<String>,
-    /// Working directory of the command in the guest
+    /// Working directory of the command in the guest (booted VM: the guest root /work or under it)
     #[arg(short = 'w', long = "workdir", value_name = "DIR")]
     pub workdir: Option<String>,
 }

@@ -135,7 +135,7 @@ pub fn classify_library_error(e: &(dyn std::error::Error + 'static)) -> Option<u
             // Transparent variants hide the inner error from the cause chain: map it here.
             SandboxError::Select(inner) => return classify_library_error(inner),
             SandboxError::Path(_) | SandboxError::Glob(_) => return Some(exit::USAGE),
-            SandboxError::Unsupported(_) => return Some(exit::REFUSED),
+            SandboxError::Unsupported(_) => return Some(exit::FAILED),
             SandboxError::Machine { source, .. } => return classify_library_error(source),
             _ => {}
         }

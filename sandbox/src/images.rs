@@ -1,6 +1,8 @@
 //! The guest image cache built by `images/build.sh`:
 //! `<images dir>/<hash>/{vmlinux,bzImage,initramfs.cpio,config,manifest.json}` plus a
-//! `current` symlink to the default `<hash>`. The images dir is `$VM_IMAGES_DIR`, else
+//! `current` symlink to the default `<hash>`. Only hex-named directories are image sets;
+//! the build's own caches beside them (`kernels/`, `logs/`, `agent-target/`) are never
+//! listed or pruned. The images dir is `$VM_IMAGES_DIR`, else
 //! `$XDG_CACHE_HOME/vm/images`, else `$HOME/.cache/vm/images`.
 
 use std::fs;
@@ -95,10 +97,13 @@ pub fn list_in(dir: &Path) -> Result<Vec<ImageEntry>, ImageError> {
     for entry in rd {
         let entry = entry.map_err(io_err("reading", dir))?;
         let ft = entry.file_type().map_err(io_err("stat", &entry.path()))?;
-        if !ft.is_dir() {
-            continue; // `current` (a symlink), stray files
-        }
         let hash = entry.file_name().to_string_lossy().into_owned();
+        // Image sets are named by their hex build hash; `kernels/`, `logs/`,
+        // `agent-target/` (build caches) and dot-named in-progress dirs are not image sets.
+        let is_hash = !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_hexdigit());
+        if !ft.is_dir() || !is_hash {
+            continue;
+        }
         let mut bytes = 0u64;
         for f in fs::read_dir(entry.path()).map_err(io_err("reading", &entry.path()))? {
             let f = f.map_err(io_err("reading", &entry.path()))?;
@@ -175,6 +180,9 @@ mod tests {
 
         make_set(dir, "aaa");
         make_set(dir, "bbb");
+        for cache in ["kernels/0123", "logs", "agent-target", ".tmp-cafe"] {
+            fs::create_dir_all(dir.join(cache)).unwrap();
+        }
         std::os::unix::fs::symlink("bbb", dir.join("current")).unwrap();
         let paths = images_in(&dir.join("current")).unwrap();
         assert!(paths.vmlinux.ends_with("current/vmlinux"));
@@ -200,6 +208,9 @@ mod tests {
         assert!(!dir.join("aaa").exists() && dir.join("bbb").exists());
         prune_in(dir, false).unwrap();
         assert!(list_in(dir).unwrap().is_empty());
+        for cache in ["kernels/0123", "logs", "agent-target", ".tmp-cafe"] {
+            assert!(dir.join(cache).is_dir(), "{cache} was pruned");
+        }
         assert!(fs::symlink_metadata(dir.join("current")).is_err());
     }
 }

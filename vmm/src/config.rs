@@ -18,7 +18,7 @@ pub enum CpuProfile {
     Auto,
     /// Everything KVM supports.
     Host,
-    /// Hides XSAVE, AVX*, BMI*, POPCNT, FSGSBASE, SMAP/SMEP, ERMS/FSRM, RDRAND/RDSEED, MOVBE,
+    /// Hides CX16 (cmpxchg16b), XSAVE, AVX*, BMI*, POPCNT, FSGSBASE, SMAP/SMEP, ERMS/FSRM, RDRAND/RDSEED, MOVBE,
     /// PCID/INVPCID, UMIP, RDPID and ABM, which KVM's emulator on a PVM host cannot execute at
     /// CPL0; the command line also gets `noxsave clearcpuid=...` and calibration shortcuts.
     Baseline,
@@ -165,7 +165,7 @@ mod tests {
     fn cmdline_for_baseline_profile() {
         let c = build_cmdline(CpuProfile::Baseline, 0, "");
         assert!(c.starts_with(DEFAULT_CMDLINE));
-        assert!(c.contains(" noxsave clearcpuid=pcid,movbe,popcnt,avx,rdrand,fsgsbase,bmi1,avx2,smep,bmi2,erms,invpcid,rdseed,smap,umip,rdpid,fsrm,abm "));
+        assert!(c.contains(" noxsave clearcpuid=cx16,pcid,movbe,popcnt,avx,rdrand,fsgsbase,bmi1,avx2,smep,bmi2,erms,invpcid,rdseed,smap,umip,rdpid,fsrm,abm "));
         assert!(c.ends_with("mitigations=off lpj=1000000 tsc=reliable no_timer_check"));
     }
 

@@ -18,7 +18,7 @@ stage=$work/stage
 mkdir -p "$stage"/{bin,dev,proc,sys,tmp,mnt,run}
 cp "$agent" "$stage/init"
 cp "$(command -v busybox)" "$stage/bin/busybox"
-for a in $("$stage/bin/busybox" --list); do ln -sf busybox "$stage/bin/$a"; done
+for a in $("$stage/bin/busybox" --list); do [[ $a == busybox ]] || ln -sf busybox "$stage/bin/$a"; done
 mknod -m 600 "$stage/dev/console" c 5 1
 (cd "$stage" && find . | cpio -o -H newc --quiet) >"$work/initrd.cpio"
 
