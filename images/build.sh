@@ -70,9 +70,23 @@ if ! flock -n 9; then
     flock 9
 fi
 rm -rf "$images_dir"/.tmp.*
-tmp=
-cleanup() { [[ -z $tmp ]] || rm -rf "$tmp"; }
+tmp= kernel_pid=
+cleanup() {
+    # Stop a running kernel build first (its whole process group: make and
+    # the compilers), then drop the half-built temp dir.
+    if [[ -n $kernel_pid ]]; then
+        kill -TERM -- "-$kernel_pid" 2>/dev/null || true
+        for _ in {1..50}; do
+            kill -0 -- "-$kernel_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        wait "$kernel_pid" 2>/dev/null || true
+    fi
+    [[ -z $tmp ]] || rm -rf "$tmp" 2>/dev/null || true
+}
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
 new_tmp() { tmp=$(mktemp -d "$images_dir/.tmp.XXXXXX"); }
 
 # --- host packages ----------------------------------------------------------
@@ -103,8 +117,13 @@ if ((force)) || [[ ! -f $kdir/kernel.info ]]; then
     log=$images_dir/logs/kernel-$khash.log
     estimate=$(cat "$images_dir/kernels/.objects" 2>/dev/null || echo 1100)
     say "building kernel $khash (~4 min on 2 cores)"
+    # In the background, in its own process group (setsid: its pid is the
+    # group id), so a signal to this script is handled at once and stops it all.
     VM_KERNEL_OBJECTS_ESTIMATE=$estimate \
-        "$images_src/kernel/build-kernel.sh" "$tmp/out" "$tmp/work" "$log"
+        setsid "$images_src/kernel/build-kernel.sh" "$tmp/out" "$tmp/work" "$log" &
+    kernel_pid=$!
+    wait "$kernel_pid" || { kernel_pid=; die "kernel build failed (see above)"; }
+    kernel_pid=
     rm -rf "$kdir.old"
     [[ ! -e $kdir ]] || mv "$kdir" "$kdir.old"
     mv "$tmp/out" "$kdir"
@@ -115,7 +134,7 @@ fi
 
 # --- guest agent: static vm-agent ---------------------------------------------
 # --target keeps RUSTFLAGS away from build scripts and proc macros.
-say "building vm-agent (release, static, target dir $agent_target)"
+say "vm-agent: cargo build --release, static (target dir $agent_target)"
 (cd "$repo" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release \
     -p guest-agent --bin vm-agent --target "$rust_target" --target-dir "$agent_target") ||
     die "cargo build of the guest agent failed"
@@ -148,7 +167,7 @@ if ((!force)) && [[ -f $dir/manifest.json ]]; then
         set_current
         say "current -> $hash (already built)"
     fi
-    say "images up to date: $dir ($((SECONDS - start))s)"
+    echo "images up to date: $dir ($((SECONDS - start))s)" >&2
     exit 0
 fi
 
@@ -216,4 +235,4 @@ kinfo() { sed -n "s/^$1=//p" "$kdir/kernel.info"; }
 rm -rf "$dir"
 mv "$out" "$dir"
 set_current
-say "images ready: $dir ($((SECONDS - start))s)"
+echo "images ready: $dir ($((SECONDS - start))s)" >&2

@@ -295,9 +295,18 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
             let mut s = std::net::TcpStream::connect(addr)?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
-            let mut buf = String::new();
-            s.read_to_string(&mut buf)?;
-            Ok(buf)
+            // Read the reply's head only: whether the guest's close reaches the host
+            // client is the forward's business, not the CLI's.
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut chunk)?;
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Ok(String::from_utf8_lossy(&buf).into_owned())
         })();
         match attempt {
             Ok(r) if r.starts_with("HTTP/1.") => break r,

@@ -199,3 +199,10 @@ fn a_vm_dying_mid_call_ends_the_call() {
     killer.join().unwrap();
     held.join().unwrap();
 }
+
+#[test]
+fn machine_and_registry_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Machine>();
+    assert_send_sync::<crate::Registry>();
+}

@@ -16,7 +16,7 @@ async fn only_loopback(vm: &MicroVm) -> Result<(), String> {
 async fn connect_fails(vm: &MicroVm, addr: &str) -> Result<(), String> {
     let probes = [
         format!("timeout 10 nc -w 3 {addr} 80 </dev/null"),
-        format!("timeout 10 wget -T 3 -q -O - http://{addr}/"),
+        format!("timeout 10 wget -T 3 -O /dev/null http://{addr}/"),
     ];
     for line in probes {
         let out = sh(vm, &line).await?;
@@ -42,7 +42,7 @@ async fn dns_fails(vm: &MicroVm) -> Result<(), String> {
     ensure!(!out.status.success(), "nslookup example.com succeeded: {text:?}");
     let answered = text.lines().any(|l| l.starts_with("Name:"));
     ensure!(!answered, "nslookup printed an answer: {text:?}");
-    let out = sh(vm, "timeout 20 wget -T 3 -q -O - http://example.com/").await?;
+    let out = sh(vm, "timeout 20 wget -T 3 -O /dev/null http://example.com/").await?;
     let text = String::from_utf8_lossy(&out.output);
     ensure!(!out.status.success(), "wget http://example.com/ succeeded: {text:?}");
     ensure!(text.contains("bad address"), "wget to a hostname failed, but not at name resolution: {text:?}");
