@@ -47,6 +47,7 @@ fn init_logging(quiet: bool, verbose: u8) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(verbose >= 2);
     // A failure here means a subscriber is already installed; nothing to do about it.
     let _ = if verbose >= 2 {

@@ -551,3 +551,39 @@ fn images_prune_keeps_current_and_build_state() {
         assert!(images.join(kept).exists(), "{kept} was removed");
     }
 }
+
+/// Without --dry-run, a refused spec stops exec, run -d and serve before anything boots.
+#[test]
+fn real_runs_refuse_before_booting() {
+    let env = Env::new();
+    let host = env.dir.path().join("data");
+    std::fs::create_dir(&host).unwrap();
+    let rw = format!("{}:/data:rw", host.display());
+    let img = env.image_args();
+    let img: Vec<&str> = img.iter().map(String::as_str).collect();
+    let mut cases: Vec<Vec<&str>> = Vec::new();
+    for head in [
+        vec!["exec"],
+        vec!["run", "-d", "--name", "r1"],
+        vec!["serve", "-p", "8000"],
+    ] {
+        let mut args = head;
+        args.extend(["--allow-emulation", "-v", &rw]);
+        args.extend(img.iter().copied());
+        if args[0] != "run" {
+            args.extend(["--", "true"]);
+        }
+        cases.push(args);
+    }
+    for args in cases {
+        let out = env.run(&args);
+        assert_eq!(out.code, REFUSED, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("writable mount"),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert_eq!(out.stderr.lines().count(), 1, "{args:?}: {}", out.stderr);
+    }
+    assert!(common::files_under(&env.runtime()).is_empty());
+}

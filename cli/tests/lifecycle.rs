@@ -90,21 +90,22 @@ fn ctrl_c_cancels_the_guest_command_and_exits_130() {
     if let Some(why) = guest_unavailable(&env) {
         return skip("ctrl_c_cancels_the_guest_command_and_exits_130", &why);
     }
-    let mut child = env
-        .cmd()
-        .args([
-            "exec",
-            "--allow-emulation",
-            "--",
-            "sh",
-            "-c",
-            "echo started; sleep 600",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
+    let mut child = common::ChildGuard(
+        env.cmd()
+            .args([
+                "exec",
+                "--allow-emulation",
+                "--",
+                "sh",
+                "-c",
+                "echo started; sleep 600",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = child.0.stdout.take().unwrap();
     let mut buf = [0u8; 8];
     stdout
         .read_exact(&mut buf)
@@ -112,8 +113,8 @@ fn ctrl_c_cancels_the_guest_command_and_exits_130() {
     assert_eq!(&buf, b"started\n");
     let sent = Instant::now();
     // SAFETY: kill(2) on our own unreaped child.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-    let status = child.wait().unwrap();
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(
         sent.elapsed() < Duration::from_secs(30),
@@ -128,6 +129,10 @@ fn run_exec_cp_ps_stop_rm_lifecycle() {
     if let Some(why) = guest_unavailable(&env) {
         return skip("run_exec_cp_ps_stop_rm_lifecycle", &why);
     }
+    let _cleanup = common::VmGuard {
+        env: &env,
+        name: "box",
+    };
     let out = env.run(&[
         "run",
         "-d",
@@ -242,6 +247,10 @@ fn rm_force_stops_a_running_vm() {
     if let Some(why) = guest_unavailable(&env) {
         return skip("rm_force_stops_a_running_vm", &why);
     }
+    let _cleanup = common::VmGuard {
+        env: &env,
+        name: "doomed",
+    };
     let out = env.run(&["run", "-d", "--name", "doomed", "--allow-emulation"]);
     assert_eq!(out.code, 0, "stderr: {}", out.stderr);
     let supervisor = env.run(&["ps", "--json"]).json()[0]["supervisor_pid"]
@@ -260,27 +269,28 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
     if let Some(why) = guest_unavailable(&env) {
         return skip("serve_publishes_a_guest_port_until_ctrl_c", &why);
     }
-    let mut child = env
-        .cmd()
-        .args([
-            "serve",
-            "-p",
-            "0:8000",
-            "--allow-emulation",
-            "--",
-            "httpd",
-            "-f",
-            "-p",
-            "8000",
-            "-h",
-            "/work",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::ChildGuard(
+        env.cmd()
+            .args([
+                "serve",
+                "-p",
+                "0:8000",
+                "--allow-emulation",
+                "--",
+                "httpd",
+                "-f",
+                "-p",
+                "8000",
+                "-h",
+                "/work",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
+    BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     let addr: std::net::SocketAddr = line
@@ -316,11 +326,66 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
     };
     assert!(reply.starts_with("HTTP/1."), "{reply}");
     // SAFETY: kill(2) on our own unreaped child.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-    let status = child.wait().unwrap();
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(
         std::net::TcpStream::connect(addr).is_err(),
         "the port is still published after stop"
     );
+}
+
+#[test]
+fn named_vm_ends_at_its_wall_lifetime() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return skip("named_vm_ends_at_its_wall_lifetime", &why);
+    }
+    let _cleanup = common::VmGuard {
+        env: &env,
+        name: "brief",
+    };
+    let out = env.run(&[
+        "run",
+        "-d",
+        "--name",
+        "brief",
+        "--allow-emulation",
+        "--timeout",
+        "4s",
+    ]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    let supervisor = env.run(&["ps", "--json"]).json()[0]["supervisor_pid"]
+        .as_u64()
+        .unwrap() as u32;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ps = loop {
+        let ps = env.run(&["ps", "--json"]).json();
+        if ps[0]["state"] == "exited" || Instant::now() > deadline {
+            break ps;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(ps[0]["state"], "exited", "{ps}");
+    assert!(
+        ps[0]["exit_reason"].as_str().unwrap().contains("wall"),
+        "{ps}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::pid_alive(supervisor) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !common::pid_alive(supervisor),
+        "the supervisor outlived its VM"
+    );
+    let out = env.run(&["exec", "brief", "--", "true"]);
+    assert_eq!(out.code, 125);
+    assert!(
+        out.stderr.contains("wall lifetime expired"),
+        "{}",
+        out.stderr
+    );
+    let out = env.run(&["rm", "brief"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
 }

@@ -20,7 +20,9 @@ async fn sh(c: &AgentClient, line: &str) -> (String, guest_agent::ExitStatus) {
     let mut req = ExecRequest::shell(line);
     req.env = vec![("PATH".into(), "/bin:/sbin:/usr/bin".into())];
     req.timeout = Some(Duration::from_secs(120));
+    let t0 = std::time::Instant::now();
     let out = c.exec(req).await.unwrap_or_else(|e| panic!("{line}: {e}"));
+    eprintln!("guest: {:?} for {line:.40}", t0.elapsed());
     (
         String::from_utf8_lossy(&out.output).into_owned(),
         out.status,
@@ -142,13 +144,14 @@ async fn pid1_duties_in_a_guest() {
         })
         .await
         .unwrap();
+    let mut seen = Vec::new();
     let pid = loop {
         match s.next().await.unwrap() {
             Some(guest_agent::ExecEvent::Stdout(b)) => {
                 break String::from_utf8_lossy(&b).trim().to_string();
             }
-            Some(_) => {}
-            None => panic!("no pid printed"),
+            Some(ev) => seen.push(ev),
+            None => panic!("no pid printed: {seen:?}"),
         }
     };
     s.cancel().await.unwrap();

@@ -6,7 +6,7 @@ use vm_tests::{GuestSpec, boot, exec_ok};
 fn debug() {
     vm_tests::scenario("debug", |driver| async move {
         let vm = boot(driver, &GuestSpec::new("debug")).await?;
-        for n in [1000usize, 200_000, 262_144, 262_145, 300_000, 600_000] {
+        for n in [16_000usize, 32_000, 60_000, 65_536, 70_000, 100_000, 140_000] {
             let blob = pseudo_random(n, 5);
             let p = format!("b{n}.bin");
             let t = Instant::now();
@@ -16,6 +16,12 @@ fn debug() {
             let r = vm.read_file(&p).await;
             eprintln!("size {n}: write {w:?}, read {:?} -> {:?}", t.elapsed(), r.as_ref().map(|b| b.len()).map_err(|e| vm_tests::error_chain(e)));
         }
+        for n in [10_000usize, 100_000, 300_000] {
+            let t = Instant::now();
+            let r = vm.exec(&format!("head -c {n} /dev/zero")).await;
+            eprintln!("exec size {n}: {:?} -> {:?}", t.elapsed(), r.as_ref().map(|o| o.output.len()).map_err(|e| vm_tests::error_chain(e)));
+        }
+        return Ok(());
         // serve debugging
         vm.write_file("srv/index.html", b"hi\n").await.map_err(|e| e.to_string())?;
         let spec = vm_sandbox::ServeSpec {

@@ -400,7 +400,10 @@ impl RunningVm {
 
     /// Names of the vCPU threads (see [`Vm::vcpu_thread_names`]); empty once waited for.
     pub fn vcpu_thread_names(&self) -> Vec<String> {
-        self.vm.as_ref().map(|v| v.vcpu_thread_names_for(self.threads.len())).unwrap_or_default()
+        self.vm
+            .as_ref()
+            .map(|v| v.vcpu_thread_names_for(self.threads.len()))
+            .unwrap_or_default()
     }
 
     /// Guest memory.

@@ -211,6 +211,13 @@ fn slow_vmlinux_baseline_boots_to_init_with_virtio_devices() {
     running.stop();
     let outcome = running.wait();
     assert!(seen, "outcome {outcome:?}; console:\n{console}");
+    for l in console.lines().filter(|l| {
+        ["virtio-mmio", "virtio_blk", "PF_VSOCK", "Run /init"]
+            .iter()
+            .any(|m| l.contains(m))
+    }) {
+        eprintln!("{l}");
+    }
     let before_init = console
         .split("Run /init as init process")
         .next()

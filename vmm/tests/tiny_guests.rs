@@ -270,7 +270,11 @@ fn emulator_failure_is_a_typed_fault_with_rip() {
     let vm = Tiny::new(&[0x90, 0x90, 0xcc]).start();
     let outcome = vm.wait_timeout(TIMEOUT).expect("VM ended");
     if vmm::cpuid::host_is_pvm_native() {
-        let fault = vmm::GuestFault { vcpu: 0, kind: vmm::exit::FaultKind::InternalError, rip: 0x10_0002 };
+        let fault = vmm::GuestFault {
+            vcpu: 0,
+            kind: vmm::exit::FaultKind::InternalError,
+            rip: 0x10_0002,
+        };
         assert_eq!(outcome, Err(fault.clone()));
         match vm.wait() {
             Err(vmm::VmmError::Guest(f)) => assert_eq!(f, fault),

@@ -1,6 +1,7 @@
 //! `vm run -d --name NAME`: start a long-lived VM held by a detached supervisor.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::Duration;
@@ -112,7 +113,11 @@ async fn start(
     signals: &mut Signals,
 ) -> anyhow::Result<u8> {
     let log_path = dir.join(SUPERVISOR_LOG);
-    let log = std::fs::File::create(&log_path)
+    let log = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
     let exe = std::env::current_exe().context("locating the vm binary")?;
     let mut cmd = std::process::Command::new(exe);

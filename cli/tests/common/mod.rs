@@ -167,3 +167,38 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// Stops a `vm` child process when a test ends, even by panic: SIGINT (the clean path),
+/// then SIGKILL after 20 s; always reaped.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if !matches!(self.0.try_wait(), Ok(None)) {
+            return;
+        }
+        // SAFETY: kill(2) on our own unreaped child.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Removes a named VM (`vm rm -f NAME`) when a test ends, even by panic.
+pub struct VmGuard<'a> {
+    pub env: &'a Env,
+    pub name: &'static str,
+}
+
+impl Drop for VmGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.env.cmd().args(["rm", "-f", self.name]).output();
+    }
+}
