@@ -19,7 +19,12 @@ pub struct Cases {
 
 impl Cases {
     pub fn new(scenario: &str, driver: &'static str) -> Cases {
-        Cases { scenario: scenario.into(), driver, failures: Vec::new(), passed: 0 }
+        Cases {
+            scenario: scenario.into(),
+            driver,
+            failures: Vec::new(),
+            passed: 0,
+        }
     }
 
     /// Runs one case under [`CASE_TIMEOUT`].

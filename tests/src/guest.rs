@@ -65,7 +65,12 @@ pub fn image_dir() -> Result<PathBuf, String> {
 
 /// The [`Spec`] for `g` over the default images.
 pub fn spec_for(g: &GuestSpec) -> Result<Spec, String> {
-    let limits = Limits { vcpus: 1, mem_mib: g.mem_mib, pids: g.pids, wall: g.wall };
+    let limits = Limits {
+        vcpus: 1,
+        mem_mib: g.mem_mib,
+        pids: g.pids,
+        wall: g.wall,
+    };
     let mut guarantees = Guarantees::untrusted(limits, g.mounts.clone());
     guarantees.env = g.env.clone();
     Ok(Spec::new(default_image()?, guarantees))
@@ -76,7 +81,9 @@ pub fn spec_for(g: &GuestSpec) -> Result<Spec, String> {
 /// policy flag exists for; a microVM driver runs under the strict default policy.
 pub fn options_for(driver: &str, g: &GuestSpec) -> Options {
     let registry = Registry::with_defaults();
-    let emulated = registry.get(driver).is_some_and(|d| d.containment() < Containment::MicroVm);
+    let emulated = registry
+        .get(driver)
+        .is_some_and(|d| d.containment() < Containment::MicroVm);
     let boot_timeout = std::env::var("VM_E2E_BOOT_TIMEOUT")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -84,7 +91,9 @@ pub fn options_for(driver: &str, g: &GuestSpec) -> Options {
         .unwrap_or(BOOT_TIMEOUT);
     Options {
         trust: Trust::Untrusted,
-        policy: Policy { allow_emulation: emulated },
+        policy: Policy {
+            allow_emulation: emulated,
+        },
         driver: Some(driver.to_string()),
         name: g.name.clone(),
         boot_timeout,
@@ -100,10 +109,18 @@ pub async fn boot(driver: &'static str, g: &GuestSpec) -> Result<MicroVm, String
     let spec = spec_for(g)?;
     let options = options_for(driver, g);
     let start = Instant::now();
-    let vm = MicroVm::boot(spec, options).await.ctx(&format!("booting {} on {driver}", g.name))?;
-    eprintln!("boot+agent ready in {:.1} s [{driver}]", start.elapsed().as_secs_f64());
+    let vm = MicroVm::boot(spec, options)
+        .await
+        .ctx(&format!("booting {} on {driver}", g.name))?;
+    eprintln!(
+        "boot+agent ready in {:.1} s [{driver}]",
+        start.elapsed().as_secs_f64()
+    );
     if vm.driver() != driver {
-        return Err(format!("asked for driver {driver}, the guest runs on {}", vm.driver()));
+        return Err(format!(
+            "asked for driver {driver}, the guest runs on {}",
+            vm.driver()
+        ));
     }
     Ok(vm)
 }
@@ -118,7 +135,10 @@ pub async fn exec_ok(vm: &MicroVm, line: &str) -> Result<String, String> {
     let out = sh(vm, line).await?;
     let text = String::from_utf8_lossy(&out.output).into_owned();
     if !out.status.success() {
-        return Err(format!("{line:?} ended with {:?}; output: {text:?}", out.status));
+        return Err(format!(
+            "{line:?} ended with {:?}; output: {text:?}",
+            out.status
+        ));
     }
     Ok(text)
 }

@@ -10,7 +10,9 @@ use sha2::{Digest, Sha256};
 
 /// True while a process with this pid exists (`kill(pid, 0)` is not `ESRCH`).
 pub fn pid_exists(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
     // SAFETY: signal 0 performs only the existence and permission check; no memory is touched.
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
@@ -20,17 +22,30 @@ pub fn pid_exists(pid: u32) -> bool {
 /// starts with `prefix` (comm is at most 15 bytes: `qemu-system-x86`).
 pub fn children_named(prefix: &str) -> Vec<(u32, String)> {
     let me = std::process::id();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for entry in rd.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
         // `pid (comm) state ppid ...`; comm may hold spaces or parentheses.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
         let comm = &stat[open + 1..close];
-        let ppid = stat[close + 1..].split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok());
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok());
         if ppid == Some(me) && comm.starts_with(prefix) {
             out.push((pid, comm.to_string()));
         }
@@ -71,7 +86,10 @@ pub fn kernel_release_in(image: &[u8]) -> Option<String> {
     while let Some(pos) = find(&image[from..], TAG) {
         let start = from + pos + TAG.len();
         let rest = &image[start..image.len().min(start + 128)];
-        let end = rest.iter().position(|b| !b.is_ascii_graphic()).unwrap_or(rest.len());
+        let end = rest
+            .iter()
+            .position(|b| !b.is_ascii_graphic())
+            .unwrap_or(rest.len());
         let release = &rest[..end];
         if release.first().is_some_and(u8::is_ascii_digit) {
             return Some(String::from_utf8_lossy(release).into_owned());
@@ -100,15 +118,48 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// A plain HTTP/1.0 GET over `std::net::TcpStream`; returns the whole response (blocking).
-pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Vec<u8>> {
+/// What a plain HTTP GET got back.
+#[derive(Debug, Clone)]
+pub struct HttpReply {
+    /// Everything read (at most 1 MiB).
+    pub bytes: Vec<u8>,
+    /// The server closed the connection (HTTP/1.0 ends the body that way); false when the
+    /// read timed out first.
+    pub eof: bool,
+}
+
+impl HttpReply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+/// A plain HTTP/1.0 GET over `std::net::TcpStream` (blocking): reads until the server closes
+/// the connection or `timeout` passes without data.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<HttpReply> {
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
-    let mut out = Vec::new();
-    s.take(1 << 20).read_to_end(&mut out)?;
-    Ok(out)
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok(HttpReply { bytes, eof: true }),
+            Ok(n) if bytes.len() + n <= 1 << 20 => bytes.extend_from_slice(&buf[..n]),
+            Ok(_) => return Err(std::io::Error::other("reply larger than 1 MiB")),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(HttpReply { bytes, eof: false });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

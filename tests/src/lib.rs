@@ -57,7 +57,10 @@ pub fn drivers_to_test() -> Vec<DriverUnderTest> {
     let registry = Registry::with_defaults();
     registry
         .drivers()
-        .map(|d| DriverUnderTest { name: d.name(), availability: d.detect() })
+        .map(|d| DriverUnderTest {
+            name: d.name(),
+            availability: d.detect(),
+        })
         .collect()
 }
 
@@ -65,7 +68,10 @@ pub fn drivers_to_test() -> Vec<DriverUnderTest> {
 pub fn skip(line: &str) {
     eprintln!("{line}");
     if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG") {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path);
         if let Ok(mut f) = file {
             let _ = writeln!(f, "{line}");
         }
@@ -75,7 +81,10 @@ pub fn skip(line: &str) {
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Runs `f(driver)` for every available driver on its own tokio runtime; skips (with a
@@ -107,7 +116,10 @@ where
     let mut failures = Vec::new();
     for d in drivers_to_test() {
         if !d.availability.ok {
-            skip(&format!("SKIP {name} [{}]: {}", d.name, d.availability.detail));
+            skip(&format!(
+                "SKIP {name} [{}]: {}",
+                d.name, d.availability.detail
+            ));
             continue;
         }
         if needs_images && let Err(e) = default_image() {
@@ -142,7 +154,11 @@ where
             }
         }
     }
-    assert!(failures.is_empty(), "scenario {name} failed:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "scenario {name} failed:\n{}",
+        failures.join("\n")
+    );
 }
 
 /// Fails with `msg` unless `cond` holds: `ensure!(cond, "format", args..)` in a function

@@ -4,7 +4,7 @@ use vm_tests::host::kernel_release_in;
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok, image_dir};
 
 /// The release the built image carries: the `Linux version` banner inside `vmlinux`, checked
-/// against the `config` header when the image has one.
+/// against the `config` header and `manifest.json` when the image has them.
 fn image_release() -> Result<String, String> {
     let dir = image_dir()?;
     let vmlinux = std::fs::read(dir.join("vmlinux")).ctx("reading vmlinux")?;
@@ -22,6 +22,19 @@ fn image_release() -> Result<String, String> {
             );
         }
     }
+    if let Ok(manifest) = std::fs::read_to_string(dir.join("manifest.json")) {
+        // `"release": "6.12.117"` in the kernel section.
+        let field = manifest
+            .split("\"release\":")
+            .nth(1)
+            .and_then(|v| v.split('"').nth(1));
+        if let Some(m) = field {
+            ensure!(
+                m == release,
+                "vmlinux says {release}, manifest.json says {m}"
+            );
+        }
+    }
     Ok(release)
 }
 
@@ -29,9 +42,15 @@ async fn uname_is_our_kernel(vm: &MicroVm) -> Result<(), String> {
     let out = vm.capture(&["uname", "-r"]).await.ctx("uname -r")?;
     ensure!(out.status.success(), "uname -r: {:?}", out.status);
     let guest = String::from_utf8_lossy(&out.output).trim().to_string();
-    ensure!(guest.starts_with("6.12."), "guest kernel release {guest:?} is not 6.12.x");
+    ensure!(
+        guest.starts_with("6.12."),
+        "guest kernel release {guest:?} is not 6.12.x"
+    );
     let built = image_release()?;
-    ensure!(guest == built, "guest runs {guest:?}, the image's vmlinux is {built:?}");
+    ensure!(
+        guest == built,
+        "guest runs {guest:?}, the image's vmlinux is {built:?}"
+    );
     eprintln!("    guest kernel {guest} == image vmlinux {built}");
     Ok(())
 }
@@ -40,7 +59,10 @@ async fn agent_is_pid1(vm: &MicroVm) -> Result<(), String> {
     let info = vm.machine().agent().ping().await.ctx("ping")?;
     ensure!(info.pid1, "the agent does not run as PID 1: {info:?}");
     let comm = exec_ok(vm, "cat /proc/1/comm").await?;
-    ensure!(comm.trim() == "init", "PID 1 is {comm:?}, expected the agent as /init");
+    ensure!(
+        comm.trim() == "init",
+        "PID 1 is {comm:?}, expected the agent as /init"
+    );
     Ok(())
 }
 

@@ -14,7 +14,9 @@ async fn sleepers(vm: &MicroVm, secs: u32) -> Result<usize, String> {
         "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep {secs} ' || true"
     );
     let out = exec_ok(vm, &line).await?;
-    out.trim().parse().map_err(|_| format!("sleeper count {out:?}"))
+    out.trim()
+        .parse()
+        .map_err(|_| format!("sleeper count {out:?}"))
 }
 
 /// Starts `sh -c 'echo started; sleep N & sleep N'` and waits for its first output.
@@ -30,7 +32,9 @@ async fn start_tree(vm: &MicroVm, secs: u32) -> Result<ExecStream, String> {
             Err(_) => return Err("no output from the streaming exec within 30 s".into()),
             Ok(Err(e)) => return Err(format!("stream: {}", vm_tests::error_chain(&e))),
             Ok(Ok(Some(ExecEvent::Stdout(d) | ExecEvent::Stderr(d)))) => seen.extend(d),
-            Ok(Ok(Some(ExecEvent::Exit(s)))) => return Err(format!("the tree exited early: {s:?}")),
+            Ok(Ok(Some(ExecEvent::Exit(s)))) => {
+                return Err(format!("the tree exited early: {s:?}"));
+            }
             Ok(Ok(None)) => return Err("the stream ended early".into()),
         }
     }
@@ -50,7 +54,10 @@ async fn wait_gone(vm: &MicroVm, secs: u32) -> Result<(), String> {
         if n == 0 {
             return Ok(());
         }
-        ensure!(Instant::now() < deadline, "{n} 'sleep {secs}' processes survived");
+        ensure!(
+            Instant::now() < deadline,
+            "{n} 'sleep {secs}' processes survived"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
@@ -58,7 +65,10 @@ async fn wait_gone(vm: &MicroVm, secs: u32) -> Result<(), String> {
 async fn cancel_kills_the_tree(vm: &MicroVm) -> Result<(), String> {
     let stream = start_tree(vm, 300).await?;
     let status = stream.cancel().await.ctx("cancel")?;
-    ensure!(!status.success(), "a cancelled exec reported success: {status:?}");
+    ensure!(
+        !status.success(),
+        "a cancelled exec reported success: {status:?}"
+    );
     wait_gone(vm, 300).await?;
     let ps = exec_ok(vm, "ps").await?;
     ensure!(!ps.contains("sleep 300"), "ps still shows sleep 300:\n{ps}");
@@ -76,7 +86,8 @@ fn cancel() {
     vm_tests::scenario("cancel", |driver| async move {
         let vm = boot(driver, &GuestSpec::new("cancel")).await?;
         let mut c = Cases::new("cancel", driver);
-        c.run("cancel_kills_the_tree", cancel_kills_the_tree(&vm)).await;
+        c.run("cancel_kills_the_tree", cancel_kills_the_tree(&vm))
+            .await;
         c.run("drop_kills_the_tree", drop_kills_the_tree(&vm)).await;
         vm.close().await;
         c.finish()

@@ -28,7 +28,10 @@ async fn exactly_the_passed_env(vm: &MicroVm) -> Result<(), String> {
     ensure!(out.status.success(), "env: {:?}", out.status);
     let guest = parse_env(&String::from_utf8_lossy(&out.output));
     let want: BTreeMap<String, String> = passed_env().into_iter().collect();
-    ensure!(guest == want, "guest environment {guest:?}\nis not exactly the passed {want:?}");
+    ensure!(
+        guest == want,
+        "guest environment {guest:?}\nis not exactly the passed {want:?}"
+    );
     Ok(())
 }
 
@@ -36,25 +39,43 @@ async fn exactly_the_passed_env(vm: &MicroVm) -> Result<(), String> {
 /// passed are absent, the ones passed carry the passed value, not the host's.
 async fn host_env_does_not_leak(vm: &MicroVm) -> Result<(), String> {
     let host: BTreeMap<String, String> = std::env::vars().collect();
-    ensure!(host.contains_key("HOME") && host.contains_key("PATH"), "the host has no HOME/PATH");
+    ensure!(
+        host.contains_key("HOME") && host.contains_key("PATH"),
+        "the host has no HOME/PATH"
+    );
     let passed: Vec<String> = passed_env().into_iter().map(|(k, _)| k).collect();
     let unpassed: Vec<&String> = host.keys().filter(|k| !passed.contains(k)).collect();
-    ensure!(!unpassed.is_empty(), "the host has no variable outside the passed set to check");
+    ensure!(
+        !unpassed.is_empty(),
+        "the host has no variable outside the passed set to check"
+    );
     let guest = parse_env(&String::from_utf8_lossy(
         &vm.capture(&["env"]).await.ctx("env")?.output,
     ));
-    let leaked: Vec<&&String> = unpassed.iter().filter(|k| guest.contains_key(k.as_str())).collect();
-    ensure!(leaked.is_empty(), "host variables leaked into the guest: {leaked:?}");
+    let leaked: Vec<&&String> = unpassed
+        .iter()
+        .filter(|k| guest.contains_key(k.as_str()))
+        .collect();
+    ensure!(
+        leaked.is_empty(),
+        "host variables leaked into the guest: {leaked:?}"
+    );
     ensure!(
         guest.get("HOME").map(String::as_str) == Some(GUEST_HOME) && host["HOME"] != GUEST_HOME,
         "guest HOME {:?} (host {:?}, passed {GUEST_HOME})",
         guest.get("HOME"),
         host["HOME"]
     );
-    ensure!(guest.get("PATH").map(String::as_str) == Some(DEFAULT_PATH), "guest PATH {:?}", guest.get("PATH"));
+    ensure!(
+        guest.get("PATH").map(String::as_str) == Some(DEFAULT_PATH),
+        "guest PATH {:?}",
+        guest.get("PATH")
+    );
     // Through a shell as well: the marker expands, a host-only variable does not.
     let ident = |k: &&&String| {
-        k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        k.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
     let probe = unpassed
@@ -64,7 +85,10 @@ async fn host_env_does_not_leak(vm: &MicroVm) -> Result<(), String> {
         .ok_or("no host variable with a shell-safe name")?;
     let out = exec_ok(vm, &format!("echo \"${MARKER}|${{{probe}-unset}}\"")).await?;
     let want = format!("marker-{}|unset\n", std::process::id());
-    ensure!(out == want, "shell saw {out:?}, expected {want:?} (host-only variable {probe})");
+    ensure!(
+        out == want,
+        "shell saw {out:?}, expected {want:?} (host-only variable {probe})"
+    );
     Ok(())
 }
 
@@ -75,8 +99,10 @@ fn env() {
         g.env = passed_env();
         let vm = boot(driver, &g).await?;
         let mut c = Cases::new("env", driver);
-        c.run("exactly_the_passed_env", exactly_the_passed_env(&vm)).await;
-        c.run("host_env_does_not_leak", host_env_does_not_leak(&vm)).await;
+        c.run("exactly_the_passed_env", exactly_the_passed_env(&vm))
+            .await;
+        c.run("host_env_does_not_leak", host_env_does_not_leak(&vm))
+            .await;
         vm.close().await;
         c.finish()
     });

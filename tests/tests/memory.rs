@@ -20,7 +20,10 @@ async fn mem_total_matches(vm: &MicroVm) -> Result<(), String> {
     let asked = MEM_MIB * 1024;
     eprintln!("    MemTotal {kb} kB for {MEM_MIB} MiB asked");
     ensure!(kb <= asked, "MemTotal {kb} kB exceeds the {asked} kB asked");
-    ensure!(kb > asked / 2, "MemTotal {kb} kB is under half of the {asked} kB asked");
+    ensure!(
+        kb > asked / 2,
+        "MemTotal {kb} kB is under half of the {asked} kB asked"
+    );
     Ok(())
 }
 
@@ -37,7 +40,10 @@ async fn oom_kills_the_allocator(vm: &MicroVm) -> Result<(), String> {
     };
     let out = vm.run(run).await.ctx("running the memory hog")?;
     let text = String::from_utf8_lossy(&out.output);
-    ensure!(!out.status.timed_out, "the hog ran until its timeout: {text:?}");
+    ensure!(
+        !out.status.timed_out,
+        "the hog ran until its timeout: {text:?}"
+    );
     ensure!(
         // SIGKILL, seen directly or through the shell as 128+9.
         out.status.signal == Some(9) || out.status.code == Some(137),
@@ -45,9 +51,15 @@ async fn oom_kills_the_allocator(vm: &MicroVm) -> Result<(), String> {
         out.status
     );
     let log = exec_ok(vm, "dmesg").await?;
-    let oom = log.lines().filter(|l| l.contains("Out of memory") || l.contains("oom-kill")).collect::<Vec<_>>();
+    let oom = log
+        .lines()
+        .filter(|l| l.contains("Out of memory") || l.contains("oom-kill"))
+        .collect::<Vec<_>>();
     ensure!(!oom.is_empty(), "no OOM kill in the guest kernel log");
-    ensure!(oom.iter().any(|l| l.contains("awk")), "the OOM kill did not name awk: {oom:?}");
+    ensure!(
+        oom.iter().any(|l| l.contains("awk")),
+        "the OOM kill did not name awk: {oom:?}"
+    );
     Ok(())
 }
 
@@ -55,7 +67,12 @@ async fn guest_survives(vm: &MicroVm) -> Result<(), String> {
     ensure!(vm.machine().is_running(), "the VM is gone after the OOM");
     let out = exec_ok(vm, "echo still here").await?;
     ensure!(out == "still here\n", "after the OOM exec printed {out:?}");
-    let info = vm.machine().agent().ping().await.ctx("ping after the OOM")?;
+    let info = vm
+        .machine()
+        .agent()
+        .ping()
+        .await
+        .ctx("ping after the OOM")?;
     ensure!(info.pid1, "{info:?}");
     Ok(())
 }
@@ -68,7 +85,8 @@ fn memory() {
         let vm = boot(driver, &g).await?;
         let mut c = Cases::new("memory", driver);
         c.run("mem_total_matches", mem_total_matches(&vm)).await;
-        c.run("oom_kills_the_allocator", oom_kills_the_allocator(&vm)).await;
+        c.run("oom_kills_the_allocator", oom_kills_the_allocator(&vm))
+            .await;
         c.run("guest_survives", guest_survives(&vm)).await;
         vm.close().await;
         c.finish()

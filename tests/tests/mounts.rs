@@ -28,8 +28,12 @@ async fn dir_is_readable(vm: &MicroVm, host: &Path) -> Result<(), String> {
     let want = sha256_hex(&std::fs::read(host.join("weights.bin")).ctx("reading host weights")?);
     ensure!(sum.starts_with(&want), "guest sha256 {sum:?}, host {want}");
     let mounts = exec_ok(vm, "cat /proc/mounts").await?;
-    let line = mounts.lines().find(|l| l.split_whitespace().nth(1) == Some(DIR_GUEST));
-    let ro = line.and_then(|l| l.split_whitespace().nth(3)).is_some_and(|o| o.split(',').any(|f| f == "ro"));
+    let line = mounts
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(DIR_GUEST));
+    let ro = line
+        .and_then(|l| l.split_whitespace().nth(3))
+        .is_some_and(|o| o.split(',').any(|f| f == "ro"));
     ensure!(ro, "{DIR_GUEST} is not mounted read-only: {line:?}");
     Ok(())
 }
@@ -44,18 +48,34 @@ async fn dir_writes_fail(vm: &MicroVm) -> Result<(), String> {
     ] {
         let out = sh(vm, &line).await?;
         let text = String::from_utf8_lossy(&out.output);
-        ensure!(!out.status.success(), "{line:?} succeeded on a read-only mount");
-        ensure!(text.contains("Read-only file system"), "{line:?} failed without EROFS: {text:?}");
+        ensure!(
+            !out.status.success(),
+            "{line:?} succeeded on a read-only mount"
+        );
+        ensure!(
+            text.contains("Read-only file system"),
+            "{line:?} failed without EROFS: {text:?}"
+        );
     }
     Ok(())
 }
 
 async fn disk_is_readable(vm: &MicroVm, host_file: &Path) -> Result<(), String> {
     let want = sha256_hex(&std::fs::read(host_file).ctx("reading host disk file")?);
-    let sum = exec_ok(vm, &format!("dd if={DISK_GUEST} bs=64k 2>/dev/null | sha256sum")).await?;
-    ensure!(sum.starts_with(&want), "guest disk sha256 {sum:?}, host {want}");
+    let sum = exec_ok(
+        vm,
+        &format!("dd if={DISK_GUEST} bs=64k 2>/dev/null | sha256sum"),
+    )
+    .await?;
+    ensure!(
+        sum.starts_with(&want),
+        "guest disk sha256 {sum:?}, host {want}"
+    );
     let size = exec_ok(vm, &format!("cat {DISK_GUEST} | wc -c")).await?;
-    ensure!(size.trim() == DISK_BYTES.to_string(), "guest disk is {size:?} bytes");
+    ensure!(
+        size.trim() == DISK_BYTES.to_string(),
+        "guest disk is {size:?} bytes"
+    );
     Ok(())
 }
 
@@ -66,11 +86,17 @@ async fn disk_writes_fail(vm: &MicroVm) -> Result<(), String> {
     ] {
         let out = sh(vm, &line).await?;
         let text = String::from_utf8_lossy(&out.output);
-        ensure!(!out.status.success(), "{line:?} succeeded on a read-only disk: {text:?}");
+        ensure!(
+            !out.status.success(),
+            "{line:?} succeeded on a read-only disk: {text:?}"
+        );
         eprintln!("    {line:?} refused: {}", text.trim());
     }
     let head = exec_ok(vm, &format!("head -c 5 {DISK_GUEST} | od -An -tx1")).await?;
-    ensure!(!head.contains("6f 77 6e 65 64"), "the guest sees the written bytes: {head:?}");
+    ensure!(
+        !head.contains("6f 77 6e 65 64"),
+        "the guest sees the written bytes: {head:?}"
+    );
     Ok(())
 }
 
@@ -87,19 +113,26 @@ fn mounts() {
         let disk_before = sha256_hex(&std::fs::read(&disk).ctx("reading disk")?);
 
         let mut g = GuestSpec::new("mounts");
-        g.mounts = vec![Mount::read_only(&dir, DIR_GUEST), Mount::read_only(&disk, DISK_GUEST)];
+        g.mounts = vec![
+            Mount::read_only(&dir, DIR_GUEST),
+            Mount::read_only(&disk, DISK_GUEST),
+        ];
         g.mount_cache = Some(tmp.path().join("cache"));
         let vm = boot(driver, &g).await?;
         let mut c = Cases::new("mounts", driver);
         c.run("dir_is_readable", dir_is_readable(&vm, &dir)).await;
         c.run("dir_writes_fail", dir_writes_fail(&vm)).await;
-        c.run("disk_is_readable", disk_is_readable(&vm, &disk)).await;
+        c.run("disk_is_readable", disk_is_readable(&vm, &disk))
+            .await;
         c.run("disk_writes_fail", disk_writes_fail(&vm)).await;
         vm.close().await;
 
         c.run("host_unchanged", async {
             let after = hash_tree(&dir).ctx("hashing the host directory again")?;
-            ensure!(after == before, "host directory changed:\nbefore {before:?}\nafter  {after:?}");
+            ensure!(
+                after == before,
+                "host directory changed:\nbefore {before:?}\nafter  {after:?}"
+            );
             let disk_after = sha256_hex(&std::fs::read(&disk).ctx("reading disk")?);
             ensure!(disk_after == disk_before, "host disk file changed");
             Ok(())

@@ -10,13 +10,11 @@ use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok};
 const PIDS: i64 = 64;
 
 /// Spawns up to 10000 sleepers, recording after each how many were started.
-const BOMB: &str =
-    "i=0; while [ $i -lt 10000 ]; do sleep 1000 & i=$((i+1)); echo $i > bomb.count; done; echo all $i";
+const BOMB: &str = "i=0; while [ $i -lt 10000 ]; do sleep 1000 & i=$((i+1)); echo $i > bomb.count; done; echo all $i";
 
 /// How many `sleep 1000` processes are alive in the guest (read from /proc, so the counting
 /// pipeline never counts itself).
-const COUNT_SLEEPERS: &str =
-    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000' || true";
+const COUNT_SLEEPERS: &str = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000' || true";
 
 async fn fork_bomb_is_contained(vm: &MicroVm) -> Result<(), String> {
     let run = Run {
@@ -26,8 +24,15 @@ async fn fork_bomb_is_contained(vm: &MicroVm) -> Result<(), String> {
     };
     let out = vm.run(run).await.ctx("running the fork bomb")?;
     let text = String::from_utf8_lossy(&out.output);
-    ensure!(!out.status.timed_out, "the fork bomb ran until its timeout: {:?}", tail(&text));
-    ensure!(!text.contains("all 10000"), "all 10000 sleepers were started: pids.max did not hold");
+    ensure!(
+        !out.status.timed_out,
+        "the fork bomb ran until its timeout: {:?}",
+        tail(&text)
+    );
+    ensure!(
+        !text.contains("all 10000"),
+        "all 10000 sleepers were started: pids.max did not hold"
+    );
     ensure!(
         text.contains("Resource temporarily unavailable"),
         "fork did not fail with EAGAIN: {:?} {:?}",
@@ -35,10 +40,19 @@ async fn fork_bomb_is_contained(vm: &MicroVm) -> Result<(), String> {
         tail(&text)
     );
     let count = exec_ok(vm, "cat bomb.count").await?;
-    let count: i64 = count.trim().parse().map_err(|_| format!("bomb.count holds {count:?}"))?;
+    let count: i64 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("bomb.count holds {count:?}"))?;
     eprintln!("    {count} sleepers started before fork failed (pids.max {PIDS})");
-    ensure!(count < PIDS, "{count} sleepers started, more than pids.max {PIDS} allows");
-    ensure!(count >= PIDS / 2, "only {count} sleepers started under pids.max {PIDS}");
+    ensure!(
+        count < PIDS,
+        "{count} sleepers started, more than pids.max {PIDS} allows"
+    );
+    ensure!(
+        count >= PIDS / 2,
+        "only {count} sleepers started under pids.max {PIDS}"
+    );
     Ok(())
 }
 
@@ -52,18 +66,28 @@ async fn agent_still_answers(vm: &MicroVm) -> Result<(), String> {
         if left.trim() == "0" {
             break;
         }
-        ensure!(Instant::now() < deadline, "{} sleepers of the bomb are still running", left.trim());
+        ensure!(
+            Instant::now() < deadline,
+            "{} sleepers of the bomb are still running",
+            left.trim()
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // And the cap is free again: a few processes start normally.
-    let out = exec_ok(vm, "for i in 1 2 3 4 5; do sleep 0 & done; wait; echo forked").await?;
+    let out = exec_ok(
+        vm,
+        "for i in 1 2 3 4 5; do sleep 0 & done; wait; echo forked",
+    )
+    .await?;
     ensure!(out == "forked\n", "forking after the bomb printed {out:?}");
     Ok(())
 }
 
 fn tail(text: &str) -> &str {
     let start = text.len().saturating_sub(400);
-    let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
     &text[start..]
 }
 
@@ -74,7 +98,8 @@ fn pids() {
         g.pids = PIDS;
         let vm = boot(driver, &g).await?;
         let mut c = Cases::new("pids", driver);
-        c.run("fork_bomb_is_contained", fork_bomb_is_contained(&vm)).await;
+        c.run("fork_bomb_is_contained", fork_bomb_is_contained(&vm))
+            .await;
         c.run("agent_still_answers", agent_still_answers(&vm)).await;
         vm.close().await;
         c.finish()

@@ -9,18 +9,33 @@ use vm_drivers::{Availability, BootPlan, Containment, Driver, DriverError, Machi
 use vm_sandbox::{MicroVm, Options, SandboxError};
 use vm_spec::{Guarantees, Image, Limits, Mount, Policy, Spec};
 use vm_tests::host::children_named;
-use vm_tests::{Ctx, ensure, error_chain, options_for, GuestSpec};
+use vm_tests::{Ctx, GuestSpec, ensure, error_chain, options_for};
 
 /// The two refused specs and the field each refusal must name.
 fn refused_specs(image: &Image, host_dir: &Path) -> Vec<(&'static str, Spec, &'static str)> {
-    let limits = Limits { mem_mib: 256, ..Limits::default() };
+    let limits = Limits {
+        mem_mib: 256,
+        ..Limits::default()
+    };
     let mut egress = Guarantees::untrusted(limits, Vec::new());
     egress.egress_denied = false;
     let mut writable = Guarantees::untrusted(limits, Vec::new());
-    writable.mounts = vec![Mount { host_path: host_dir.to_path_buf(), guest_path: "/data".into(), read_only: false }];
+    writable.mounts = vec![Mount {
+        host_path: host_dir.to_path_buf(),
+        guest_path: "/data".into(),
+        read_only: false,
+    }];
     vec![
-        ("egress allowed", Spec::new(image.clone(), egress), "guarantees.egress_denied"),
-        ("writable mount", Spec::new(image.clone(), writable), "guarantees.mounts[0].read_only"),
+        (
+            "egress allowed",
+            Spec::new(image.clone(), egress),
+            "guarantees.egress_denied",
+        ),
+        (
+            "writable mount",
+            Spec::new(image.clone(), writable),
+            "guarantees.mounts[0].read_only",
+        ),
     ]
 }
 
@@ -44,8 +59,14 @@ fn check_refusal(what: &str, r: Result<MicroVm, SandboxError>, field: &str) -> R
         Err(e) => e,
     };
     let chain = error_chain(&err);
-    ensure!(matches!(err, SandboxError::Spec(_)), "{what}: refused, but not by the spec: {chain}");
-    ensure!(chain.contains(field), "{what}: the refusal does not name {field}: {chain}");
+    ensure!(
+        matches!(err, SandboxError::Spec(_)),
+        "{what}: refused, but not by the spec: {chain}"
+    );
+    ensure!(
+        chain.contains(field),
+        "{what}: the refusal does not name {field}: {chain}"
+    );
     eprintln!("    {what}: {chain}");
     Ok(())
 }
@@ -67,7 +88,10 @@ impl Driver for Recorder {
     }
     fn boot(&self, _plan: BootPlan) -> Result<Machine, DriverError> {
         self.boots.fetch_add(1, Ordering::SeqCst);
-        Err(DriverError::Unsupported { driver: "recorder", reason: "records only".into() })
+        Err(DriverError::Unsupported {
+            driver: "recorder",
+            reason: "records only".into(),
+        })
     }
 }
 
@@ -77,7 +101,9 @@ fn refused_before_any_driver_boot() {
     let tmp = tempfile::tempdir().unwrap();
     let image = fake_image(tmp.path()).unwrap();
     let boots = Arc::new(AtomicUsize::new(0));
-    let registry = Registry::new(vec![Box::new(Recorder { boots: boots.clone() })]);
+    let registry = Registry::new(vec![Box::new(Recorder {
+        boots: boots.clone(),
+    })]);
     let runs = tmp.path().join("runs");
     std::fs::create_dir(&runs).unwrap();
     let options = Options {
@@ -88,8 +114,16 @@ fn refused_before_any_driver_boot() {
     for (what, spec, field) in refused_specs(&image, tmp.path()) {
         let r = MicroVm::create_with(&registry, &spec, &options);
         check_refusal(what, r, field).unwrap();
-        assert_eq!(boots.load(Ordering::SeqCst), 0, "{what}: the driver was asked to boot");
-        assert_eq!(std::fs::read_dir(&runs).unwrap().count(), 0, "{what}: a run dir was created");
+        assert_eq!(
+            boots.load(Ordering::SeqCst),
+            0,
+            "{what}: the driver was asked to boot"
+        );
+        assert_eq!(
+            std::fs::read_dir(&runs).unwrap().count(),
+            0,
+            "{what}: a run dir was created"
+        );
     }
 }
 
@@ -108,7 +142,10 @@ fn refused_on_every_driver() {
             check_refusal(what, MicroVm::boot(spec, options.clone()).await, field)?;
             for name in ["qemu-system", "vhost-device"] {
                 let kids = children_named(name);
-                ensure!(kids.is_empty(), "{what}: {name} processes were started: {kids:?}");
+                ensure!(
+                    kids.is_empty(),
+                    "{what}: {name} processes were started: {kids:?}"
+                );
             }
             let made = std::fs::read_dir(&runs).ctx("reading runs")?.count();
             ensure!(made == 0, "{what}: {made} run dirs were created");

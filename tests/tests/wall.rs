@@ -16,7 +16,9 @@ fn files_under(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 stack.push(e.path());
@@ -29,7 +31,13 @@ fn files_under(dir: &Path) -> Vec<String> {
 }
 
 fn is_wall_expired(e: &SandboxError) -> bool {
-    matches!(e, SandboxError::Machine { source: MachineError::WallExpired { .. }, .. })
+    matches!(
+        e,
+        SandboxError::Machine {
+            source: MachineError::WallExpired { .. },
+            ..
+        }
+    )
 }
 
 async fn scenario(driver: &'static str) -> Result<(), String> {
@@ -40,16 +48,27 @@ async fn scenario(driver: &'static str) -> Result<(), String> {
     let vm = boot(driver, &g).await?;
     let booted = Instant::now();
     let me = std::process::id();
-    let pids: Vec<u32> = vm.machine().host_pids().into_iter().filter(|&p| p != me).collect();
+    let pids: Vec<u32> = vm
+        .machine()
+        .host_pids()
+        .into_iter()
+        .filter(|&p| p != me)
+        .collect();
     let mut c = Cases::new("wall", driver);
 
     c.run("running_before_the_wall", async {
         ensure!(vm.machine().is_running(), "not running right after boot");
         for &p in &pids {
-            ensure!(pid_exists(p), "host pid {p} of the VM does not exist while it runs");
+            ensure!(
+                pid_exists(p),
+                "host pid {p} of the VM does not exist while it runs"
+            );
         }
         let files = files_under(parent.path());
-        ensure!(!files.is_empty(), "the run directory holds no sockets while the VM runs");
+        ensure!(
+            !files.is_empty(),
+            "the run directory holds no sockets while the VM runs"
+        );
         eprintln!("    host pids {pids:?}, run files {files:?}");
         Ok(())
     })
@@ -60,15 +79,39 @@ async fn scenario(driver: &'static str) -> Result<(), String> {
         let r = vm.exec("sleep 60").await;
         let after = booted.elapsed();
         match r {
-            Ok(out) => return Err(format!("sleep 60 finished after {after:?}: {:?}", out.status)),
-            Err(e) => ensure!(is_wall_expired(&e), "sleep 60 failed, but not by the wall: {}", error_chain(&e)),
+            Ok(out) => {
+                return Err(format!(
+                    "sleep 60 finished after {after:?}: {:?}",
+                    out.status
+                ));
+            }
+            Err(e) => ensure!(
+                is_wall_expired(&e),
+                "sleep 60 failed, but not by the wall: {}",
+                error_chain(&e)
+            ),
         }
-        ensure!(after < WALL + Duration::from_secs(10), "the exec ended {after:?} after boot");
-        ensure!(after + Duration::from_millis(500) >= WALL, "the exec ended {after:?} after boot, before the wall");
-        ensure!(vm.machine().wall_expired(), "the machine does not report wall expiry");
-        ensure!(!vm.machine().is_running(), "the machine still reports running");
+        ensure!(
+            after < WALL + Duration::from_secs(10),
+            "the exec ended {after:?} after boot"
+        );
+        ensure!(
+            after + Duration::from_millis(500) >= WALL,
+            "the exec ended {after:?} after boot, before the wall"
+        );
+        ensure!(
+            vm.machine().wall_expired(),
+            "the machine does not report wall expiry"
+        );
+        ensure!(
+            !vm.machine().is_running(),
+            "the machine still reports running"
+        );
         let again = vm.exec("true").await;
-        ensure!(again.as_ref().is_err_and(is_wall_expired), "exec after the wall: {again:?}");
+        ensure!(
+            again.as_ref().is_err_and(is_wall_expired),
+            "exec after the wall: {again:?}"
+        );
         Ok(())
     })
     .await;
@@ -80,7 +123,10 @@ async fn scenario(driver: &'static str) -> Result<(), String> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         for &p in &pids {
-            ensure!(!pid_exists(p), "host pid {p} still exists 5 s after the wall");
+            ensure!(
+                !pid_exists(p),
+                "host pid {p} still exists 5 s after the wall"
+            );
         }
         eprintln!("    host pids gone {:?} after boot", booted.elapsed());
         for name in ["qemu-system", "vhost-device"] {
@@ -95,8 +141,15 @@ async fn scenario(driver: &'static str) -> Result<(), String> {
 
     vm.close().await;
     c.run("run_dir_removed", async {
-        let left: Vec<_> = std::fs::read_dir(parent.path()).ctx("reading run parent")?.flatten().map(|e| e.path()).collect();
-        ensure!(left.is_empty(), "left in the run dir parent after close: {left:?}");
+        let left: Vec<_> = std::fs::read_dir(parent.path())
+            .ctx("reading run parent")?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        ensure!(
+            left.is_empty(),
+            "left in the run dir parent after close: {left:?}"
+        );
         Ok(())
     })
     .await;
