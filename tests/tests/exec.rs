@@ -103,6 +103,34 @@ async fn pipeline(vm: &MicroVm) -> Result<(), String> {
     Ok(())
 }
 
+/// A command past its timeout is killed (with its children) and reported as timed out.
+async fn timeout_kills(vm: &MicroVm) -> Result<(), String> {
+    let run = Run {
+        command: Command::Shell("sleep 302 & sleep 302".into()),
+        timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let start = std::time::Instant::now();
+    let out = vm.run(run).await.ctx("sleep past its timeout")?;
+    let took = start.elapsed();
+    ensure!(
+        out.status.timed_out,
+        "not reported as timed out: {:?}",
+        out.status
+    );
+    ensure!(
+        took < Duration::from_secs(15),
+        "the timed-out exec returned after {took:?}"
+    );
+    let left = exec_ok(vm, "ps | grep -c '[s]leep 302' || true").await?;
+    ensure!(
+        left.trim() == "0",
+        "{} 'sleep 302' left after the timeout",
+        left.trim()
+    );
+    Ok(())
+}
+
 /// Output larger than one protocol chunk arrives whole and in order.
 async fn large_output(vm: &MicroVm) -> Result<(), String> {
     let n = 300_000;
@@ -173,6 +201,7 @@ fn exec() {
         c.run("stdin", stdin_reaches_the_command(&vm)).await;
         c.run("pipeline", pipeline(&vm)).await;
         c.run("cwd", cwd_is_the_root(&vm)).await;
+        c.run("timeout_kills", timeout_kills(&vm)).await;
         c.run_within("large_output", Duration::from_secs(60), large_output(&vm))
             .await;
         vm.close().await;
