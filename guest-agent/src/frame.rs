@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
 /// Frame codec errors.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +29,8 @@ pub enum FrameError {
 }
 
 /// Read one frame. `first` bounds the wait for the length prefix (`None` = unbounded),
-/// `rest` bounds the time from the first byte to the end of the body.
+/// `rest` bounds the time from the first byte to the end of the body. Reads exactly the
+/// frame's bytes, nothing past it.
 pub async fn read_frame<R, T>(
     r: &mut R,
     max: u32,
@@ -39,43 +41,94 @@ where
     R: AsyncRead + Unpin,
     T: DeserializeOwned,
 {
-    let mut len = [0u8; 4];
-    let first_byte = async {
-        match r.read(&mut len[..1]).await {
-            Ok(0) => Err(FrameError::Closed),
-            Ok(_) => Ok(()),
-            Err(e) => Err(FrameError::Io(e)),
-        }
-    };
-    match first {
-        Some(t) => tokio::time::timeout(t, first_byte)
-            .await
-            .map_err(|_| FrameError::Timeout)??,
-        None => first_byte.await?,
-    }
-    let body = async {
-        r.read_exact(&mut len[1..]).await.map_err(map_eof)?;
-        let n = u32::from_le_bytes(len);
-        if n > max {
-            return Err(FrameError::TooLarge {
-                len: u64::from(n),
-                max,
-            });
-        }
-        let mut buf = vec![0u8; n as usize];
-        r.read_exact(&mut buf).await.map_err(map_eof)?;
-        postcard::from_bytes(&buf).map_err(FrameError::Decode)
-    };
-    tokio::time::timeout(rest, body)
-        .await
-        .map_err(|_| FrameError::Timeout)?
+    FrameReader::new(max).read(r, first, rest).await
 }
 
-fn map_eof(e: std::io::Error) -> FrameError {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        FrameError::Closed
-    } else {
-        FrameError::Io(e)
+/// Most bytes requested from the stream by one read (and reserved ahead of it).
+const READ_STEP: usize = 256 * 1024;
+
+/// A cancel-safe frame reader: the bytes of a partly read frame live in the reader, not in
+/// the future of [`FrameReader::read`], so dropping that future at any await point (a
+/// `select!` branch that lost, a timeout) loses nothing and the next call resumes the frame.
+///
+/// Bounded: it reads only the bytes of the current frame (never past it), refuses a length
+/// prefix above `max` before reserving anything, and grows its buffer at most 256 KiB at a
+/// time as bytes actually arrive. The `rest` deadline is measured from the frame's first
+/// byte across calls, so a peer that trickles a frame cannot stretch it by having the caller
+/// retry. After an error the stream position is unknown: drop the reader and the stream.
+#[derive(Debug)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+    max: u32,
+    started: Option<Instant>,
+}
+
+impl FrameReader {
+    pub fn new(max: u32) -> Self {
+        FrameReader {
+            buf: Vec::new(),
+            max,
+            started: None,
+        }
+    }
+
+    /// Bytes of the current frame still missing (0 = complete).
+    fn missing(&self) -> Result<usize, FrameError> {
+        let Some(len) = self.buf.get(..4) else {
+            return Ok(4 - self.buf.len());
+        };
+        let mut b = [0u8; 4];
+        b.copy_from_slice(len);
+        let n = u32::from_le_bytes(b);
+        if n > self.max {
+            return Err(FrameError::TooLarge {
+                len: u64::from(n),
+                max: self.max,
+            });
+        }
+        Ok(4 + n as usize - self.buf.len())
+    }
+
+    /// Read (the rest of) one frame; see [`read_frame`] for `first` and `rest`.
+    pub async fn read<R, T>(
+        &mut self,
+        r: &mut R,
+        first: Option<Duration>,
+        rest: Duration,
+    ) -> Result<T, FrameError>
+    where
+        R: AsyncRead + Unpin,
+        T: DeserializeOwned,
+    {
+        loop {
+            let want = self.missing()?;
+            if want == 0 {
+                let msg = postcard::from_bytes(&self.buf[4..]).map_err(FrameError::Decode);
+                self.buf.clear();
+                self.started = None;
+                return msg;
+            }
+            let want = want.min(READ_STEP);
+            self.buf.reserve(want);
+            let limit = match self.started {
+                Some(t0) => Some(t0 + rest),
+                None => first.map(|d| Instant::now() + d),
+            };
+            // Cancel-safe: read_buf appends to `buf` only when bytes were read.
+            let mut limited = (&mut *r).take(want as u64);
+            let read = limited.read_buf(&mut self.buf);
+            let n = match limit {
+                Some(at) => tokio::time::timeout_at(at, read)
+                    .await
+                    .map_err(|_| FrameError::Timeout)?,
+                None => read.await,
+            }
+            .map_err(FrameError::Io)?;
+            if n == 0 {
+                return Err(FrameError::Closed);
+            }
+            self.started.get_or_insert_with(Instant::now);
+        }
     }
 }
 
@@ -109,4 +162,54 @@ where
     .await
     .map_err(|_| FrameError::Timeout)?
     .map_err(FrameError::Io)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::UnixStream;
+
+    use super::*;
+
+    /// A peer that trickles a frame cannot outlast `rest` by making the caller retry: the
+    /// deadline runs from the frame's first byte across dropped `read` futures.
+    #[tokio::test]
+    async fn rest_deadline_spans_cancelled_reads() {
+        let (mut ours, mut peer) = UnixStream::pair().unwrap();
+        tokio::spawn(async move {
+            let frame = encode_frame(&vec![7u8; 100], 1024).unwrap();
+            for b in frame {
+                if peer.write_all(&[b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        let mut fr = FrameReader::new(1024);
+        let t0 = Instant::now();
+        let res = loop {
+            tokio::select! {
+                r = fr.read::<_, Vec<u8>>(&mut ours, None, Duration::from_millis(300)) => break r,
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        };
+        assert!(matches!(res, Err(FrameError::Timeout)), "{res:?}");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn oversized_prefix_is_refused_before_reading_the_body() {
+        let (mut ours, mut peer) = UnixStream::pair().unwrap();
+        peer.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+        let r = FrameReader::new(1024)
+            .read::<_, Vec<u8>>(&mut ours, None, Duration::from_secs(1))
+            .await;
+        assert!(
+            matches!(r, Err(FrameError::TooLarge { max: 1024, .. })),
+            "{r:?}"
+        );
+    }
 }

@@ -13,6 +13,12 @@
 //! bounded `OK <n>\n` line, then speaks the protocol. The same server code serves a Unix socket
 //! on the host (these hosts have no vsock loopback).
 //!
+//! Every write the agent makes on a connection is at most 16 KiB
+//! ([`agent::bounded::BoundedWrites`]): larger guest vsock TX buffers become multi-descriptor
+//! packets that vhost-device-vsock 0.3.0 drops. A Forward ends by closing the vsock stream in
+//! full when the guest TCP peer reaches EOF (that backend ignores half closes); the host's
+//! EOF still only half-closes the guest TCP side (see `agent::forward`).
+//!
 //! # Protocol (version [`PROTOCOL_VERSION`])
 //! Frames are `u32` little-endian length + postcard body (byte payloads as `serde_bytes`), at
 //! most [`protocol::MAX_FRAME`] (1 MiB) each way; a larger length prefix is refused before any
@@ -30,7 +36,8 @@
 //!      client sends `Data`* `DataEnd` -> `Ok`. Chunks are at most 256 KiB; files at most 64 MiB.
 //!    - `List` -> `ListBatch`* `ListEnd` (regular files, recursive, with sizes).
 //!    - `ServeStart` -> `ServeStarted{id}`; `ServeStatus{id}` / `ServeStop{id}` -> `ServeState`.
-//!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`.
+//!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`; host EOF
+//!      half-closes the guest TCP connection, guest EOF closes the whole connection.
 //!    - `Shutdown` -> `Ok`, then sync + `reboot(RB_AUTOBOOT)` (which ends the VM).
 //!
 //!    Any step may instead get `Error{kind, message}`. Cancellation: the client sends `Cancel`
@@ -59,7 +66,7 @@
 //! ```text
 //! AgentClient::unix(path) / AgentClient::hybrid_vsock(uds_path, port) / .with_limits(ClientLimits)
 //! ping() -> AgentInfo;  wait_ready(Duration) -> AgentInfo
-//! exec(ExecRequest) -> ExecOutput;  exec_stream(ExecRequest) -> ExecStream { next(), cancel() }
+//! exec(ExecRequest) -> ExecOutput;  exec_stream(ExecRequest) -> ExecStream { next() (cancel-safe), cancel() }
 //! read_file(root, path) -> Vec<u8>;  write_file(root, path, &[u8]);  list(root, path) -> Vec<FileEntry>
 //! serve_start(ServeRequest) -> ServeId;  serve_status(ServeId) / serve_stop(ServeId) -> ServeStatus
 //! forward(port: u16) -> ForwardStream (a tokio UnixStream);  shutdown()

@@ -203,6 +203,68 @@ async fn streaming_delivers_stdout_stderr_and_exit() {
     assert_eq!(exit.unwrap().code, Some(3));
 }
 
+/// Interrupts a `select!` with `next()`: a short timer, or a bare yield (which drops `next()`
+/// as soon as it has made any progress without finishing).
+async fn interrupt(timer: bool) {
+    if timer {
+        tokio::time::sleep(Duration::from_micros(300)).await;
+    } else {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `ExecStream::next` is cancel-safe: abandoning it whenever a short timer (or a yield) wins a
+/// `select!`, as a CLI does with a Ctrl-C branch, loses no bytes and no frame boundaries.
+#[tokio::test]
+async fn streaming_next_is_cancel_safe_under_select() {
+    let a = TestAgent::start();
+    // Output produced slowly, in bursts of 200 kB, read by a slow consumer: the socket
+    // buffer fills up and holds frames cut at arbitrary points, so next() often finds only
+    // part of a frame and is dropped mid-frame.
+    let line = "i=0; while [ $i -lt 10 ]; do head -c 200000 /dev/zero | tr '\\0' a; echo; \
+                echo e$i >&2; sleep 0.05; i=$((i+1)); done; exit 7";
+    for timer in [true, false] {
+        let mut s = a
+            .client()
+            .exec_stream(ExecRequest::shell(line))
+            .await
+            .unwrap();
+        let (mut out, mut err, mut exit, mut cancelled) = (Vec::new(), Vec::new(), None, 0u32);
+        let run = async {
+            loop {
+                tokio::select! {
+                    ev = s.next() => match ev.unwrap() {
+                        Some(ExecEvent::Stdout(b)) => out.extend(b),
+                        Some(ExecEvent::Stderr(b)) => err.extend(b),
+                        Some(ExecEvent::Exit(st)) => exit = Some(st),
+                        None => break,
+                    },
+                    _ = interrupt(timer) => {
+                        cancelled += 1;
+                        if cancelled % 8 == 0 {
+                            // The slow consumer.
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("stream did not finish");
+        assert!(
+            cancelled > 0,
+            "next() was never interrupted (timer {timer})"
+        );
+        assert_eq!(out.len(), 10 * 200_001, "stdout bytes (timer {timer})");
+        assert!(out.iter().all(|&b| b == b'a' || b == b'\n'));
+        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 10);
+        let want: String = (0..10).map(|i| format!("e{i}\n")).collect();
+        assert_eq!(String::from_utf8_lossy(&err), want);
+        assert_eq!(exit.expect("no exit event").code, Some(7));
+    }
+}
+
 #[tokio::test]
 async fn ping_and_shutdown() {
     let mut a = TestAgent::start();

@@ -169,6 +169,84 @@ async fn pid1_duties_in_a_guest() {
         .collect();
     assert_eq!(leaves.len(), 1, "{out}");
 
+    large_transfers_and_forward_eof(&c).await;
+
     // Shutdown ends the VM (the runner checks that QEMU exits).
     c.shutdown().await.unwrap();
+}
+
+/// Guest -> host transfers far above 32 KiB arrive whole (the agent's writes are bounded so
+/// no vsock packet becomes a multi-descriptor one), and a forwarded connection that the guest
+/// server closes reaches EOF on the host (the agent closes the vsock stream in full).
+async fn large_transfers_and_forward_eof(c: &AgentClient) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let blob: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    c.write_file("/tmp", "blob", &blob).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let back = tokio::time::timeout(Duration::from_secs(60), c.read_file("/tmp", "blob"))
+        .await
+        .expect("read_file of 300 KB timed out")
+        .unwrap();
+    eprintln!("guest: {:?} for read_file of 300 KB", t0.elapsed());
+    assert!(
+        back == blob,
+        "read_file returned {} different bytes",
+        back.len()
+    );
+
+    let (out, st) = sh(c, "seq 1 300000").await;
+    let want: String = (1..=300_000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(st.code, Some(0), "{st:?}");
+    assert_eq!(out.len(), want.len());
+    assert!(out == want, "seq output differs");
+
+    // busybox httpd answers an HTTP/1.0 GET and closes; the host must see EOF.
+    let page: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    c.write_file("/tmp", "www/index.html", &page).await.unwrap();
+    let id = c
+        .serve_start(ServeRequest {
+            command: guest_agent::Command::Shell(
+                "exec httpd -f -p 127.0.0.1:8080 -h /tmp/www".into(),
+            ),
+            env: vec![("PATH".into(), "/bin".into())],
+            cwd: None,
+        })
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    for attempt in 0.. {
+        let mut s = match c.forward(8080).await {
+            Ok(s) => s,
+            Err(e) if attempt < 50 => {
+                eprintln!("guest: forward not ready: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => panic!("forward to httpd: {e}"),
+        };
+        s.write_all(b"GET /index.html HTTP/1.0\r\n\r\n")
+            .await
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut answer))
+            .await
+            .expect("no EOF from a forwarded connection the guest server closed")
+            .unwrap();
+        eprintln!("guest: {:?} for a forwarded GET", t0.elapsed());
+        break;
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(
+        text.starts_with("HTTP/1.") && text.contains(" 200 OK"),
+        "{text:.200}"
+    );
+    assert!(
+        answer.ends_with(&page),
+        "body differs ({} bytes answered)",
+        answer.len()
+    );
+    c.serve_stop(id).await.unwrap();
 }

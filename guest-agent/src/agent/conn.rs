@@ -93,7 +93,7 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
             Ok(st) => send(&mut s, &AgentFrame::ServeState(st), t).await,
             Err((k, m)) => send_error(&mut s, k, &m, t).await,
         },
-        Request::Forward { port } => forward(agent, s, port).await,
+        Request::Forward { port } => super::forward::run(agent, s, port).await,
         Request::Shutdown => {
             let r = send(&mut s, &AgentFrame::Ok, t).await;
             let _ = s.shutdown().await;
@@ -223,34 +223,4 @@ async fn list<S: Stream>(
         send(s, &AgentFrame::ListBatch(batch), t).await?;
     }
     send(s, &AgentFrame::ListEnd, t).await
-}
-
-async fn forward<S: Stream>(agent: &Agent, mut s: S, port: u16) -> Result<(), FrameError> {
-    let t = agent.io_timeout();
-    let tcp =
-        match tokio::time::timeout(t, tokio::net::TcpStream::connect(("127.0.0.1", port))).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                return send_error(
-                    &mut s,
-                    ErrorKind::Io,
-                    &format!("connect 127.0.0.1:{port}: {e}"),
-                    t,
-                )
-                .await;
-            }
-            Err(_) => {
-                return send_error(
-                    &mut s,
-                    ErrorKind::Io,
-                    &format!("connect 127.0.0.1:{port}: timed out"),
-                    t,
-                )
-                .await;
-            }
-        };
-    send(&mut s, &AgentFrame::ForwardOk, t).await?;
-    let mut tcp = tcp;
-    let _ = tokio::io::copy_bidirectional(&mut s, &mut tcp).await;
-    Ok(())
 }

@@ -5,10 +5,12 @@
 //! ([`Agent::serve_unix`], host tests). Connections beyond `max_conns` get a `Busy` error and are
 //! closed; each connection's handshake and request must arrive within `io_timeout`.
 
+pub mod bounded;
 pub mod cgroup;
 mod conn;
 mod exec;
 pub mod files;
+mod forward;
 pub mod pid1;
 pub mod process;
 pub mod reaper;
@@ -23,6 +25,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, Semaphore};
 
+use bounded::BoundedWrites;
 use cgroup::{CgroupLimits, Cgroups};
 use reaper::Reaper;
 use serve::Serves;
@@ -164,7 +167,11 @@ impl Agent {
     }
 
     /// Serve one accepted connection on its own task (or refuse it when at capacity).
+    ///
+    /// Every write on the connection goes through [`BoundedWrites`] (at most 16 KiB per
+    /// `write(2)`: see [`bounded`] for the guest-kernel/vsock-backend interplay this avoids).
     pub fn spawn_conn<S: Stream>(self: &Arc<Self>, s: S) {
+        let s = BoundedWrites::new(s);
         let agent = self.clone();
         match self.conns.clone().try_acquire_owned() {
             Ok(permit) => {
