@@ -82,28 +82,24 @@ pub fn spec(
             read_only: v.read_only,
         })
         .collect();
+    // The guest environment is exactly the spec's: `-e` values plus vm-spec's documented
+    // default (`PATH` = vm_spec::DEFAULT_GUEST_PATH unless `-e PATH=…` is given).
     let guarantees = Guarantees {
         egress_denied: true,
         limits,
         mounts,
         env,
         env_allow,
-    };
+    }
+    .with_default_env();
     Ok(Spec::new(image(opts)?, guarantees))
 }
 
-/// `PATH` given to guest commands unless `-e PATH=…` is passed: the guest environment is
-/// exactly what the spec lists (nothing is inherited), and an argv is looked up in `PATH`
-/// only when the environment has one.
-pub const DEFAULT_GUEST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Resolves `-e` flags against this process's environment, adding the default `PATH`.
+/// Resolves `-e` flags against this process's environment. The default guest `PATH` is not
+/// added here: [`spec`] writes `vm_spec`'s default environment into the spec, where
+/// `--dry-run` shows it.
 pub fn env(args: &[EnvArg]) -> Vec<(String, String)> {
-    let mut env = parse::resolve_env(args, |k| std::env::var(k).ok());
-    if !env.iter().any(|(k, _)| k == "PATH") {
-        env.insert(0, ("PATH".to_string(), DEFAULT_GUEST_PATH.to_string()));
-    }
-    env
+    parse::resolve_env(args, |k| std::env::var(k).ok())
 }
 
 /// Maps a library error type found in an error's cause chain to its exit code.
@@ -132,11 +128,9 @@ pub fn classify_library_error(e: &(dyn std::error::Error + 'static)) -> Option<u
     if let Some(s) = e.downcast_ref::<vm_sandbox::SandboxError>() {
         use vm_sandbox::SandboxError;
         match s {
-            // Transparent variants hide the inner error from the cause chain: map it here.
-            SandboxError::Select(inner) => return classify_library_error(inner),
+            // Select/Admit/Machine carry their cause in the chain; `classify` reaches it.
             SandboxError::Path(_) | SandboxError::Glob(_) => return Some(exit::USAGE),
             SandboxError::Unsupported(_) => return Some(exit::FAILED),
-            SandboxError::Machine { source, .. } => return classify_library_error(source),
             _ => {}
         }
     }
@@ -152,4 +146,40 @@ pub fn classify_library_error(e: &(dyn std::error::Error + 'static)) -> Option<u
         return Some(exit::FAILED);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use vm_sandbox::{SandboxError, SelectError};
+    use vm_spec::{AdmitError, Containment, Trust};
+
+    use crate::exit;
+
+    /// Library errors wrapped in `SandboxError` keep their cause in the chain, so the exit
+    /// code comes from the cause (and the one-line message names it).
+    #[test]
+    fn sandbox_errors_classify_by_their_cause() {
+        let select = SandboxError::Select(SelectError::Unknown {
+            name: "nope".into(),
+            known: "kvm, tcg".into(),
+        });
+        let err = anyhow::Error::new(select).context("booting");
+        assert_eq!(exit::classify(&err), exit::USAGE);
+        assert!(
+            exit::one_line(&err).contains("\"nope\" is not registered"),
+            "{}",
+            exit::one_line(&err)
+        );
+
+        let admit = SandboxError::Admit(AdmitError::Forbidden {
+            tier: "tcg".into(),
+            trust: Trust::Untrusted,
+            provided: Containment::UserKernel,
+            required: Containment::MicroVm,
+            allowed_by: Some("--allow-emulation"),
+        });
+        let err = anyhow::Error::new(admit);
+        assert_eq!(exit::classify(&err), exit::REFUSED);
+        assert!(exit::one_line(&err).contains("--allow-emulation"));
+    }
 }

@@ -76,12 +76,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 fn main() {
     let cli = Cli::parse();
     init_logging(cli.quiet, cli.verbose);
-    // Blocking-pool threads must outlive the VMs they boot: drivers start helper processes
-    // with PR_SET_PDEATHSIG, which fires when the *thread* that spawned them exits, and
-    // tokio retires idle blocking threads after 10 s by default.
+    // No thread_keep_alive workaround: vm-drivers forks its helper processes (armed with
+    // PR_SET_PDEATHSIG, which fires when the *forking thread* exits) from its own
+    // process-lifetime spawner thread, so tokio retiring an idle blocking thread that ran a
+    // boot cannot kill a VM (lifecycle.rs keeps a `run -d` VM idle past tokio's 10 s).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .thread_keep_alive(std::time::Duration::from_secs(10 * 365 * 24 * 3600))
         .enable_all()
         .build();
     let code = match runtime {

@@ -16,7 +16,7 @@
 //! A boot failure is recorded as `exited` with the error and its exit code, for `vm run`
 //! to report.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -44,19 +44,6 @@ pub struct StartRequest {
     pub driver: Option<String>,
     /// Default working directory for `vm exec NAME` (guest path).
     pub workdir: Option<String>,
-}
-
-/// The driver's agent socket inside the run directory the sandbox created under `dir`.
-/// (Glue: `MicroVm` does not expose its run directory or socket path.)
-fn find_agent_socket(dir: &Path) -> Option<PathBuf> {
-    let entries = std::fs::read_dir(dir).ok()?;
-    for e in entries.flatten() {
-        let p = e.path().join("vsock.sock");
-        if e.file_name().to_string_lossy().starts_with("vm-") && p.exists() {
-            return Some(p);
-        }
-    }
-    None
 }
 
 fn write_console(dir: &Path, vm: &MicroVm, last: &mut String) {
@@ -117,18 +104,11 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
     };
     // Creates the guest root (the sandbox does so lazily) and proves the agent works.
     vm.walk("").await?;
-    let Some(socket) = find_agent_socket(&dir) else {
-        vm.close().await;
-        anyhow::bail!(
-            "the driver's agent socket was not found under {}",
-            dir.display()
-        );
-    };
     record.state = VmState::Running;
     record.started_unix = Some(now_unix());
     record.driver = Some(vm.driver().to_string());
     record.containment = Some(vm.containment().to_string());
-    record.agent_socket = Some(socket);
+    record.agent_socket = Some(vm.agent_socket().to_path_buf());
     record.host_pids = vm
         .machine()
         .host_pids()

@@ -97,8 +97,11 @@ fn dry_run_json_has_the_resolved_spec_and_verdict() {
         env_list.iter().any(|kv| kv[0] == "FOO" && kv[1] == "bar"),
         "{env_list:?}"
     );
+    // The default guest PATH is vm-spec's, written into the spec (visible here).
     assert!(
-        env_list.iter().any(|kv| kv[0] == "PATH"),
+        env_list
+            .iter()
+            .any(|kv| kv[0] == "PATH" && kv[1] == vm_spec::DEFAULT_GUEST_PATH),
         "default PATH missing: {env_list:?}"
     );
     assert_eq!(doc["command"], serde_json::json!(["true"]));
@@ -121,6 +124,24 @@ fn dry_run_json_has_the_resolved_spec_and_verdict() {
             "tcg is not available here",
         );
     }
+}
+
+/// `-e PATH=…` replaces the default PATH; the spec's environment is exactly what is shown.
+#[test]
+fn dry_run_env_is_exactly_the_spec_env() {
+    let env = Env::new();
+    let out = dry(&env, &["--json", "-e", "PATH=/opt/bin", "-e", "X=1"]);
+    let doc = out.json();
+    assert_eq!(
+        doc["spec"]["guarantees"]["env"],
+        serde_json::json!([["PATH", "/opt/bin"], ["X", "1"]]),
+        "{doc}"
+    );
+    let out = dry(&env, &["--json"]);
+    assert_eq!(
+        out.json()["spec"]["guarantees"]["env"],
+        serde_json::json!([["PATH", vm_spec::DEFAULT_GUEST_PATH]])
+    );
 }
 
 #[test]
@@ -511,16 +532,25 @@ fn failed_start_leaves_no_state() {
     );
 }
 
-/// `images ls`/`prune` only see complete image sets: build.sh's own `kernels/`, `logs/` and
-/// in-progress `.tmp.*` directories are never listed or removed, nor is `current`.
+/// `images ls`/`prune` only see complete image sets: build.sh's own `kernels/`, `logs/`,
+/// `agent-target/` and in-progress `.tmp.*` directories are never listed or removed, nor is
+/// `current`, nor a hex-named directory without `manifest.json` (an incomplete set).
 #[test]
 fn images_prune_keeps_current_and_build_state() {
     let env = Env::new();
     let images = env.dir.path().join("images");
-    for d in ["kernels/k1", "logs", ".tmp.abc/work", "aaaa", "bbbb"] {
+    for d in [
+        "kernels/k1",
+        "logs",
+        "agent-target/debug",
+        ".tmp.abc/work",
+        "aaaa",
+        "bbbb",
+        "cccc",
+    ] {
         std::fs::create_dir_all(images.join(d)).unwrap();
     }
-    for d in ["aaaa", "bbbb"] {
+    for d in ["aaaa", "bbbb", ".tmp.abc"] {
         std::fs::write(images.join(d).join("manifest.json"), b"{}").unwrap();
     }
     std::os::unix::fs::symlink("aaaa", images.join("current")).unwrap();
@@ -547,7 +577,15 @@ fn images_prune_keeps_current_and_build_state() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains("removed bbbb"), "{}", out.stdout);
     assert!(!images.join("bbbb").exists());
-    for kept in ["aaaa", "current", "kernels/k1", "logs", ".tmp.abc/work"] {
+    for kept in [
+        "aaaa",
+        "current",
+        "cccc",
+        "kernels/k1",
+        "logs",
+        "agent-target/debug",
+        ".tmp.abc/work",
+    ] {
         assert!(images.join(kept).exists(), "{kept} was removed");
     }
 }

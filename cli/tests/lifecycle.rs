@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{Env, skip};
 
+/// Longer than tokio's default blocking-thread keep-alive (10 s) plus a margin.
+const IDLE_PAST_KEEP_ALIVE: Duration = Duration::from_secs(16);
+
 /// Why a guest cannot be booted here, if it cannot.
 fn guest_unavailable(env: &Env) -> Option<String> {
     if common::built_images().is_none() {
@@ -167,6 +170,25 @@ fn run_exec_cp_ps_stop_rm_lifecycle() {
     assert!(!host_pids.is_empty(), "no VM processes recorded");
     let socket = std::path::PathBuf::from(record["agent_socket"].as_str().unwrap());
     assert!(socket.exists());
+    assert!(
+        socket.starts_with(env.runtime().join("box")),
+        "agent socket {} is not in the VM's state dir",
+        socket.display()
+    );
+
+    // The VM survives idling past tokio's blocking-thread keep-alive (10 s): the supervisor
+    // booted it on a blocking thread that has retired by now, and the VM's helper processes
+    // carry PR_SET_PDEATHSIG, so they must not have been forked from that thread.
+    std::thread::sleep(IDLE_PAST_KEEP_ALIVE);
+    for pid in &host_pids {
+        assert!(
+            common::pid_alive(*pid),
+            "VM process {pid} died while the VM was idle"
+        );
+    }
+    assert!(common::pid_alive(supervisor), "supervisor died while idle");
+    let out = env.run(&["exec", "box", "--", "true"]);
+    assert_eq!(out.code, 0, "after idling: {}", out.stderr);
 
     // Several commands in the one VM; state persists between them.
     let out = env.run(&[

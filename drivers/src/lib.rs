@@ -51,7 +51,8 @@
 //! pub struct DiskPlan { pub host_path: PathBuf, pub guest_path: String, pub fs: DiskFs }
 //! Registry::new(Vec<Box<dyn Driver>>), Registry::with_defaults(), .drivers(), .get(name),
 //!     .detect_all(), .select_first_available() -> Result<(&dyn Driver, Availability), NoDriverError>
-//! Machine: name(), driver(), containment(), agent(), exec/exec_stream/read_file/write_file/list/
+//! Machine: name(), driver(), containment(), info(), agent(), agent_socket() -> &Path,
+//!     exec/exec_stream/read_file/write_file/list/
 //!     serve_start/serve_status/serve_stop/forward (async, -> Result<_, MachineError>),
 //!     console_tail(), host_pids(), is_running(), wall_expired(), close() (async), close_now()
 //! ```

@@ -11,6 +11,7 @@
 //! nothing waits on a dead guest.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -83,6 +84,10 @@ pub struct MachineInfo {
     pub containment: Containment,
     /// Wall-clock lifetime, enforced by a watchdog.
     pub wall: Option<Duration>,
+    /// The host Unix socket the agent client connects to: the VM's hybrid-vsock socket for
+    /// the real drivers (`<run_dir>/vsock.sock`; a client writes `CONNECT <port>\n` first).
+    /// It exists while the machine runs and is removed when it is closed.
+    pub agent_socket: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +205,13 @@ impl Machine {
     /// The identity the driver gave this machine.
     pub fn info(&self) -> &MachineInfo {
         &self.info
+    }
+
+    /// The host Unix socket the agent client connects to (see [`MachineInfo::agent_socket`]).
+    /// Another process can reach the same agent through it, e.g. with
+    /// `AgentClient::hybrid_vsock(path, guest_agent::AGENT_PORT)` for the real drivers.
+    pub fn agent_socket(&self) -> &Path {
+        &self.info.agent_socket
     }
 
     /// The agent client (for operations this type does not wrap). Prefer the methods here:

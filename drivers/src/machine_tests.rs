@@ -44,6 +44,7 @@ fn machine(wall: Option<Duration>, agent: AgentClient) -> (Machine, Arc<FakeStat
         driver: "fake",
         containment: Containment::MicroVm,
         wall,
+        agent_socket: "/run/t/vsock.sock".into(),
     };
     let m = Machine::new(info, Box::new(FakeHandle(state.clone())), agent).unwrap();
     (m, state)
@@ -205,4 +206,11 @@ fn machine_and_registry_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Machine>();
     assert_send_sync::<crate::Registry>();
+}
+
+#[test]
+fn agent_socket_is_the_one_the_driver_recorded() {
+    let (m, _state) = machine(None, nowhere());
+    assert_eq!(m.agent_socket(), std::path::Path::new("/run/t/vsock.sock"));
+    assert_eq!(m.info().agent_socket, m.agent_socket());
 }

@@ -1,9 +1,16 @@
 //! The guest image cache built by `images/build.sh`:
 //! `<images dir>/<hash>/{vmlinux,bzImage,initramfs.cpio,config,manifest.json}` plus a
-//! `current` symlink to the default `<hash>`. Only hex-named directories are image sets;
-//! the build's own caches beside them (`kernels/`, `logs/`, `agent-target/`) are never
-//! listed or pruned. The images dir is `$VM_IMAGES_DIR`, else
-//! `$XDG_CACHE_HOME/vm/images`, else `$HOME/.cache/vm/images`.
+//! `current` symlink to the default `<hash>`.
+//!
+//! An *image set* is a real directory (not a symlink) whose name is a hex build hash and
+//! which holds a `manifest.json` (build.sh writes it last, into a `.tmp.*` directory that is
+//! renamed into place, so a set without one is incomplete). [`list`] and [`prune`] are the
+//! one implementation of that rule (the CLI's `vm images ls/prune` call them); everything
+//! else in the images dir is never listed or removed: the build's caches (`kernels/`,
+//! `logs/`, `agent-target/`), in-progress `.tmp.*` builds, the `.lock` file, and the
+//! `current` link (removed only by `prune(false)`, which removes every set).
+//! The images dir is `$VM_IMAGES_DIR`, else `$XDG_CACHE_HOME/vm/images`, else
+//! `$HOME/.cache/vm/images`.
 
 use std::fs;
 use std::io;
@@ -79,7 +86,18 @@ pub fn list() -> Result<Vec<ImageEntry>, ImageError> {
     list_in(&images_dir()?)
 }
 
-/// Every image set in `dir`, sorted by hash.
+/// The file that marks a complete image set.
+pub const MANIFEST: &str = "manifest.json";
+
+/// Whether `name` inside an images dir is an image set (see the module docs).
+fn is_image_set(dir: &Path, name: &str, ft: fs::FileType) -> bool {
+    let is_hash = !name.is_empty() && name.bytes().all(|b| b.is_ascii_hexdigit());
+    is_hash
+        && ft.is_dir()
+        && fs::symlink_metadata(dir.join(name).join(MANIFEST)).is_ok_and(|m| m.is_file())
+}
+
+/// Every image set in `dir` (see the module docs), sorted by hash.
 pub fn list_in(dir: &Path) -> Result<Vec<ImageEntry>, ImageError> {
     let io_err = |what, path: &Path| {
         let path = path.to_path_buf();
@@ -98,10 +116,7 @@ pub fn list_in(dir: &Path) -> Result<Vec<ImageEntry>, ImageError> {
         let entry = entry.map_err(io_err("reading", dir))?;
         let ft = entry.file_type().map_err(io_err("stat", &entry.path()))?;
         let hash = entry.file_name().to_string_lossy().into_owned();
-        // Image sets are named by their hex build hash; `kernels/`, `logs/`,
-        // `agent-target/` (build caches) and dot-named in-progress dirs are not image sets.
-        let is_hash = !hash.is_empty() && hash.bytes().all(|b| b.is_ascii_hexdigit());
-        if !ft.is_dir() || !is_hash {
+        if !is_image_set(dir, &hash, ft) {
             continue;
         }
         let mut bytes = 0u64;
@@ -121,8 +136,8 @@ pub fn list_in(dir: &Path) -> Result<Vec<ImageEntry>, ImageError> {
     Ok(out)
 }
 
-/// Remove image sets: all but `current` when `keep_current`, else all (and the `current`
-/// link). Returns what was removed.
+/// Remove image sets (only what [`list`] lists): all but `current` when `keep_current`, else
+/// all (and the `current` link). Returns what was removed.
 pub fn prune(keep_current: bool) -> Result<Vec<ImageEntry>, ImageError> {
     prune_in(&images_dir()?, keep_current)
 }
@@ -165,7 +180,7 @@ mod tests {
     fn make_set(dir: &Path, hash: &str) {
         let d = dir.join(hash);
         fs::create_dir_all(&d).unwrap();
-        for f in ["vmlinux", "bzImage", "initramfs.cpio"] {
+        for f in ["vmlinux", "bzImage", "initramfs.cpio", MANIFEST] {
             fs::write(d.join(f), b"1234").unwrap();
         }
     }
@@ -180,9 +195,17 @@ mod tests {
 
         make_set(dir, "aaa");
         make_set(dir, "bbb");
-        for cache in ["kernels/0123", "logs", "agent-target", ".tmp-cafe"] {
+        for cache in NOT_SETS {
             fs::create_dir_all(dir.join(cache)).unwrap();
         }
+        // Look like sets but are not: an in-progress build with every file, a hex dir
+        // without a manifest, a hex-named symlink to a set, a hex-named file.
+        make_set(dir, ".tmp.Xy12ab");
+        make_set(dir, "ccc");
+        fs::remove_file(dir.join("ccc").join(MANIFEST)).unwrap();
+        std::os::unix::fs::symlink("aaa", dir.join("ddd")).unwrap();
+        fs::write(dir.join("eee"), b"x").unwrap();
+        fs::write(dir.join(".lock"), b"").unwrap();
         std::os::unix::fs::symlink("bbb", dir.join("current")).unwrap();
         let paths = images_in(&dir.join("current")).unwrap();
         assert!(paths.vmlinux.ends_with("current/vmlinux"));
@@ -199,18 +222,36 @@ mod tests {
         assert_eq!((listed[0].hash.as_str(), listed[0].current), ("aaa", false));
         assert_eq!(
             (listed[1].hash.as_str(), listed[1].current, listed[1].bytes),
-            ("bbb", true, 12)
+            ("bbb", true, 16)
         );
 
         let removed = prune_in(dir, true).unwrap();
         assert_eq!(removed.len(), 1);
         assert_eq!(removed[0].hash, "aaa");
         assert!(!dir.join("aaa").exists() && dir.join("bbb").exists());
+        assert_eq!(
+            fs::read_link(dir.join("current")).unwrap(),
+            Path::new("bbb")
+        );
+        assert_untouched(dir);
         prune_in(dir, false).unwrap();
         assert!(list_in(dir).unwrap().is_empty());
-        for cache in ["kernels/0123", "logs", "agent-target", ".tmp-cafe"] {
-            assert!(dir.join(cache).is_dir(), "{cache} was pruned");
-        }
+        assert_untouched(dir);
         assert!(fs::symlink_metadata(dir.join("current")).is_err());
+    }
+
+    const NOT_SETS: [&str; 4] = ["kernels/0123", "logs", "agent-target", ".tmp.cafe01"];
+
+    fn assert_untouched(dir: &Path) {
+        for d in NOT_SETS.iter().chain(&[".tmp.Xy12ab", "ccc"]) {
+            assert!(dir.join(d).is_dir(), "{d} was pruned");
+        }
+        assert!(dir.join(".tmp.Xy12ab").join(MANIFEST).is_file());
+        assert!(dir.join("ccc/vmlinux").is_file());
+        assert!(
+            fs::symlink_metadata(dir.join("ddd")).is_ok(),
+            "symlink ddd removed"
+        );
+        assert!(dir.join("eee").is_file() && dir.join(".lock").is_file());
     }
 }

@@ -14,7 +14,9 @@
 //!   ([`confine::relative`]: relative, no `..`, no NUL) before the agent checks them again
 //!   beneath the root with `openat2(RESOLVE_BENEATH)`.
 //! - **Explicit environment.** Every process started in the guest gets exactly
-//!   `Guarantees.env`; nothing is inherited from the host.
+//!   `Guarantees.env`; nothing is inherited from the host and nothing is added here. The
+//!   default guest `PATH` (`vm_spec::DEFAULT_GUEST_PATH`) applies only when written into the
+//!   spec (`Guarantees::with_default_env`), as the CLI does.
 //! - **Read-only mounts only.** A host file becomes a raw read-only disk; a host directory
 //!   an erofs image cached by content key (see [`mounts`]).
 //! - **Lifetime.** The wall limit goes into the `BootPlan` and the `Machine` enforces it.
@@ -67,7 +69,7 @@
 //! MicroVm::create(&Spec, &Options) -> Result<MicroVm, SandboxError>        (blocking)
 //! MicroVm::create_with(&Registry, &Spec, &Options) -> Result<MicroVm, SandboxError>
 //! MicroVm::boot(Spec, Options).await -> Result<MicroVm, SandboxError>      (spawn_blocking)
-//! vm.containment() / driver() / root() / spec() / machine()
+//! vm.containment() / driver() / root() / spec() / machine() / run_dir() -> &Path / agent_socket() -> &Path
 //! vm.exec(line) / capture(&[argv]) / run(Run) -> ExecOutput ; exec_stream(Run) -> ExecStream
 //! vm.read_file(path) / write_file(path, bytes) / walk(dir) / glob(pattern) ; serve(ServeSpec) -> Serving
 //! vm.close().await   (idempotent)

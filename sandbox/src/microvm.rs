@@ -7,7 +7,7 @@
 //! absolute path, no NUL; the agent checks again beneath the root) and every process gets
 //! exactly `Guarantees.env` as its environment.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use crate::serving::{ServeError, ServeSpec, Serving};
 
 /// `PATH` for the runtime's own setup commands (never for the caller's work, whose
 /// environment is exactly `Guarantees.env`).
-const SETUP_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+const SETUP_PATH: &str = vm_spec::DEFAULT_GUEST_PATH;
 
 /// How to create a [`MicroVm`]. `Options::default()` is untrusted work under the strict
 /// policy on the first available admissible driver.
@@ -79,9 +79,11 @@ pub struct Run {
 pub enum SandboxError {
     #[error("spec refused")]
     Spec(#[from] SpecError),
-    #[error(transparent)]
+    /// No driver was selected; the [`SelectError`] (the cause) lists every diagnosis.
+    #[error("selecting a driver")]
     Select(#[from] SelectError),
-    #[error(transparent)]
+    /// The booted machine's containment was refused by the admission gate (the cause).
+    #[error("admission refused")]
     Admit(#[from] vm_spec::AdmitError),
     #[error("preparing mounts")]
     Mount(#[from] MountError),
@@ -120,6 +122,8 @@ pub enum SandboxError {
 pub struct MicroVm {
     machine: Arc<Machine>,
     spec: ValidSpec,
+    /// The per-VM run directory (removed by `close`/drop; the path stays for callers).
+    run_dir_path: PathBuf,
     run_dir: Mutex<Option<tempfile::TempDir>>,
     root_ready: tokio::sync::OnceCell<()>,
 }
@@ -220,6 +224,7 @@ impl MicroVm {
         Ok(MicroVm {
             machine: Arc::new(machine),
             spec,
+            run_dir_path: run_dir.path().to_path_buf(),
             run_dir: Mutex::new(Some(run_dir)),
             root_ready: tokio::sync::OnceCell::new(),
         })
@@ -248,6 +253,21 @@ impl MicroVm {
     /// The underlying machine (console tail, host pids, liveness).
     pub fn machine(&self) -> &Machine {
         &self.machine
+    }
+
+    /// The per-VM run directory the driver keeps its sockets in: a fresh `vm-*` directory
+    /// under [`Options::run_dir_parent`]. It exists until [`MicroVm::close`] (or drop)
+    /// removes it.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir_path
+    }
+
+    /// The host Unix socket of the guest agent ([`Machine::agent_socket`]), inside
+    /// [`MicroVm::run_dir`]. Another process can drive the same guest through it (for the
+    /// real drivers it is a hybrid-vsock socket: `CONNECT <guest_agent::AGENT_PORT>`).
+    /// It exists while the VM runs.
+    pub fn agent_socket(&self) -> &Path {
+        self.machine.agent_socket()
     }
 
     fn machine_err(op: &'static str) -> impl FnOnce(MachineError) -> SandboxError {

@@ -106,7 +106,15 @@ async fn exec_files_glob_and_close() {
         .unwrap()
         .unwrap()
         .path();
-    assert!(run_dir.join("agent.sock").exists());
+    // The accessors name the run dir the driver was given and the socket it recorded, and
+    // a second client reaches the same agent through that socket.
+    assert_eq!(vm.run_dir(), run_dir);
+    assert_eq!(vm.agent_socket(), run_dir.join("agent.sock"));
+    assert_eq!(vm.agent_socket(), vm.machine().agent_socket());
+    guest_agent::client::AgentClient::unix(vm.agent_socket())
+        .ping()
+        .await
+        .expect("ping through MicroVm::agent_socket()");
     vm.close().await;
     vm.close().await; // idempotent
     assert!(!run_dir.exists(), "run dir left behind");
@@ -283,7 +291,10 @@ fn a_machine_weaker_than_its_driver_claimed_is_refused_and_torn_down() {
     let registry = Registry::new(vec![Box::new(liar)]);
     let err = MicroVm::create_with(&registry, &spec, &options).unwrap_err();
     assert!(matches!(err, SandboxError::Admit(_)), "{err}");
-    assert!(err.to_string().contains("container"), "{err}");
+    // The gate's refusal is the cause in the chain (callers walking it find the AdmitError).
+    let cause = std::error::Error::source(&err).expect("admit error has a cause");
+    assert!(cause.is::<vm_spec::AdmitError>(), "{cause:?}");
+    assert!(cause.to_string().contains("container"), "{cause}");
     assert_eq!(
         std::fs::read_dir(tmp.path().join("runs")).unwrap().count(),
         0,

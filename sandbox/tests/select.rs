@@ -149,7 +149,15 @@ fn create_refuses_without_downgrade() {
     let plans = tcg.plans.clone();
     let r = registry(vec![tcg]);
     let err = MicroVm::create_with(&r, &spec, &Options::default()).unwrap_err();
-    assert!(err.to_string().contains("--allow-emulation"), "{err}");
+    assert!(matches!(err, SandboxError::Select(_)), "{err}");
+    // The selection error is the cause in the chain (not hidden behind a transparent
+    // variant), so callers that walk the chain find it and its hint.
+    let cause = std::error::Error::source(&err).expect("select error has a cause");
+    let select = cause
+        .downcast_ref::<SelectError>()
+        .expect("the cause is the SelectError");
+    assert!(matches!(select, SelectError::NoDriver { .. }), "{select:?}");
+    assert!(cause.to_string().contains("--allow-emulation"), "{cause}");
     assert!(plans.lock().unwrap().is_empty());
     // With the explicit policy the emulated driver is used (the fake then refuses to boot).
     let lax = Options {

@@ -11,7 +11,24 @@
 //! - values that carry well-known credential shapes (a PEM private key block, GitHub
 //!   `ghp_`/`github_pat_` tokens, Slack `xox?-` tokens, GitLab `glpat-`, AWS `AKIA…` ids).
 
+//!
+//! The runtime suggests one default, visibly: [`DEFAULT_GUEST_PATH`], put into a spec by
+//! [`Guarantees::with_default_env`](crate::Guarantees::with_default_env) (the CLI does so,
+//! so `--dry-run` shows it). Nothing adds it behind the spec's back: a spec without `PATH`
+//! runs its commands without one.
+
 use crate::error::SpecError;
+
+/// `PATH` of the default guest environment ([`default_guest_env`]): the usual system
+/// directories of the guest image, nothing from the host.
+pub const DEFAULT_GUEST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The default guest environment: `PATH` = [`DEFAULT_GUEST_PATH`] and nothing else. It only
+/// takes effect when written into `Guarantees.env` (see
+/// [`Guarantees::with_default_env`](crate::Guarantees::with_default_env)).
+pub fn default_guest_env() -> Vec<(String, String)> {
+    vec![("PATH".to_string(), DEFAULT_GUEST_PATH.to_string())]
+}
 
 /// Largest total size of the environment (names + values), well below the agent's frame.
 pub const MAX_ENV_BYTES: usize = 128 * 1024;
@@ -124,7 +141,38 @@ pub fn check_env(env: &[(String, String)], allow: &[String]) -> Result<(), SpecE
 
 #[cfg(test)]
 mod tests {
-    use super::looks_secret;
+    use super::{DEFAULT_GUEST_PATH, check_env, looks_secret};
+    use crate::{Guarantees, Limits};
+
+    fn guarantees() -> Guarantees {
+        let limits = Limits {
+            vcpus: 1,
+            mem_mib: 256,
+            pids: 0,
+            wall: std::time::Duration::ZERO,
+        };
+        Guarantees::untrusted(limits, Vec::new())
+    }
+
+    #[test]
+    fn default_env_is_explicit_and_never_overrides() {
+        // Nothing is implied: the untrusted posture starts with an empty environment.
+        assert!(guarantees().env.is_empty());
+        let g = guarantees().with_env("A", "1").with_default_env();
+        assert_eq!(
+            g.env,
+            [
+                ("PATH".to_string(), DEFAULT_GUEST_PATH.to_string()),
+                ("A".to_string(), "1".to_string())
+            ]
+        );
+        assert_eq!(Guarantees::default_guest_env(), g.env[..1]);
+        // A caller's PATH wins and nothing else is added; applying twice changes nothing.
+        let g = guarantees().with_env("PATH", "/bin").with_default_env();
+        assert_eq!(g.env, [("PATH".to_string(), "/bin".to_string())]);
+        assert_eq!(g.clone().with_default_env(), g);
+        check_env(&guarantees().with_default_env().env, &[]).unwrap();
+    }
 
     #[test]
     fn secret_shapes() {

@@ -25,7 +25,9 @@
 //! The only I/O here is resolving mount sources (for the home/root rules), checking that
 //! image files exist and streaming them through sha256 when a digest is pinned. The rules
 //! for protected guest paths are documented in [`paths`]; the environment rules in
-//! [`mod@env`].
+//! [`mod@env`]. The one default the runtime offers, a guest `PATH`
+//! ([`DEFAULT_GUEST_PATH`]), is applied only by writing it into the spec with
+//! [`Guarantees::with_default_env`], so the environment is always exactly what the spec says.
 //!
 //! ```
 //! use vm_spec::{Containment, Policy, Trust, admit_level};
@@ -43,6 +45,7 @@ pub mod paths;
 mod trust;
 mod validate;
 
+pub use env::{DEFAULT_GUEST_PATH, default_guest_env};
 pub use error::SpecError;
 pub use limits::{
     DEFAULT_PIDS, Limits, MAX_MEM_MIB, MAX_PIDS, MAX_VCPUS, MIN_MEM_MIB, ValidLimits,

@@ -110,6 +110,25 @@ impl Guarantees {
         self.env.push((name.into(), value.into()));
         self
     }
+
+    /// The runtime's default guest environment ([`crate::env::default_guest_env`]: `PATH` =
+    /// [`crate::env::DEFAULT_GUEST_PATH`]). Not applied unless asked for with
+    /// [`Guarantees::with_default_env`].
+    pub fn default_guest_env() -> Vec<(String, String)> {
+        crate::env::default_guest_env()
+    }
+
+    /// Write each variable of [`Guarantees::default_guest_env`] whose name `env` does not
+    /// set yet into `env` (ahead of the caller's, in the defaults' order). The result is
+    /// still the complete, explicit environment: the spec (and `--dry-run`) shows it.
+    pub fn with_default_env(mut self) -> Self {
+        let missing: Vec<(String, String)> = Self::default_guest_env()
+            .into_iter()
+            .filter(|(name, _)| !self.env.iter().any(|(n, _)| n == name))
+            .collect();
+        self.env.splice(0..0, missing);
+        self
+    }
 }
 
 /// A request to boot a confined guest.

@@ -220,7 +220,9 @@ impl Vm {
                 .map_err(kvm_err("KVM_IOEVENTFD"))?;
                 irq_events.push(evt);
             }
-            let irq = dev.interrupt_event();
+            let irq = dev
+                .interrupt_event()
+                .map_err(|source| VmmError::Virtio { index, source })?;
             vm.register_irqfd(&irq, VIRTIO_GSI_BASE + index as u32)
                 .map_err(kvm_err("KVM_IRQFD (virtio)"))?;
             irq_events.push(irq);

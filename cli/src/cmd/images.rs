@@ -32,16 +32,6 @@ fn human(bytes: u64) -> String {
     }
 }
 
-/// The built image sets: entries of `vm_sandbox::images::list` that are complete image
-/// directories (a `manifest.json`, not a hidden build directory). `list` also returns
-/// build.sh's own `kernels/`, `logs/` and `.tmp.*` directories.
-fn image_sets() -> anyhow::Result<Vec<vm_sandbox::images::ImageEntry>> {
-    Ok(vm_sandbox::images::list()?
-        .into_iter()
-        .filter(|e| !e.hash.starts_with('.') && e.path.join("manifest.json").is_file())
-        .collect())
-}
-
 /// Runs an images subcommand.
 pub async fn run(cmd: ImagesCommand) -> anyhow::Result<u8> {
     match cmd {
@@ -70,7 +60,7 @@ pub async fn run(cmd: ImagesCommand) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         ImagesCommand::Ls { json } => {
-            let list = image_sets()?;
+            let list = vm_sandbox::images::list()?;
             if json {
                 print_json(&serde_json::to_value(&list)?)?;
             } else {
@@ -89,14 +79,11 @@ pub async fn run(cmd: ImagesCommand) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         ImagesCommand::Prune => {
-            // Not `vm_sandbox::images::prune`: it treats every directory as an image set,
-            // including build.sh's `kernels/`, `logs/` and in-progress `.tmp.*` (reported).
-            let mut removed = Vec::new();
-            for e in image_sets()?.into_iter().filter(|e| !e.current) {
-                std::fs::remove_dir_all(&e.path)
-                    .with_context(|| format!("removing {}", e.path.display()))?;
+            // The library decides what an image set is; `current` and the build's own
+            // directories are never touched.
+            let removed = vm_sandbox::images::prune(true)?;
+            for e in &removed {
                 println!("removed {} ({})", e.hash, human(e.bytes));
-                removed.push(e);
             }
             if removed.is_empty() {
                 println!("nothing to prune");

@@ -67,7 +67,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         last_console: Mutex::new(String::new()),
         run: Mutex::new(run),
     };
-    let client = AgentClient::hybrid_vsock(uds, AGENT_PORT);
+    let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
     if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
         handle.kill();
         return Err(e);
@@ -77,6 +77,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         driver: "kvm",
         containment: Containment::MicroVm,
         wall: plan.wall,
+        agent_socket: uds,
     };
     Machine::new(info, Box::new(handle), client)
 }

@@ -166,7 +166,7 @@ impl Driver for TcgDriver {
             vhost,
             run: Mutex::new(run),
         };
-        let client = AgentClient::hybrid_vsock(uds, AGENT_PORT);
+        let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
         if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
             handle.kill();
             return Err(e);
@@ -176,6 +176,7 @@ impl Driver for TcgDriver {
             driver: "tcg",
             containment: Containment::UserKernel,
             wall: plan.wall,
+            agent_socket: uds,
         };
         Machine::new(info, Box::new(handle), client)
     }

@@ -76,6 +76,7 @@ impl Driver for HostAgentDriver {
             driver: "host-agent",
             containment: self.machine_containment,
             wall: plan.wall,
+            agent_socket: sock.clone(),
         };
         let handle = ChildHandle {
             child: Mutex::new(child),

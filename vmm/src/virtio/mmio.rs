@@ -138,15 +138,15 @@ impl MmioDevice {
             .collect()
     }
 
-    /// The interrupt event; the VMM registers it as the irqfd of the device's GSI.
-    pub fn interrupt_event(&self) -> EventFd {
-        // Cloning an eventfd only fails when the process is out of file descriptors; a fresh,
-        // unconnected eventfd then keeps the VMM running (the device just cannot interrupt).
+    /// A handle on the interrupt event; the VMM registers it as the irqfd of the device's
+    /// GSI. Each call duplicates the descriptor, which fails only when the process is out of
+    /// file descriptors: that is an error for the caller (the VM cannot be built), never a
+    /// panic and never a silently unconnected event.
+    pub fn interrupt_event(&self) -> Result<EventFd, VirtioError> {
         self.irq
             .event()
             .try_clone()
-            .or_else(|_| EventFd::new(EFD_NONBLOCK))
-            .expect("cannot create an eventfd")
+            .map_err(VirtioError::os("irq eventfd handle"))
     }
 
     /// Ask an active vsock device to send VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (and drop its

@@ -32,7 +32,7 @@
 //! ```text
 //! MmioDevice::new(cfg: &DeviceConfig, mem: GuestMemoryMmap) -> Result<MmioDevice, VirtioError>
 //! MmioDevice::queue_notify_events(&self) -> Vec<(u32, EventFd)>   // ioeventfd at base+0x50, datamatch = index
-//! MmioDevice::interrupt_event(&self) -> EventFd                   // irqfd for the device's GSI
+//! MmioDevice::interrupt_event(&self) -> Result<EventFd, VirtioError> // irqfd for the device's GSI (dup; Err only when out of fds)
 //! MmioDevice::request_transport_reset(&self)                      // vsock: send TRANSPORT_RESET (e.g. after restore)
 //! MmioDevice::shutdown(&self)                                     // stop the worker; also on Drop
 //! ```

@@ -74,7 +74,7 @@ impl Driver {
     pub fn new(cfg: &DeviceConfig) -> Result<Driver, VirtioError> {
         let mem = guest_memory();
         let dev = MmioDevice::new(cfg, mem.clone())?;
-        let irq = dev.interrupt_event();
+        let irq = dev.interrupt_event()?;
         Ok(Driver {
             mem,
             dev,

@@ -37,7 +37,10 @@ pub struct GConn {
     pub received: u64,
     /// The host said it sends no more.
     pub peer_shutdown: bool,
+    /// SHUTDOWN(SEND) was sent (a half-close: the guest still receives).
+    pub shut_send_sent: bool,
     close_after_flush: bool,
+    shut_send_after_flush: bool,
     peer_buf_alloc: u32,
     peer_fwd_cnt: u32,
     tx_cnt: u32,
@@ -156,6 +159,14 @@ impl VsockGuest {
         }
     }
 
+    /// Half-close a connection after its outbox is sent: SHUTDOWN with only the SEND flag
+    /// (what `shutdown(SHUT_WR)` on a guest vsock socket sends); data still flows to the guest.
+    pub fn shutdown_send(&mut self, key: GKey) {
+        if let Some(c) = self.conns.get_mut(&key) {
+            c.shut_send_after_flush = true;
+        }
+    }
+
     /// Close a connection after its outbox is sent.
     pub fn close(&mut self, key: GKey) {
         if let Some(c) = self.conns.get_mut(&key) {
@@ -182,6 +193,57 @@ impl VsockGuest {
         self.tx_inflight.insert(head, addr);
         self.d.notify(TXQ as u32);
         true
+    }
+
+    /// Post a raw packet whose payload is spread over several descriptors, the way Linux
+    /// queues a nonlinear skb: `layout[0]` payload bytes share the header's descriptor (0 =
+    /// the header alone), then one descriptor per further entry. The entries must add up to
+    /// `payload.len()`. Uses fresh harness memory (never reused). False if the TX queue lacks
+    /// descriptors.
+    pub fn send_raw_split(&mut self, hdr: &Header, payload: &[u8], layout: &[usize]) -> bool {
+        assert_eq!(
+            layout.iter().sum::<usize>(),
+            payload.len(),
+            "layout does not cover the payload"
+        );
+        if layout.is_empty() || self.d.free_descs(TXQ) < layout.len() {
+            return false;
+        }
+        let mut segs = Vec::with_capacity(layout.len());
+        let mut off = 0;
+        for (i, &n) in layout.iter().enumerate() {
+            let head = if i == 0 { HDR_SIZE } else { 0 };
+            let addr = self.d.alloc((head + n) as u64);
+            if i == 0 {
+                self.d.write_mem(addr, &hdr.to_bytes());
+            }
+            self.d.write_mem(addr + head as u64, &payload[off..off + n]);
+            off += n;
+            segs.push(Seg {
+                addr,
+                len: (head + n) as u32,
+                write: false,
+            });
+        }
+        self.d.add_chain(TXQ, &segs);
+        self.d.notify(TXQ as u32);
+        true
+    }
+
+    /// The header the guest would send on `key` now (credit fields filled in).
+    pub fn header_for(&self, key: GKey, o: u16, len: u32) -> Header {
+        Header {
+            src_cid: self.cid,
+            dst_cid: HOST_CID,
+            src_port: key.0,
+            dst_port: key.1,
+            len,
+            kind: TYPE_STREAM,
+            op: o,
+            flags: 0,
+            buf_alloc: self.buf_alloc,
+            fwd_cnt: self.conns.get(&key).map_or(0, |c| c.fwd_cnt),
+        }
     }
 
     fn send(&mut self, key: GKey, o: u16, flags: u32, payload: &[u8]) -> bool {
@@ -323,8 +385,16 @@ impl VsockGuest {
                 if n == 0 {
                     let needs_update = c.fwd_cnt.wrapping_sub(c.last_fwd_sent) >= buf_alloc / 4;
                     let close = c.close_after_flush && c.outbox.is_empty();
+                    let half_close =
+                        c.shut_send_after_flush && !c.shut_send_sent && c.outbox.is_empty();
                     if needs_update {
                         self.send(key, op::CREDIT_UPDATE, 0, &[]);
+                    }
+                    if half_close
+                        && self.send(key, op::SHUTDOWN, SHUTDOWN_SEND, &[])
+                        && let Some(c) = self.conns.get_mut(&key)
+                    {
+                        c.shut_send_sent = true;
                     }
                     if close && self.send(key, op::SHUTDOWN, SHUTDOWN_RCV | SHUTDOWN_SEND, &[]) {
                         self.conns.remove(&key);
