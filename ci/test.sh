@@ -6,7 +6,8 @@
 # Tiers: `cargo build --workspace --all-targets`; the fast tests
 # (`cargo nextest run --workspace`); the slow tier (the #[ignore]d KVM and
 # real-kernel tests, `--run-ignored ignored-only`); images/verify.sh on the
-# current guest images (one check); a 60 s fuzz smoke run per cargo-fuzz
+# current guest images (one check); the agent's PID-1 test in a TCG guest
+# (one check); a 60 s fuzz smoke run per cargo-fuzz
 # target when fuzz/ exists (one check each).
 #
 # passed/failed come from nextest's own summary (or libtest's "test result"
@@ -75,6 +76,16 @@ if dir=$(images/build.sh --print-dir) && images/verify.sh "$dir"; then
     passed=$((passed + 1))
 else
     fail "images/verify.sh (run ci/setup.sh or images/build.sh first)"
+fi
+
+step "agent PID-1 duties in a real TCG guest: guest-agent/tests/guest/run-tcg.sh"
+# The agent's own guest test (mounts, lo, cgroup limits, fork bomb, OOM, cancel, large
+# transfers, Forward EOF, Shutdown), run against the static agent the image build produced.
+agent_bin=${VM_AGENT_TARGET_DIR:-$(dirname "$dir")/agent-target}/x86_64-unknown-linux-gnu/release/vm-agent
+if [[ -n ${dir:-} ]] && guest-agent/tests/guest/run-tcg.sh "$dir/bzImage" "$agent_bin"; then
+    passed=$((passed + 1))
+else
+    fail "guest-agent/tests/guest/run-tcg.sh"
 fi
 
 if [[ -d fuzz ]]; then

@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use guest_agent::protocol::ExecOutput;
-use vm_drivers::Registry;
-use vm_sandbox::{MicroVm, Options, images};
+use vm_drivers::{DriverError, Registry};
+use vm_sandbox::{MicroVm, Options, SandboxError, images};
 use vm_spec::{Containment, Guarantees, Image, Limits, Mount, Policy, Spec, Trust};
 
-use crate::cases::Ctx;
+use crate::cases::{Ctx, error_chain};
 
 /// `PATH` the suite gives its guests (busybox links its applets in `/bin`).
 pub const DEFAULT_PATH: &str = "/bin:/sbin:/usr/bin:/usr/sbin";
@@ -109,9 +109,23 @@ pub async fn boot(driver: &'static str, g: &GuestSpec) -> Result<MicroVm, String
     let spec = spec_for(g)?;
     let options = options_for(driver, g);
     let start = Instant::now();
-    let vm = MicroVm::boot(spec, options)
-        .await
-        .ctx(&format!("booting {} on {driver}", g.name))?;
+    let vm = match MicroVm::boot(spec, options).await {
+        Ok(vm) => vm,
+        Err(e) => {
+            let mut msg = format!("booting {} on {driver}: {}", g.name, error_chain(&e));
+            if let SandboxError::Boot {
+                source: DriverError::AgentNotReady { console_tail, .. },
+                ..
+            } = &e
+            {
+                msg.push_str(&format!(
+                    "\n--- guest console tail ---\n{}",
+                    tail(console_tail, 4000)
+                ));
+            }
+            return Err(msg);
+        }
+    };
     eprintln!(
         "boot+agent ready in {:.1} s [{driver}]",
         start.elapsed().as_secs_f64()
@@ -141,4 +155,13 @@ pub async fn exec_ok(vm: &MicroVm, line: &str) -> Result<String, String> {
         ));
     }
     Ok(text)
+}
+
+/// The last `max` bytes of `text` (on a char boundary).
+pub fn tail(text: &str, max: usize) -> &str {
+    let mut start = text.len().saturating_sub(max);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
 }

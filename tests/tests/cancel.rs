@@ -9,9 +9,11 @@ use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok};
 
 /// `sleep <secs>` processes alive in the guest, read from /proc so the probe never counts
 /// itself.
+/// A process may exit between the glob and the open: stderr goes to /dev/null before the `<`
+/// redirection is tried, for the whole loop too.
 async fn sleepers(vm: &MicroVm, secs: u32) -> Result<usize, String> {
     let line = format!(
-        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep {secs} ' || true"
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline; echo; done 2>/dev/null | grep -c '^sleep {secs} ' || true"
     );
     let out = exec_ok(vm, &line).await?;
     out.trim()

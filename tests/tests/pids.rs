@@ -14,7 +14,9 @@ const BOMB: &str = "i=0; while [ $i -lt 10000 ]; do sleep 1000 & i=$((i+1)); ech
 
 /// How many `sleep 1000` processes are alive in the guest (read from /proc, so the counting
 /// pipeline never counts itself).
-const COUNT_SLEEPERS: &str = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000' || true";
+/// A process may exit between the glob and the open: stderr goes to /dev/null before the `<`
+/// redirection is tried, for the whole loop too.
+const COUNT_SLEEPERS: &str = "for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline; echo; done 2>/dev/null | grep -c '^sleep 1000' || true";
 
 async fn fork_bomb_is_contained(vm: &MicroVm) -> Result<(), String> {
     let run = Run {
@@ -27,7 +29,7 @@ async fn fork_bomb_is_contained(vm: &MicroVm) -> Result<(), String> {
     ensure!(
         !out.status.timed_out,
         "the fork bomb ran until its timeout: {:?}",
-        tail(&text)
+        vm_tests::tail(&text, 400)
     );
     ensure!(
         !text.contains("all 10000"),
@@ -37,7 +39,7 @@ async fn fork_bomb_is_contained(vm: &MicroVm) -> Result<(), String> {
         text.contains("Resource temporarily unavailable"),
         "fork did not fail with EAGAIN: {:?} {:?}",
         out.status,
-        tail(&text)
+        vm_tests::tail(&text, 400)
     );
     let count = exec_ok(vm, "cat bomb.count").await?;
     let count: i64 = count
@@ -81,14 +83,6 @@ async fn agent_still_answers(vm: &MicroVm) -> Result<(), String> {
     .await?;
     ensure!(out == "forked\n", "forking after the bomb printed {out:?}");
     Ok(())
-}
-
-fn tail(text: &str) -> &str {
-    let start = text.len().saturating_sub(400);
-    let start = (start..text.len())
-        .find(|&i| text.is_char_boundary(i))
-        .unwrap_or(text.len());
-    &text[start..]
 }
 
 #[test]
