@@ -31,6 +31,14 @@ else
     say "apt packages present"
 fi
 
+# Lints run in ci/test.sh.
+for component in clippy rustfmt; do
+    if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+        say "rustup component add $component"
+        rustup component add "$component" || die "rustup component add $component failed"
+    fi
+done
+
 # vhost-user vsock backend for the QEMU (TCG) driver.
 if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock $vhost_vsock_version" ]]; then
     say "cargo install vhost-device-vsock $vhost_vsock_version (a few minutes)"

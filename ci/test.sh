@@ -3,7 +3,8 @@
 #
 #   N passed, N failed, N skipped
 #
-# Tiers: `cargo build --workspace --all-targets`; the fast tests
+# Tiers: `cargo build --workspace --all-targets`; rustfmt and clippy (one check
+# each); the fast tests
 # (`cargo nextest run --workspace`); the slow tier (the #[ignore]d KVM and
 # real-kernel tests, `--run-ignored ignored-only`); images/verify.sh on the
 # current guest images (one check); the agent's PID-1 test in a TCG guest
@@ -64,6 +65,14 @@ run_tests() {
 
 step "build: cargo build --workspace --all-targets"
 cargo build --workspace --all-targets || fail "cargo build --workspace --all-targets"
+
+step "lint: cargo fmt --check, cargo clippy -D warnings"
+if cargo fmt --all --check; then passed=$((passed + 1)); else fail "cargo fmt --all --check"; fi
+if cargo clippy --workspace --all-targets -- -D warnings; then
+    passed=$((passed + 1))
+else
+    fail "cargo clippy --workspace --all-targets -- -D warnings"
+fi
 
 step "tests"
 run_tests "tests"
