@@ -1,22 +1,11 @@
 //! Helpers shared by unit tests.
 
-use std::io::Write;
 use std::time::Duration;
 
 use crate::{BootPlan, ImagePaths};
 
 /// Prints a `SKIP <test>: <reason>` line and appends it to `$VM_TEST_SKIP_LOG` when set.
-pub(crate) fn skip(line: &str) {
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG")
-        && let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-    {
-        let _ = writeln!(f, "{line}");
-    }
-}
+pub(crate) use vm_test_support::skip_line as skip;
 
 /// A plan whose files do not exist (for drivers that must refuse before touching them).
 pub(crate) fn dummy_plan() -> BootPlan {

@@ -12,18 +12,7 @@ use guest_agent::protocol::ExecRequest;
 use vm_drivers::kvm::{HostFacts, KvmDevice};
 use vm_drivers::{BootPlan, Driver, DriverError, ImagePaths, KvmDriver, default_images_dir};
 
-fn skip(line: &str) {
-    use std::io::Write;
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG")
-        && let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-    {
-        let _ = writeln!(f, "{line}");
-    }
-}
+use vm_test_support::skip_line as skip;
 
 #[test]
 #[ignore = "slow tier: boots the real guest kernel under KVM"]

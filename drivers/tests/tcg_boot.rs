@@ -10,18 +10,7 @@ use vm_drivers::{
     BootPlan, Driver, DriverError, ImagePaths, MachineError, TcgDriver, default_images_dir,
 };
 
-fn skip(line: &str) {
-    use std::io::Write;
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG")
-        && let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-    {
-        let _ = writeln!(f, "{line}");
-    }
-}
+use vm_test_support::skip_line as skip;
 
 /// Pids of processes whose command line mentions `needle`.
 fn processes_mentioning(needle: &str) -> Vec<u32> {

@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -82,18 +81,8 @@ impl Out {
 }
 
 /// The skip convention: `SKIP <name>: <reason>` on stderr and appended to `$VM_TEST_SKIP_LOG`.
-pub fn skip(name: &str, reason: &str) {
-    let line = format!("SKIP {name}: {reason}");
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG")
-        && let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-    {
-        let _ = writeln!(f, "{line}");
-    }
-}
+#[allow(unused_imports)] // not every test binary that includes this module skips
+pub use vm_test_support::skip;
 
 /// `vm drivers --json` as (name -> (available, containment, reason)).
 pub fn drivers(env: &Env) -> Vec<(String, bool, String, String)> {

@@ -112,17 +112,5 @@ pub async fn wait_gone(pid: i32, ms: u64) -> bool {
     pid_gone(pid)
 }
 
-pub fn skip(name: &str, reason: &str) {
-    let line = format!("SKIP {name}: {reason}");
-    eprintln!("{line}");
-    if let Ok(p) = std::env::var("VM_TEST_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-        {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-}
+#[allow(unused_imports)] // not every test binary that includes this module skips
+pub use vm_test_support::skip;

@@ -101,17 +101,5 @@ pub fn have_mkfs_erofs() -> bool {
 }
 
 /// Report a skipped test the way the project asks.
-pub fn skip(name: &str, reason: &str) {
-    let line = format!("SKIP {name}: {reason}");
-    eprintln!("{line}");
-    if let Some(log) = std::env::var_os("VM_TEST_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-}
+#[allow(unused_imports)] // not every test binary that includes this module skips
+pub use vm_test_support::skip;

@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,18 +32,8 @@ pub fn skip_without_kvm(test: &str) -> bool {
 }
 
 /// Report a skipped test as the project's rules require.
-pub fn skip(test: &str, reason: &str) {
-    let line = format!("SKIP {test}: {reason}");
-    eprintln!("{line}");
-    if let Ok(path) = std::env::var("VM_TEST_SKIP_LOG")
-        && let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-    {
-        let _ = writeln!(f, "{line}");
-    }
-}
+#[allow(unused_imports)] // not every test binary that includes this module skips
+pub use vm_test_support::skip;
 
 /// One recorded access to a probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
