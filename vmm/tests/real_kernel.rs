@@ -3,8 +3,9 @@
 //! The fast test checks the banner, our command line and the e820 memory cap within 30 s, then
 //! stops the VM and checks every vCPU thread is gone. The `#[ignore]`d slow tier boots a bzImage
 //! to its banner and a vmlinux with the baseline profile to `/init`, its root a read-only erofs
-//! image served by our virtio-blk device (plus a virtio-vsock device); on this PVM host guest
-//! kernel code is interpreted, so these take minutes.
+//! image served by our virtio-blk device (plus a virtio-vsock device), and a two-vCPU boot whose
+//! second CPU the guest starts through INIT/SIPI; on this PVM host guest kernel code is
+//! interpreted, so these take minutes.
 
 mod tiny_harness;
 
@@ -263,5 +264,41 @@ fn slow_vmlinux_baseline_mounts_erofs_root_from_virtio_blk_and_runs_init() {
         std::fs::read(&disk).unwrap(),
         disk_before,
         "the read-only root disk changed on the host"
+    );
+}
+
+#[test]
+#[ignore = "slow tier: a real kernel boot with two vCPUs under KVM"]
+fn slow_two_vcpus_the_guest_starts_the_second_through_init_sipi() {
+    let test = "slow_two_vcpus_the_guest_starts_the_second_through_init_sipi";
+    let Some(kernel) = image(test, "vmlinux") else {
+        return;
+    };
+    let cfg = VmConfig {
+        mem_mib: 128,
+        vcpus: 2,
+        kernel,
+        cpu_profile: CpuProfile::Baseline,
+        console: ConsoleConfig {
+            ring_bytes: 1 << 20,
+            sink: None,
+        },
+        ..VmConfig::default()
+    };
+    let running = Vm::create(cfg).unwrap().start().unwrap();
+    // The kernel finds both CPUs in our MP table, then the boot CPU wakes the second one with
+    // INIT/SIPI through the in-kernel LAPIC; "Brought up" counts the CPUs that answered.
+    let seen = wait_console(
+        &running,
+        Duration::from_secs(600),
+        &["smp: Brought up 1 node, 2 CPUs"],
+    );
+    let console = running.console();
+    running.stop();
+    let outcome = running.wait();
+    assert!(seen, "outcome {outcome:?}; console:\n{console}");
+    assert!(
+        console.contains("Allowing 2 present CPUs") || console.contains("2 Processors"),
+        "the MP table did not announce two CPUs:\n{console}"
     );
 }
