@@ -5,7 +5,10 @@
 //! host user-space process; there is no hardware virtualization boundary, so the admission
 //! gate accepts it for untrusted work only with an explicit policy flag.
 //!
-//! Boot order: `vhost-device-vsock` first (the driver waits for its control socket), then QEMU.
+//! Boot order: `vhost-device-vsock` first (the driver waits for its control socket), then QEMU;
+//! the agent socket is first contacted only once the agent's ready line is on the console
+//! (`vhost-device-vsock` 0.3.0 loses its worker thread to a host connection made while the
+//! guest is still starting the vsock device; see `boot::wait_for_agent_after_console`).
 //! Both children are owned by the machine's handle: own process groups, parent-death
 //! `SIGKILL`, killed and reaped on close, on wall expiry and on drop, and their socket files
 //! removed. Thread caveat: Linux sends the parent-death signal when the *thread* that forked
@@ -167,7 +170,13 @@ impl Driver for TcgDriver {
             run: Mutex::new(run),
         };
         let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
-        if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
+        let ready = boot::wait_for_agent_after_console(
+            &handle,
+            &client,
+            boot::AGENT_READY_MARKER,
+            plan.boot_timeout,
+        );
+        if let Err(e) = ready {
             handle.kill();
             return Err(e);
         }
