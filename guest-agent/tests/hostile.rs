@@ -379,3 +379,51 @@ async fn hybrid_vsock_handshake() {
     let e = c.ping().await.unwrap_err();
     assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
 }
+
+/// vhost-device-vsock 0.3.0 panics its vring worker when the host closes between `CONNECT`
+/// and `OK`, after which the VM's vsock is dead. A client that times out, or is cancelled,
+/// mid-handshake must therefore keep the connection until the reply is written.
+#[tokio::test]
+async fn hybrid_vsock_handshake_is_never_closed_before_the_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("vsock.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let limits = ClientLimits {
+        connect_timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let c = AgentClient::hybrid_vsock(&sock, 1024).with_limits(limits);
+
+    // 1. The client's handshake times out; a slow backend answers afterwards.
+    let (timed_out, accepted) = tokio::join!(c.ping(), listener.accept());
+    let e = timed_out.unwrap_err();
+    assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
+    let (mut s, _) = accepted.unwrap();
+    let mut line = [0u8; 13];
+    s.read_exact(&mut line).await.unwrap();
+    assert_eq!(&line, b"CONNECT 1024\n");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !closed_within(&mut s, Duration::from_millis(50)).await,
+        "the client closed the connection before the backend's reply"
+    );
+    s.write_all(b"OK 1024\n")
+        .await
+        .expect("the reply could not be written: the client had closed");
+    assert!(
+        closed_within(&mut s, Duration::from_secs(5)).await,
+        "the client kept the connection after the reply"
+    );
+
+    // 2. The caller drops the future mid-handshake (a select! losing to Ctrl-C).
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), c.ping());
+    let (cancelled, accepted) = tokio::join!(cancelled, listener.accept());
+    assert!(cancelled.is_err(), "the ping was not cancelled");
+    let (mut s, _) = accepted.unwrap();
+    s.read_exact(&mut line).await.unwrap();
+    assert_eq!(&line, b"CONNECT 1024\n");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.write_all(b"OK 1024\n")
+        .await
+        .expect("the reply could not be written: the cancelled client had closed");
+}

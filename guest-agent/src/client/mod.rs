@@ -240,11 +240,7 @@ impl AgentClient {
                 source,
             })?;
         if let Transport::HybridVsock { port, .. } = &self.transport {
-            tokio::time::timeout(ct, vsock_connect(&mut s, *port))
-                .await
-                .map_err(|_| ClientError::Timeout {
-                    step: "hybrid vsock connect",
-                })??;
+            s = vsock_handshake(s, *port, ct).await?;
         }
         let mut conn = Conn {
             s,
@@ -509,6 +505,57 @@ impl AgentClient {
             }) => Ok(()),
             Ok(f) => Err(unexpected("shutdown", &f)),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// How long an abandoned hybrid-vsock handshake stays open waiting for the backend's reply.
+const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
+
+/// The hybrid-vsock `CONNECT` exchange, in a task of its own that owns the connection.
+///
+/// A backend must never see the host side close between `CONNECT` and its `OK`:
+/// vhost-device-vsock 0.3.0 (the tcg driver's backend) then fails to write `OK` and its vring
+/// worker panics, after which that VM's vsock answers no connection at all. So neither a
+/// timeout nor a caller that drops this future (a `select!`, Ctrl-C) closes a connection
+/// mid-handshake: the caller gets its timeout at once, while the task keeps the connection
+/// until the reply line or EOF arrives (at most [`HANDSHAKE_LINGER`]), and only then drops it.
+async fn vsock_handshake(
+    s: UnixStream,
+    port: u32,
+    timeout: Duration,
+) -> Result<UnixStream, ClientError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut s = s;
+        match tokio::time::timeout(timeout, vsock_connect(&mut s, port)).await {
+            Ok(result) => {
+                // If the caller is gone, `s` is dropped after the reply: harmless.
+                let _ = tx.send(result.map(|()| s));
+            }
+            Err(_) => {
+                let _ = tx.send(Err(ClientError::Timeout {
+                    step: "hybrid vsock connect",
+                }));
+                let _ = tokio::time::timeout(HANDSHAKE_LINGER, drain_line(&mut s)).await;
+            }
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(ClientError::Io {
+            step: "hybrid vsock connect",
+            source: std::io::Error::other("the handshake task ended without an answer"),
+        })
+    })
+}
+
+/// Reads until a newline or EOF, at most 64 bytes (the rest of a `CONNECT` reply line).
+async fn drain_line(s: &mut UnixStream) {
+    let mut b = [0u8; 1];
+    for _ in 0..64 {
+        match s.read(&mut b).await {
+            Ok(1) if b[0] != b'\n' => {}
+            _ => return,
         }
     }
 }
