@@ -25,6 +25,23 @@ pub struct Plan<'a> {
     pub name: Option<&'a str>,
 }
 
+impl<'a> Plan<'a> {
+    /// A plan for `resolved` on the chosen driver (if any), with no command, workdir,
+    /// publish specs or name; callers fill in what their command has.
+    pub fn new(resolved: &'a crate::glue::Resolved, driver: Option<&'a str>) -> Plan<'a> {
+        Plan {
+            spec: &resolved.spec,
+            trust: resolved.trust,
+            policy: resolved.policy,
+            driver,
+            command: None,
+            workdir: None,
+            publish: None,
+            name: None,
+        }
+    }
+}
+
 /// Validates and selects; prints text or JSON; returns the exit code.
 pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     let validation = plan.spec.validate();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use vm_spec::{Guarantees, Image, ImageDigests, Limits, Mount, Policy, Spec, Trust};
 
-use crate::args::{TrustArg, VmOpts};
+use crate::args::{CmdOpts, TrustArg, VmOpts};
 use crate::exit;
 use crate::parse::{self, EnvArg};
 
@@ -93,6 +93,25 @@ pub fn spec(
     }
     .with_default_env();
     Ok(Spec::new(image(opts)?, guarantees))
+}
+
+/// What `exec`, `run` and `serve` resolve from their options before anything boots.
+pub struct Resolved {
+    /// The spec the options describe (not yet validated).
+    pub spec: Spec,
+    /// The trust level of the work.
+    pub trust: Trust,
+    /// The policy the options allow (`--allow-emulation`).
+    pub policy: Policy,
+}
+
+/// The spec, trust and policy of a booting command's options.
+pub fn resolve(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
+    Ok(Resolved {
+        spec: spec(vm, env(&cmd.env), cmd.env_allow.clone())?,
+        trust: vm.trust.into(),
+        policy: policy(vm),
+    })
 }
 
 /// Resolves `-e` flags against this process's environment. The default guest `PATH` is not

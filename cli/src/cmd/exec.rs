@@ -111,23 +111,20 @@ fn workdir_rel(root: &str, w: &str) -> anyhow::Result<String> {
 /// `vm exec [OPTIONS] -- CMD`.
 async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
-    let env = glue::env(&a.cmd.env);
-    let spec = glue::spec(&a.vm, env, a.cmd.env_allow.clone())?;
-    let trust = a.vm.trust.into();
-    let policy = glue::policy(&a.vm);
+    let resolved = glue::resolve(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
-            spec: &spec,
-            trust,
-            policy,
-            driver: a.vm.driver.as_deref(),
             command: Some(&a.command),
             workdir: a.cmd.workdir.as_deref(),
-            publish: None,
-            name: None,
+            ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
         };
         return dryrun::report(&plan, a.dry.json);
     }
+    let glue::Resolved {
+        spec,
+        trust,
+        policy,
+    } = resolved;
     let cwd = a
         .cmd
         .workdir

@@ -33,23 +33,20 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         ));
     }
     let mut signals = Signals::install()?;
-    let env = glue::env(&a.cmd.env);
-    let spec = glue::spec(&a.vm, env, a.cmd.env_allow.clone())?;
-    let trust = a.vm.trust.into();
-    let policy = glue::policy(&a.vm);
+    let resolved = glue::resolve(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
-            spec: &spec,
-            trust,
-            policy,
-            driver: a.vm.driver.as_deref(),
-            command: None,
             workdir: a.cmd.workdir.as_deref(),
-            publish: None,
             name: Some(&a.name),
+            ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
         };
         return dryrun::report(&plan, a.dry.json);
     }
+    let glue::Resolved {
+        spec,
+        trust,
+        policy,
+    } = resolved;
     // Refuse before anything is created: the same checks the boot runs first.
     spec.validate()?;
     let registry = Registry::with_defaults();

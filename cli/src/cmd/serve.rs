@@ -17,23 +17,20 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     }
     let publish = PublishSpec::parse(&a.publish)?;
     let mut signals = Signals::install()?;
-    let env = glue::env(&a.cmd.env);
-    let spec = glue::spec(&a.vm, env, a.cmd.env_allow.clone())?;
-    let trust = a.vm.trust.into();
-    let policy = glue::policy(&a.vm);
+    let resolved = glue::resolve(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
-            spec: &spec,
-            trust,
-            policy,
-            driver: a.vm.driver.as_deref(),
             command: Some(&a.command),
-            workdir: None,
             publish: Some(vec![publish.to_string()]),
-            name: None,
+            ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
         };
         return dryrun::report(&plan, a.dry.json);
     }
+    let glue::Resolved {
+        spec,
+        trust,
+        policy,
+    } = resolved;
     let options = Options {
         trust,
         policy,
