@@ -153,7 +153,8 @@ pub fn spawn(
         if let Some(p) = &procs
             && !raw_write(p, b"0")
         {
-            return Err(std::io::Error::other("cannot enter cgroup"));
+            // errno from the failed open/write; no allocation between fork and exec.
+            return Err(std::io::Error::last_os_error());
         }
         Ok(())
     };

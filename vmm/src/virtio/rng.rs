@@ -3,7 +3,7 @@
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::queue::{self, Buf};
+use super::queue::Buf;
 use super::worker::{Ctx, Handler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError, device_id};
 
@@ -91,29 +91,6 @@ fn serve(bufs: &[Buf], mem: &GuestMemoryMmap) -> u32 {
 
 impl Handler for RngHandler {
     fn queue_notify(&mut self, _index: usize, ctx: &mut Ctx<'_>) {
-        let Some(q) = ctx.queues.first_mut() else {
-            return;
-        };
-        let mut used = false;
-        loop {
-            let chain = match queue::pop_chain(q, ctx.mem) {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!("virtio-rng: {e}");
-                    ctx.irq.set_needs_reset();
-                    return;
-                }
-            };
-            let len = chain.bufs.as_deref().map_or(0, |b| serve(b, ctx.mem));
-            if queue::add_used(q, ctx.mem, chain.head, len).is_err() {
-                ctx.irq.set_needs_reset();
-                return;
-            }
-            used = true;
-        }
-        if used && queue::needs_notification(q, ctx.mem) {
-            ctx.irq.signal_used();
-        }
+        ctx.serve_requests(0, "virtio-rng", serve);
     }
 }

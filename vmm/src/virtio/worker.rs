@@ -12,6 +12,7 @@ use virtio_queue::Queue;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use super::queue::{self, Buf};
 use super::{GuestMemoryMmap, VirtioError};
 
 /// Interrupt status bit: a used buffer was added.
@@ -99,6 +100,48 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// Serves every available request on the request/response queue `index`: pops each chain,
+    /// answers it with `serve` (which gets the chain's buffers and returns the bytes written; a
+    /// malformed chain is answered with length 0), puts it on the used ring, and raises one
+    /// interrupt if the driver wants it. A broken queue sets DEVICE_NEEDS_RESET.
+    pub fn serve_requests(
+        &mut self,
+        index: usize,
+        device: &str,
+        mut serve: impl FnMut(&[Buf], &GuestMemoryMmap) -> u32,
+    ) {
+        let Some(q) = self.queues.get_mut(index) else {
+            return;
+        };
+        let mut used = false;
+        loop {
+            let chain = match queue::pop_chain(q, self.mem) {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("{device}: {e}");
+                    self.irq.set_needs_reset();
+                    return;
+                }
+            };
+            let len = match &chain.bufs {
+                Ok(bufs) => serve(bufs, self.mem),
+                Err(e) => {
+                    tracing::debug!("{device}: {e}");
+                    0
+                }
+            };
+            if queue::add_used(q, self.mem, chain.head, len).is_err() {
+                self.irq.set_needs_reset();
+                return;
+            }
+            used = true;
+        }
+        if used && queue::needs_notification(q, self.mem) {
+            self.irq.signal_used();
+        }
+    }
+
     /// Add, modify or remove a handler descriptor in the epoll set.
     pub fn epoll_ctl(&self, op: ControlOperation, fd: RawFd, events: EventSet, token: u64) {
         if let Err(e) = self.epoll.ctl(op, fd, EpollEvent::new(events, token)) {
@@ -236,7 +279,12 @@ fn run(mut s: WorkerSetup, epoll: Epoll, stop: EventFd) {
                     if let Some(evt) = s.notify.get(i) {
                         let _ = evt.read();
                     }
-                    s.handler.queue_notify(i, &mut ctx);
+                    // In DEVICE_NEEDS_RESET the queues stay untouched until the driver resets
+                    // the device: a guest that keeps notifying a broken queue costs one eventfd
+                    // read, never another walk of its rings or another log line.
+                    if !ctx.irq.needs_reset() {
+                        s.handler.queue_notify(i, &mut ctx);
+                    }
                 }
                 t => s.handler.fd_event(t, ev.event_set(), &mut ctx),
             }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::queue::{self, Buf};
+use super::queue::Buf;
 use super::worker::{Ctx, Handler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError, device_id, read_config_bytes};
 use request::{DiskInfo, HEADER_SIZE, ID_BYTES, Op, Request, parse_request, status};
@@ -229,35 +229,6 @@ fn write_status(mem: &GuestMemoryMmap, b: Buf, st: u8) {
 
 impl Handler for BlockHandler {
     fn queue_notify(&mut self, _index: usize, ctx: &mut Ctx<'_>) {
-        let Some(q) = ctx.queues.first_mut() else {
-            return;
-        };
-        let mut used = false;
-        loop {
-            let chain = match queue::pop_chain(q, ctx.mem) {
-                Ok(Some(c)) => c,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!("virtio-blk: {e}");
-                    ctx.irq.set_needs_reset();
-                    return;
-                }
-            };
-            let len = match &chain.bufs {
-                Ok(bufs) => self.process(bufs, ctx.mem),
-                Err(e) => {
-                    tracing::debug!("virtio-blk: {e}");
-                    0
-                }
-            };
-            if queue::add_used(q, ctx.mem, chain.head, len).is_err() {
-                ctx.irq.set_needs_reset();
-                return;
-            }
-            used = true;
-        }
-        if used && queue::needs_notification(q, ctx.mem) {
-            ctx.irq.signal_used();
-        }
+        ctx.serve_requests(0, "virtio-blk", |bufs, mem| self.process(bufs, mem));
     }
 }
