@@ -171,3 +171,42 @@ fn images_pull_by_tag_and_digest() {
     let bad = run(&env, &["images", "pull", "UPPER/Case:1"]);
     assert_eq!(bad.code, 2, "{}", bad.stderr);
 }
+
+#[test]
+fn images_pull_reads_docker_config() {
+    let missing = ["docker-registry", "skopeo"].into_iter().find(|t| !have(t));
+    if let Some(why) = cannot_convert().or(missing.map(|t| format!("{t} not installed"))) {
+        common::skip("images_pull_reads_docker_config", &why);
+        return;
+    }
+    let Some(reg) = Registry::start_with_auth("u", "pw") else {
+        common::skip(
+            "images_pull_reads_docker_config",
+            "python3 with the crypt module is needed to write the registry's bcrypt htpasswd",
+        );
+        return;
+    };
+    let env = Env::new();
+    let layout = env.dir.path().join("layout");
+    sample().write_layout(&layout, "1");
+    reg.push_as(&layout, "1", "private", false, Some("u:pw"));
+    let docker = env.dir.path().join("docker");
+    std::fs::create_dir(&docker).unwrap();
+    let pull = || {
+        Out::from(
+            env.cmd()
+                .env("VM_OCI_DIR", env.dir.path().join("oci"))
+                .env("DOCKER_CONFIG", &docker)
+                .args(["images", "pull", &format!("{}/private:1", reg.addr)])
+                .output()
+                .unwrap(),
+        )
+    };
+    let anon = pull();
+    assert_eq!(anon.code, 125, "{}", anon.stderr);
+    // "u:pw" in base64
+    let cfg = format!(r#"{{"auths":{{"{}":{{"auth":"dTpwdw=="}}}}}}"#, reg.addr);
+    std::fs::write(docker.join("config.json"), cfg).unwrap();
+    let ok = pull();
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+}

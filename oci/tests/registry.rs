@@ -181,3 +181,48 @@ async fn short_altered_and_missing_blobs_are_refused() {
     let e = store.pull(&r, &Auth::Anonymous).await.unwrap_err();
     refused(e, &format!("fetching blob {layer}"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_from_docker_config() {
+    if skip("basic_auth_from_docker_config") {
+        return;
+    }
+    let Some(reg) = Registry::start_with_auth("puller", "s3cret pass") else {
+        vm_test_support::skip(
+            "basic_auth_from_docker_config",
+            "python3 with the crypt module is needed to write the registry's bcrypt htpasswd",
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let img = sample();
+    let layout = tmp.path().join("layout");
+    img.write_layout(&layout, "1");
+    reg.push_as(&layout, "1", "private", false, Some("puller:s3cret pass"));
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let r: Reference = format!("{}/private:1", reg.addr).parse().unwrap();
+
+    let e = error_chain(&store.pull(&r, &Auth::Anonymous).await.unwrap_err());
+    assert!(e.contains("fetching manifest"), "{e}");
+    assert!(store.list().unwrap().is_empty());
+
+    let config = tmp.path().join("config.json");
+    let write = |user_pass: &str| {
+        use base64::Engine as _;
+        let auth = base64::engine::general_purpose::STANDARD.encode(user_pass);
+        let body = serde_json::json!({"auths": {format!("http://{}", reg.addr): {"auth": auth}}});
+        std::fs::write(&config, serde_json::to_vec(&body).unwrap()).unwrap();
+    };
+    write("puller:wrong");
+    let auth = Auth::from_config_file(&config, r.registry()).unwrap();
+    assert!(matches!(auth, Auth::Basic { .. }));
+    assert!(
+        store.pull(&r, &auth).await.is_err(),
+        "a wrong password was accepted"
+    );
+
+    write("puller:s3cret pass");
+    let auth = Auth::from_config_file(&config, r.registry()).unwrap();
+    let got = store.pull(&r, &auth).await.unwrap();
+    assert_eq!(got.digest.as_str(), img.manifest_digest());
+}

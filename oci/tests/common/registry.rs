@@ -1,5 +1,5 @@
 //! A real registry (Debian's `docker-registry`) on a free 127.0.0.1 port with its storage in
-//! a temp dir, and `skopeo` to push test images to it.
+//! a temp dir (optionally wanting HTTP basic auth), and `skopeo` to push test images to it.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,6 +17,25 @@ pub struct Registry {
 impl Registry {
     /// Starts a registry; panics when it does not answer within 20 s.
     pub fn start() -> Registry {
+        Self::start_with(None)
+    }
+
+    /// A registry that wants HTTP basic auth for `user:password`, or `None` when this host
+    /// cannot make the bcrypt hash (python3's `crypt` module).
+    pub fn start_with_auth(user: &str, password: &str) -> Option<Registry> {
+        let script = "import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)))";
+        let out = Command::new("python3")
+            .args(["-W", "ignore", "-c", script, password])
+            .output()
+            .ok()?;
+        let hash = String::from_utf8(out.stdout).ok()?;
+        if !out.status.success() || !hash.starts_with("$2") {
+            return None;
+        }
+        Some(Self::start_with(Some(format!("{user}:{}", hash.trim()))))
+    }
+
+    fn start_with(htpasswd: Option<String>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -25,14 +44,19 @@ impl Registry {
             .port();
         let addr = format!("127.0.0.1:{port}");
         let cfg = dir.path().join("config.yml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
+        let mut yml = format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+            dir.path().join("data").display()
+        );
+        if let Some(line) = htpasswd {
+            let file = dir.path().join("htpasswd");
+            std::fs::write(&file, format!("{line}\n")).unwrap();
+            yml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: vm-test\n    path: {}\n",
+                file.display()
+            ));
+        }
+        std::fs::write(&cfg, yml).unwrap();
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(&cfg)
@@ -65,6 +89,11 @@ impl Registry {
 
     /// Pushes the layout at `layout` (tag `tag`) as `name:tag`, in Docker v2s2 when asked.
     pub fn push(&self, layout: &Path, tag: &str, name: &str, v2s2: bool) {
+        self.push_as(layout, tag, name, v2s2, None);
+    }
+
+    /// [`Registry::push`] with `user:password` credentials.
+    pub fn push_as(&self, layout: &Path, tag: &str, name: &str, v2s2: bool, creds: Option<&str>) {
         let mut cmd = Command::new("skopeo");
         cmd.args([
             "--insecure-policy",
@@ -72,12 +101,11 @@ impl Registry {
             "--quiet",
             "--dest-tls-verify=false",
         ]);
-        if v2s2 {
-            cmd.args(["--format", "v2s2"]);
-        } else {
-            cmd.args(["--format", "oci"]);
+        if let Some(c) = creds {
+            cmd.arg(format!("--dest-creds={c}"));
         }
-        cmd.arg("--all")
+        cmd.args(["--format", if v2s2 { "v2s2" } else { "oci" }])
+            .arg("--all")
             .arg(format!("oci:{}:{tag}", layout.display()))
             .arg(format!("docker://{}/{name}:{tag}", self.addr));
         let out = cmd.output().expect("running skopeo");
