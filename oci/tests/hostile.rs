@@ -298,3 +298,49 @@ fn bad_blobs_are_refused() {
     let (store, r) = import(tmp.path(), &wrong, Limits::default());
     refused(&store, r, "differs from the config's diff ID");
 }
+
+/// `user.*` xattrs are kept; file capabilities (`security.capability`) and `trusted.*` are not.
+#[test]
+fn only_user_xattrs_are_kept() {
+    if skip("only_user_xattrs_are_kept") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // A real file capability blob (v2, cap_net_raw effective+permitted).
+    let cap: &[u8] = &[
+        0, 0, 0, 2, 0, 0x20, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let img = one_layer(
+        Layer::new()
+            .pax(&[("SCHILY.xattr.user.note", b"hello")])
+            .file("noted", b"n")
+            .pax(&[
+                ("SCHILY.xattr.security.capability", cap),
+                ("SCHILY.xattr.trusted.overlay.opaque", b"y"),
+            ])
+            .file_as("pinger", 0o755, (0, 0), b"p"),
+    );
+    let (_store, r) = import(tmp.path(), &img, Limits::default());
+    let got = r.unwrap();
+    let xattr_size = |p: &str| {
+        let out = std::process::Command::new("dump.erofs")
+            .arg(format!("--path={p}"))
+            .arg(&got.erofs)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let i = text.find("Xattr size:").unwrap_or_else(|| panic!("{text}")) + 11;
+        text[i..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(xattr_size("/noted") > 0, "user.note was dropped");
+    assert_eq!(
+        xattr_size("/pinger"),
+        0,
+        "a capability or trusted xattr was kept"
+    );
+}

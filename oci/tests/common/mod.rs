@@ -68,6 +68,22 @@ impl Layer {
         self
     }
 
+    /// A PAX extended header (`key=value` records) applying to the next entry.
+    pub fn pax(self, records: &[(&str, &[u8])]) -> Self {
+        let mut body = Vec::new();
+        for (k, v) in records {
+            let rest = k.len() + v.len() + 3; // ' ', '=', '\n'
+            let mut len = rest + 1;
+            while len != rest + len.to_string().len() {
+                len = rest + len.to_string().len();
+            }
+            body.extend_from_slice(format!("{len} {k}=").as_bytes());
+            body.extend_from_slice(v);
+            body.push(b'\n');
+        }
+        self.raw("pax", tar::EntryType::XHeader, 0o644, (0, 0), None, &body)
+    }
+
     pub fn dir(self, path: &str, mode: u32) -> Self {
         self.raw(path, tar::EntryType::Directory, mode, (0, 0), None, b"")
     }
