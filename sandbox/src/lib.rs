@@ -78,7 +78,7 @@
 //! Glob::new(pattern)?.matches(path) ; confine::relative(path, allow_root)
 //! MountCache::new(dir) / default_location() ; .prepare(&[ValidMount]) -> Vec<DiskPlan> ; dir_key(dir, max)
 //! images::{images_dir, default_images, default_spec_image, list, prune, images_in, list_in, prune_in}
-//! oci::Store::open(dir) / open_default() ; .pull(&Reference, &Auth).await / resolve(..).await / import(path)
+//! oci::Store::open(dir) / open_default() ; .pull(&Reference, &Auth).await / resolve(..).await / get_or_pull(str).await / import(path)
 //!     / get(name_or_digest) / list() / remove(name_or_digest) / prune() -> Image { digest, erofs, size, config, refs, source }
 //! ```
 
