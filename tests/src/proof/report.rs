@@ -108,6 +108,8 @@ pub struct Report {
     /// UTC, `date -u +%FT%TZ` style.
     pub date: String,
     pub host: HostReport,
+    /// The driver the suite and benchmarks ran on (`kvm` unless told otherwise).
+    pub driver: String,
     /// What `vm drivers` printed.
     pub drivers: String,
     pub cases: Vec<CaseResult>,
@@ -145,11 +147,14 @@ impl Report {
         for n in &self.notes {
             let _ = writeln!(s, "note: {n}");
         }
+        let d = &self.driver;
         let verdict = match self.outcome {
-            Outcome::Passed => "PASSED: the kvm driver runs the whole suite on this host",
-            Outcome::Failed => "FAILED: the kvm driver ran but not every case passed",
-            Outcome::Broken => "BROKEN: the proof could not run (see notes)",
-            Outcome::HostCannotRunKvm => "HOST CANNOT RUN KVM (not a failure of vm)",
+            Outcome::Passed => format!("PASSED: the {d} driver runs the whole suite on this host"),
+            Outcome::Failed => format!("FAILED: the {d} driver ran but not every case passed"),
+            Outcome::Broken => "BROKEN: the proof could not run (see notes)".to_string(),
+            Outcome::HostCannotRunKvm => {
+                format!("HOST CANNOT RUN {} (not a failure of vm)", d.to_uppercase())
+            }
         };
         let _ = writeln!(s, "{verdict}; exit {}", self.exit_code);
         s
