@@ -2,8 +2,7 @@
 //! boot nothing. The exit code is the one a real run would fail with (0 when it would boot).
 
 use serde_json::{Value, json};
-use vm_drivers::Registry;
-use vm_sandbox::{select_driver, select_named};
+use vm_sandbox::drivers::Registry;
 use vm_spec::{Policy, Spec, Trust};
 
 use crate::exit;
@@ -46,10 +45,7 @@ impl<'a> Plan<'a> {
 pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     let validation = plan.spec.validate();
     let registry = Registry::with_defaults();
-    let selection = match plan.driver {
-        Some(name) => select_named(&registry, name, plan.trust, &plan.policy),
-        None => select_driver(&registry, plan.trust, &plan.policy),
-    };
+    let selection = vm_sandbox::select(&registry, plan.driver, plan.trust, &plan.policy);
     let (code, verdict) = match (&validation, &selection) {
         (Err(_), _) => (exit::REFUSED, "refused"),
         (Ok(_), Err(e)) => {

@@ -114,6 +114,15 @@ pub fn resolve(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
     })
 }
 
+/// Refuses a `-w` that is not relative to the guest root or under it (the sandbox's rule,
+/// [`vm_sandbox::confine::workdir`]), before anything boots.
+pub fn check_workdir(spec: &Spec, workdir: Option<&str>) -> anyhow::Result<()> {
+    if let Some(w) = workdir {
+        vm_sandbox::confine::workdir(&spec.root, w).map_err(|e| exit::usage(format!("-w: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Resolves `-e` flags against this process's environment. The default guest `PATH` is not
 /// added here: [`spec`] writes `vm_spec`'s default environment into the spec, where
 /// `--dry-run` shows it.
@@ -132,7 +141,7 @@ pub fn classify_library_error(e: &(dyn std::error::Error + 'static)) -> Option<u
             vm_spec::AdmitError::Forbidden { .. } => exit::REFUSED,
         });
     }
-    if e.is::<vm_drivers::NoDriverError>() {
+    if e.is::<vm_sandbox::drivers::NoDriverError>() {
         return Some(exit::NO_DRIVER);
     }
     if let Some(s) = e.downcast_ref::<vm_sandbox::SelectError>() {
@@ -156,8 +165,8 @@ pub fn classify_library_error(e: &(dyn std::error::Error + 'static)) -> Option<u
     if e.is::<vm_sandbox::PublishError>() {
         return Some(exit::USAGE);
     }
-    if let Some(vm_drivers::MachineError::WallExpired { .. }) =
-        e.downcast_ref::<vm_drivers::MachineError>()
+    if let Some(vm_sandbox::drivers::MachineError::WallExpired { .. }) =
+        e.downcast_ref::<vm_sandbox::drivers::MachineError>()
     {
         return Some(exit::TIMEOUT);
     }

@@ -7,8 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use vm_drivers::Registry;
-use vm_sandbox::{select_driver, select_named};
+use vm_sandbox::Options;
 
 use crate::args::RunArgs;
 use crate::dryrun;
@@ -48,12 +47,14 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         policy,
     } = resolved;
     // Refuse before anything is created: the same checks the boot runs first.
-    spec.validate()?;
-    let registry = Registry::with_defaults();
-    match a.vm.driver.as_deref() {
-        Some(name) => select_named(&registry, name, trust, &policy)?,
-        None => select_driver(&registry, trust, &policy)?,
+    glue::check_workdir(&spec, a.cmd.workdir.as_deref())?;
+    let options = Options {
+        trust,
+        policy,
+        driver: a.vm.driver.clone(),
+        ..Options::default()
     };
+    vm_sandbox::preflight(&spec, &options)?;
 
     let rt = Runtime::from_env()?;
     let request = StartRequest {
