@@ -27,7 +27,7 @@ pub struct Plan<'a> {
 impl<'a> Plan<'a> {
     /// A plan for `resolved` on the chosen driver (if any), with no command, workdir,
     /// publish specs or name; callers fill in what their command has.
-    pub fn new(resolved: &'a crate::glue::Resolved, driver: Option<&'a str>) -> Plan<'a> {
+    pub fn new(resolved: &'a crate::resolve::Resolved, driver: Option<&'a str>) -> Plan<'a> {
         Plan {
             spec: &resolved.spec,
             trust: resolved.trust,
@@ -49,7 +49,7 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     let (code, verdict) = match (&validation, &selection) {
         (Err(_), _) => (exit::REFUSED, "refused"),
         (Ok(_), Err(e)) => {
-            let code = crate::glue::classify_library_error(e).unwrap_or(exit::FAILED);
+            let code = exit::classify_cause(e).unwrap_or(exit::FAILED);
             (
                 code,
                 if code == exit::NO_DRIVER {

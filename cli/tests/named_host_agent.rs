@@ -135,6 +135,19 @@ async fn named_vm_commands_through_the_agent_protocol() {
         "{}",
         out.stderr
     );
+    // A guest command that does not exist or cannot be executed: docker/podman's 127 and
+    // 126, with a shell-like line.
+    let out = vm(&env, &["exec", "box", "--", "no-such-command"]).await;
+    assert_eq!(out.code, 127, "{}", out.stderr);
+    assert_eq!(out.stderr, "vm: no-such-command: command not found\n");
+    let out = vm(&env, &["exec", "box", "--", root.to_str().unwrap()]).await;
+    assert_eq!(out.code, 126, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .starts_with(&format!("vm: {}: cannot execute: ", root.display())),
+        "{}",
+        out.stderr
+    );
     // A secret-looking variable is refused unless allowed.
     let out = vm(&env, &["exec", "box", "-e", "GH_TOKEN=x", "--", "true"]).await;
     assert_eq!(out.code, 126, "{}", out.stderr);

@@ -9,8 +9,8 @@ use vm_sandbox::{MicroVm, Options, Run};
 use crate::args::ExecArgs;
 use crate::dryrun;
 use crate::exit;
-use crate::glue;
 use crate::parse;
+use crate::resolve;
 use crate::state::Runtime;
 use crate::stream::{self, Signals};
 
@@ -64,7 +64,7 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
         command: Command::Argv(a.command.clone()),
         cwd: a.cmd.workdir.clone().or(req.workdir),
         timeout: a.vm.timeout,
-        env: glue::env(&a.cmd.env),
+        env: resolve::env(&a.cmd.env),
         env_allow: a.cmd.env_allow.clone(),
         ..Default::default()
     };
@@ -74,7 +74,7 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
 /// `vm exec [OPTIONS] -- CMD`.
 async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
-    let resolved = glue::resolve(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),
@@ -83,12 +83,12 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         };
         return dryrun::report(&plan, a.dry.json);
     }
-    let glue::Resolved {
+    let resolve::Resolved {
         spec,
         trust,
         policy,
     } = resolved;
-    glue::check_workdir(&spec, a.cmd.workdir.as_deref())?;
+    resolve::check_workdir(&spec, a.cmd.workdir.as_deref())?;
     let options = Options {
         trust,
         policy,

@@ -12,7 +12,7 @@ use vm_sandbox::Options;
 use crate::args::RunArgs;
 use crate::dryrun;
 use crate::exit;
-use crate::glue;
+use crate::resolve;
 use crate::state::{Record, Runtime, VmState, labels, now_unix};
 use crate::stream::Signals;
 use crate::supervisor::{SUPERVISOR_LOG, StartRequest};
@@ -32,7 +32,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         ));
     }
     let mut signals = Signals::install()?;
-    let resolved = glue::resolve(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             workdir: a.cmd.workdir.as_deref(),
@@ -41,13 +41,13 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         };
         return dryrun::report(&plan, a.dry.json);
     }
-    let glue::Resolved {
+    let resolve::Resolved {
         spec,
         trust,
         policy,
     } = resolved;
     // Refuse before anything is created: the same checks the boot runs first.
-    glue::check_workdir(&spec, a.cmd.workdir.as_deref())?;
+    resolve::check_workdir(&spec, a.cmd.workdir.as_deref())?;
     let options = Options {
         trust,
         policy,

@@ -104,7 +104,7 @@ pub(super) async fn run<S: Stream>(
     };
     let mut p = match process::spawn(agent.reaper(), agent.cgroups(), &spec) {
         Ok(p) => p,
-        Err(e) => return send_error(&mut wr, ErrorKind::Spawn, &error_chain(&e), t).await,
+        Err(e) => return send_error(&mut wr, e.kind(), &error_chain(&e), t).await,
     };
     tracing::debug!(pid = p.pid, name, "exec started");
     if let Some(mut s) = p.stdin.take() {

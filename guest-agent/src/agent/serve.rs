@@ -80,7 +80,7 @@ impl Serves {
             name: &name,
         };
         let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)
-            .map_err(|e| (ErrorKind::Spawn, super::conn::error_chain(&e)))?;
+            .map_err(|e| (e.kind(), super::conn::error_chain(&e)))?;
         let (tx, rx) = watch::channel(None);
         let entry = Arc::new(Entry {
             pid: p.pid,
