@@ -32,7 +32,6 @@ pub mod host;
 pub mod proof;
 
 use std::future::Future;
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 pub use cases::{Cases, Ctx, error_chain};
@@ -75,18 +74,10 @@ fn selected(only: Option<&str>, driver: &str) -> bool {
     only.is_none_or(|list| list.split(',').any(|n| n.trim() == driver))
 }
 
-/// Prints a skip line to stderr and appends it to `$VM_TEST_SKIP_LOG` when set.
-pub fn skip(line: &str) {
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG") {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path);
-        if let Ok(mut f) = file {
-            let _ = writeln!(f, "{line}");
-        }
-    }
+/// Reports a skipped scenario on one driver, the workspace's way
+/// ([`vm_test_support::skip`]: stderr and `$VM_TEST_SKIP_LOG`).
+fn skip(name: &str, driver: &str, reason: &str) {
+    vm_test_support::skip(&format!("{name} [{driver}]"), reason);
 }
 
 fn init_logs() {
@@ -127,14 +118,11 @@ where
     let mut failures = Vec::new();
     for d in drivers_to_test() {
         if !d.availability.ok {
-            skip(&format!(
-                "SKIP {name} [{}]: {}",
-                d.name, d.availability.detail
-            ));
+            skip(name, d.name, &d.availability.detail);
             continue;
         }
         if needs_images && let Err(e) = default_image() {
-            skip(&format!("SKIP {name} [{}]: {e}", d.name));
+            skip(name, d.name, &e.to_string());
             continue;
         }
         let rt = match tokio::runtime::Builder::new_multi_thread()
