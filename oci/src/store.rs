@@ -403,8 +403,20 @@ impl Store {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&tree, fs::Permissions::from_mode(0o755))
             .map_err(io_err("chmod", &tree))?;
+        let t = std::time::Instant::now();
         let stats: UnpackStats = unpack::unpack(&tree, image.layers, &self.limits)?;
+        let unpacked = t.elapsed();
         erofs::build(&tree, &out.join(EROFS))?;
+        tracing::info!(
+            digest = %image.digest,
+            entries = stats.entries,
+            bytes = stats.bytes,
+            dropped_devices = stats.dropped_devices,
+            cleared_setid = stats.cleared_setid,
+            unpack = ?unpacked,
+            mkfs = ?(t.elapsed() - unpacked),
+            "converted image"
+        );
         fs::remove_dir_all(&tree).map_err(io_err("removing", &tree))?;
         let meta = Meta {
             digest: image.digest.clone(),
