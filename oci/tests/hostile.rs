@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::Read as _;
 use std::path::Path;
 
 use common::*;
@@ -232,6 +233,27 @@ fn gzip_bomb_stops_early() {
     let (store, r) = import(tmp.path(), &img, Limits::default());
     refused(&store, r, "refusing a decompression bomb");
     eprintln!("gzip bomb refused after {:?}", t.elapsed());
+    // The same bomb as a gzipped docker-save archive holding the layer stops too, before
+    // the archive is unpacked to disk.
+    let saved = tmp.path().join("bomb.tar.gz");
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        std::fs::File::create(&saved).unwrap(),
+        flate2::Compression::fast(),
+    ));
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1 << 30);
+    h.set_mode(0o644);
+    h.set_cksum();
+    tar.append_data(&mut h, "layer.tar", std::io::repeat(0).take(1 << 30))
+        .unwrap();
+    tar.into_inner().unwrap().finish().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    refused(
+        &store,
+        store.import(&saved),
+        "refusing a decompression bomb",
+    );
+
     // The total-size and entry caps stop a plain (uncompressed-size) flood too.
     let big = one_layer(Layer::new().file("a", &vec![7u8; 64 << 10]));
     let small = Limits {
