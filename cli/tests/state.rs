@@ -171,6 +171,7 @@ fn images_prune_keeps_current_and_build_state() {
         .as_array()
         .unwrap()
         .iter()
+        .filter(|e| e["kind"] == "set")
         .map(|e| e["hash"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(hashes, ["aaaa", "bbbb"]);
