@@ -7,7 +7,10 @@
 //!   [`vm_drivers::Registry::with_defaults`] with its `detect()` verdict; [`scenario`] runs a
 //!   scenario once per available driver and prints `SKIP <scenario> [<driver>]: <detail>`
 //!   for every other one (also appended to `$VM_TEST_SKIP_LOG`, the project's skip
-//!   convention), so a missing KVM is visible and counted rather than silently absent;
+//!   convention), so a missing KVM is visible and counted rather than silently absent. Each
+//!   scenario x driver is one counted unit (`boot [tcg]` passed, `boot [kvm]` skipped), and a
+//!   scenario that ran on no driver **fails** unless `VM_TEST_ALLOW_NO_DRIVER=1`
+//!   ([`vm_test_support::DriverRuns`]);
 //!   [`boot`] starts a [`MicroVm`] on one named driver from a [`GuestSpec`] and prints
 //!   `boot+agent ready in X s [driver]`; [`Cases`] runs the named cases of a scenario against
 //!   one guest, each under a timeout, and reports every failure (not only the first).
@@ -20,7 +23,7 @@
 //! `cargo nextest run -p vm-tests` (the repo's `.config/nextest.toml` puts these binaries in a
 //! test group of two threads: each guest is a QEMU TCG process on this 2-core host). The
 //! guest images must be built first (`images/build.sh`); without them every scenario that
-//! boots prints a SKIP line naming the missing file. `VM_E2E_BOOT_TIMEOUT` (seconds)
+//! boots prints a SKIP line naming the missing file, and fails because no driver ran. `VM_E2E_BOOT_TIMEOUT` (seconds)
 //! overrides the agent wait; `RUST_LOG` enables the runtime's logs.
 //!
 //! Everything that can fail returns `Result<_, String>` with the whole error chain
@@ -31,7 +34,6 @@ mod guest;
 pub mod host;
 
 use std::future::Future;
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 pub use cases::{Cases, Ctx, error_chain};
@@ -42,6 +44,7 @@ pub use guest::{
 pub use vm_sandbox::MicroVm;
 
 use vm_drivers::{Availability, Registry};
+use vm_test_support::DriverRuns;
 
 /// Upper bound on one scenario on one driver (boot included).
 pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(600);
@@ -65,20 +68,6 @@ pub fn drivers_to_test() -> Vec<DriverUnderTest> {
         .collect()
 }
 
-/// Prints a skip line to stderr and appends it to `$VM_TEST_SKIP_LOG` when set.
-pub fn skip(line: &str) {
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG") {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path);
-        if let Ok(mut f) = file {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-}
-
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -90,7 +79,9 @@ fn init_logs() {
 
 /// Runs `f(driver)` for every available driver on its own tokio runtime; skips (with a
 /// SKIP line) every driver whose detection is not OK and, when the scenario boots guests,
-/// every driver when the guest images are missing. Panics listing every failed driver.
+/// every driver when the guest images are missing. Panics listing every failed driver, and
+/// when no driver ran at all unless `VM_TEST_ALLOW_NO_DRIVER=1` (see [`vm_test_support`]):
+/// a scenario that ran nowhere has not passed. Each driver is one counted unit.
 pub fn scenario<F, Fut>(name: &str, f: F)
 where
     F: Fn(&'static str) -> Fut,
@@ -114,17 +105,14 @@ where
     Fut: Future<Output = Result<(), String>>,
 {
     init_logs();
-    let mut failures = Vec::new();
+    let mut runs = DriverRuns::new(name);
     for d in drivers_to_test() {
         if !d.availability.ok {
-            skip(&format!(
-                "SKIP {name} [{}]: {}",
-                d.name, d.availability.detail
-            ));
+            runs.skipped(d.name, &d.availability.detail);
             continue;
         }
         if needs_images && let Err(e) = default_image() {
-            skip(&format!("SKIP {name} [{}]: {e}", d.name));
+            runs.skipped(d.name, &e);
             continue;
         }
         let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -134,7 +122,7 @@ where
         {
             Ok(rt) => rt,
             Err(e) => {
-                failures.push(format!("[{}] cannot build a tokio runtime: {e}", d.name));
+                runs.failed(d.name, &format!("cannot build a tokio runtime: {e}"));
                 continue;
             }
         };
@@ -148,18 +136,16 @@ where
         rt.shutdown_timeout(Duration::from_secs(10));
         let took = start.elapsed().as_secs_f64();
         match outcome {
-            Ok(()) => eprintln!("PASS {name} [{}] in {took:.1} s", d.name),
-            Err(e) => {
-                eprintln!("FAIL {name} [{}] after {took:.1} s: {e}", d.name);
-                failures.push(format!("[{}] {e}", d.name));
+            Ok(()) => {
+                eprintln!("{name} [{}] took {took:.1} s", d.name);
+                runs.passed(d.name);
             }
+            Err(e) => runs.failed(d.name, &format!("after {took:.1} s: {e}")),
         }
     }
-    assert!(
-        failures.is_empty(),
-        "scenario {name} failed:\n{}",
-        failures.join("\n")
-    );
+    if let Err(e) = runs.finish() {
+        panic!("scenario {e}");
+    }
 }
 
 /// Fails with `msg` unless `cond` holds: `ensure!(cond, "format", args..)` in a function
