@@ -68,6 +68,11 @@ pub fn drivers_to_test() -> Vec<DriverUnderTest> {
         .collect()
 }
 
+/// Prints a whole-test `SKIP <test>: <reason>` line to stderr and appends it to
+/// `$VM_TEST_SKIP_LOG` when set (the test counts as skipped, not passed). Only for a fact about
+/// the host; a scenario's skipped drivers are recorded by [`scenario`] itself.
+pub use vm_test_support::skip_line as skip;
+
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
