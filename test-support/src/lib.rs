@@ -22,8 +22,14 @@
 //! `UNITS <test>: P passed, F failed, S skipped` record that `ci/test.sh` uses in place of the
 //! single pass or failure libtest reports for the test. A retried test writes its lines again;
 //! `ci/test.sh` keeps the last record of each unit.
+//!
+//! # Stand-in VMs
+//! [`hybrid`] is the hybrid-vsock handshake in front of a test server, for tests that reach
+//! a stand-in VM the way a host client reaches a real one.
 
 use std::io::Write;
+
+pub mod hybrid;
 
 /// The environment variable that lets a test that found no driver pass as skipped.
 pub const ALLOW_NO_DRIVER: &str = "VM_TEST_ALLOW_NO_DRIVER";
@@ -124,7 +130,8 @@ impl DriverRuns {
 
     /// The test failed on `driver` with `error`.
     pub fn failed(&mut self, driver: &str, error: &str) {
-        eprintln!("FAIL {} [{driver}]: {error}", self.test);
+        // `FAIL <test> [<driver>] ...`: the kvm proof's report reads this line.
+        eprintln!("FAIL {} [{driver}] {error}", self.test);
         self.failures.push(format!("[{driver}] {error}"));
     }
 
