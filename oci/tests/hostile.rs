@@ -366,3 +366,28 @@ fn only_user_xattrs_are_kept() {
         "a capability or trusted xattr was kept"
     );
 }
+
+/// What cannot be a linux/amd64 root is refused by name: a zstd layer, an arm64 config.
+#[test]
+fn unsupported_images_are_refused_by_name() {
+    if skip("unsupported_images_are_refused_by_name") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let zstd = vec![0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0];
+    let img = TestImage::from_blobs(vec![(zstd, Vec::new())], serde_json::json!({}));
+    let (store, r) = import(tmp.path(), &img, Limits::default());
+    refused(&store, r, "zstd-compressed layers are not supported");
+
+    let mut arm = one_layer(Layer::new().file("a", b"a"));
+    arm.config = String::from_utf8(arm.config)
+        .unwrap()
+        .replace("\"amd64\"", "\"arm64\"")
+        .into_bytes();
+    let (store, r) = import(tmp.path(), &arm, Limits::default());
+    refused(
+        &store,
+        r,
+        "image is for linux/arm64; only linux/amd64 images run here",
+    );
+}
