@@ -406,7 +406,11 @@ impl Store {
         let t = std::time::Instant::now();
         let stats: UnpackStats = unpack::unpack(&tree, image.layers, &self.limits)?;
         let unpacked = t.elapsed();
-        erofs::build(&tree, &out.join(EROFS))?;
+        let erofs_path = out.join(EROFS);
+        erofs::build(&tree, &erofs_path)?;
+        // Content-addressed: nothing may change it after this.
+        fs::set_permissions(&erofs_path, fs::Permissions::from_mode(0o444))
+            .map_err(io_err("chmod", &erofs_path))?;
         tracing::info!(
             digest = %image.digest,
             entries = stats.entries,
