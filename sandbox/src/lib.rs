@@ -95,8 +95,10 @@ pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving
 /// The guest agent's types a caller of this API handles: the command, its output and exit
 /// status, the streaming events, and the client error that carries the agent's verdict.
 pub mod agent {
-    pub use guest_agent::client::{ClientError, ExecEvent, ExecStream};
-    pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus};
+    pub use guest_agent::client::{
+        ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
+    };
+    pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus, TtySize};
 }
 
 /// The driver registry and the driver-level errors a caller may need to tell apart.
