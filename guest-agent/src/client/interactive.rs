@@ -134,6 +134,20 @@ impl InteractiveInput {
         Ok(())
     }
 
+    /// Wait until `len` bytes (at most [`MAX_STDIN_CHUNK`]) can be written without waiting
+    /// for the agent. Cancel-safe: use it in a `select!` beside other work, then
+    /// [`InteractiveInput::write`] the chunk.
+    pub async fn writable(&self, len: usize) -> Result<(), ClientError> {
+        let len = len.min(MAX_STDIN_CHUNK) as u32;
+        let permit = self
+            .credit
+            .acquire_many(len)
+            .await
+            .map_err(|_| ClientError::Ended)?;
+        drop(permit); // returned: the write takes it
+        Ok(())
+    }
+
     /// End the command's stdin (it reads EOF once what was sent is written; with a
     /// terminal, the terminal's EOF character is written). Output continues.
     pub async fn close_stdin(&mut self) -> Result<(), ClientError> {
