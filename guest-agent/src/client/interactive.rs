@@ -29,10 +29,12 @@ pub struct Interactive {
     pub output: InteractiveOutput,
 }
 
-/// The host-to-guest half of an interactive exec.
+/// The host-to-guest half of an interactive exec. Dropping it alone does not end the
+/// session (the connection stays whole until the output half is dropped too).
 #[derive(Debug)]
 pub struct InteractiveInput {
-    wr: OwnedWriteHalf,
+    /// `None` only while being dropped.
+    wr: Option<OwnedWriteHalf>,
     credit: Arc<Semaphore>,
     step: Duration,
     stdin_closed: bool,
@@ -90,7 +92,7 @@ impl AgentClient {
         let credit = Arc::new(Semaphore::new(STDIN_WINDOW as usize));
         Ok(Interactive {
             input: InteractiveInput {
-                wr,
+                wr: Some(wr),
                 credit: credit.clone(),
                 step: c.step,
                 stdin_closed: false,
@@ -109,7 +111,10 @@ impl AgentClient {
 
 impl InteractiveInput {
     async fn send(&mut self, f: &ClientFrame, step: &'static str) -> Result<(), ClientError> {
-        write_frame(&mut self.wr, f, MAX_FRAME, self.step)
+        let Some(wr) = self.wr.as_mut() else {
+            return Err(ClientError::Ended);
+        };
+        write_frame(wr, f, MAX_FRAME, self.step)
             .await
             .map_err(|e| frame_err(step, e))
     }
@@ -166,6 +171,16 @@ impl InteractiveInput {
     /// exit status.
     pub async fn cancel(&mut self) -> Result<(), ClientError> {
         self.send(&ClientFrame::Cancel, "cancel").await
+    }
+}
+
+impl Drop for InteractiveInput {
+    /// No `shutdown(SHUT_WR)`: the agent (and a vsock backend that turns a half-close into
+    /// a full one) would take it for a cancel. The socket closes with the output half.
+    fn drop(&mut self) {
+        if let Some(wr) = self.wr.take() {
+            wr.forget();
+        }
     }
 }
 
