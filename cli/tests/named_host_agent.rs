@@ -205,38 +205,7 @@ async fn named_vm_commands_through_the_agent_protocol() {
     assert!(started.elapsed() < Duration::from_secs(20));
 
     // Ctrl-C cancels the guest command's whole tree and exits 130.
-    let mut child = tokio::process::Command::new(common::vm_bin())
-        .env("VM_RUNTIME_DIR", env.runtime())
-        .args(["exec", "box", "--", "sh", "-c", "sleep 600 & echo $!; wait"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let grandchild: u32 = lines
-        .next_line()
-        .await
-        .unwrap()
-        .expect("no output streamed")
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(common::pid_alive(grandchild));
-    // SAFETY: kill(2) on our own child process.
-    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(status.code(), Some(130));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::pid_alive(grandchild) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        !common::pid_alive(grandchild),
-        "the guest command's child survived the cancel"
-    );
+    ctrl_c_cancels_the_tree(&env, &[]).await;
 
     // cp in and out, confined to the agent's root.
     let host_in = env.dir.path().join("in.txt");
@@ -294,6 +263,46 @@ async fn named_vm_commands_through_the_agent_protocol() {
     front.abort();
 }
 
+/// `vm exec FLAGS box` of a command that leaves a grandchild: SIGINT to `vm` exits 130
+/// and the grandchild is gone. `stdin` stays open (a pipe nobody writes) for `-i`.
+async fn ctrl_c_cancels_the_tree(env: &Env, flags: &[&str]) {
+    let mut child = tokio::process::Command::new(common::vm_bin())
+        .env("VM_RUNTIME_DIR", env.runtime())
+        .arg("exec")
+        .args(flags)
+        .args(["box", "--", "sh", "-c", "sleep 600 & echo $!; wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grandchild: u32 = lines
+        .next_line()
+        .await
+        .unwrap()
+        .expect("no output streamed")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(common::pid_alive(grandchild));
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "flags {flags:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::pid_alive(grandchild) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !common::pid_alive(grandchild),
+        "the guest command's child survived the cancel (flags {flags:?})"
+    );
+}
+
 /// `-i` and `-t` against the same agent: stdin piped through (and its early end), `-t`
 /// without a terminal refused, and an interactive shell typed on a real terminal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,6 +332,8 @@ async fn interactive_exec_in_a_named_vm() {
     let out = common::tty::with_stdin(&env, &["exec", "-it", "box", "--", "sh"], b"");
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("not a terminal"), "{}", out.stderr);
+    // Without -t, Ctrl-C still cancels the tree, also while stdin is open.
+    ctrl_c_cancels_the_tree(&env, &["-i"]).await;
     tokio::task::spawn_blocking(move || {
         common::tty::shell_session(
             &env,
