@@ -139,9 +139,14 @@ pub struct DryRunOpts {
   vm exec -v /srv/data:/data:ro -e TOKEN -e MODE=fast -w /data -- ./run.sh
   vm exec --dry-run --json -- true                          # show the resolved spec, boot nothing
   vm exec box -- ls /                                       # run in the running VM `box`
+  printf 'a\nb\n' | vm exec -i -- wc -l                      # stdin streamed to the command
+  vm exec -it box -- sh                                     # an interactive shell in `box`
 
 The command's stdout and stderr are streamed as they come; vm exits with its exit code
 (128+N when killed by signal N). Ctrl-C cancels the whole guest command tree and exits 130.
+Without -i the command's stdin is empty (/dev/null). -t runs it on a pseudo-terminal in the
+guest (output is all stdout, TERM is passed, the window size follows ours); with -it our
+terminal is in raw mode for the session and Ctrl-C is sent to the guest as a key.
 With NAME, only -e, --env-allow, -w and --timeout (which then bounds the command) apply:
 the VM was configured by `vm run`.")]
 pub struct ExecArgs {
@@ -154,6 +159,12 @@ pub struct ExecArgs {
     pub cmd: CmdOpts,
     #[command(flatten)]
     pub dry: DryRunOpts,
+    /// Stream stdin to the command until EOF (without -i its stdin is empty)
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Run the command on a pseudo-terminal in the guest (stdin must be a terminal)
+    #[arg(short = 't', long)]
+    pub tty: bool,
     /// The command and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -407,5 +418,11 @@ mod tests {
         };
         assert_eq!((e.name, e.vm.memory), (None, Some(1024)));
         assert!(Cli::try_parse_from(["vm", "exec", "box"]).is_err());
+        let cli = Cli::try_parse_from(["vm", "exec", "-it", "box", "--", "sh"]).unwrap();
+        let Command::Exec(e) = cli.command else {
+            panic!()
+        };
+        assert!(e.interactive && e.tty);
+        assert_eq!(e.name.as_deref(), Some("box"));
     }
 }

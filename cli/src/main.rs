@@ -13,7 +13,8 @@
 //! - the detached supervisor ([`supervisor`]) that holds a `vm run -d` VM: `vm` re-executed
 //!   as the hidden `__supervise` subcommand in its own session, stdio to a log file;
 //! - streaming a guest command's output and forwarding Ctrl-C/SIGTERM as a cancel of the
-//!   guest command tree ([`stream`]);
+//!   guest command tree ([`stream`]); `vm exec -i`/`-t` sessions: stdin, raw terminal,
+//!   window size ([`interactive`], terminal calls in [`sys`]);
 //! - output formatting ([`output`]).
 //!
 //! Data flows one way: CLI -> vm-sandbox (validate -> admit -> select -> boot, or attach)
@@ -23,12 +24,14 @@ mod args;
 mod cmd;
 mod dryrun;
 mod exit;
+mod interactive;
 mod output;
 mod parse;
 mod resolve;
 mod state;
 mod stream;
 mod supervisor;
+mod sys;
 
 use std::io::Write;
 

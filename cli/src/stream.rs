@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use vm_sandbox::agent::{ExecEvent, ExecStream, ExitStatus};
+use vm_sandbox::agent::{ClientError, ExecEvent, ExecStream, ExitStatus};
 
 use crate::exit;
 
@@ -62,18 +62,11 @@ pub async fn relay_stream(
             return Ok(exit::INTERRUPTED);
         }
     };
-    let mut stdout = tokio::io::stdout();
-    let mut stderr = tokio::io::stderr();
+    let mut out = Outputs::new();
     loop {
         tokio::select! {
-            ev = stream.next() => match ev.context("reading the command's output from the guest")? {
-                Some(ExecEvent::Stdout(d)) => relay(&mut stdout, &d).await,
-                Some(ExecEvent::Stderr(d)) => relay(&mut stderr, &d).await,
-                Some(ExecEvent::Exit(status)) => {
-                    tracing::debug!(?status, "guest command exited");
-                    return Ok(status_code(&status));
-                }
-                None => anyhow::bail!("the guest closed the command's stream without an exit status"),
+            ev = stream.next() => if let Some(code) = out.event(ev).await? {
+                return Ok(code);
             },
             sig = signals.recv() => {
                 tracing::info!("{sig}: cancelling the guest command tree");
@@ -88,6 +81,39 @@ pub async fn relay_stream(
                 return Ok(exit::INTERRUPTED);
             }
         }
+    }
+}
+
+/// Our stdout and stderr, for a guest command's events.
+pub struct Outputs {
+    stdout: tokio::io::Stdout,
+    stderr: tokio::io::Stderr,
+}
+
+impl Outputs {
+    pub fn new() -> Outputs {
+        Outputs {
+            stdout: tokio::io::stdout(),
+            stderr: tokio::io::stderr(),
+        }
+    }
+
+    /// Relays one event of a guest command; its exit code once it exited (see
+    /// [`status_code`]).
+    pub async fn event(
+        &mut self,
+        ev: Result<Option<ExecEvent>, ClientError>,
+    ) -> anyhow::Result<Option<u8>> {
+        match ev.context("reading the command's output from the guest")? {
+            Some(ExecEvent::Stdout(d)) => relay(&mut self.stdout, &d).await,
+            Some(ExecEvent::Stderr(d)) => relay(&mut self.stderr, &d).await,
+            Some(ExecEvent::Exit(status)) => {
+                tracing::debug!(?status, "guest command exited");
+                return Ok(Some(status_code(&status)));
+            }
+            None => anyhow::bail!("the guest closed the command's stream without an exit status"),
+        }
+        Ok(None)
     }
 }
 

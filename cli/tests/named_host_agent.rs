@@ -58,9 +58,16 @@ async fn vm(env: &Env, args: &[&str]) -> common::Out {
     common::Out::from(cmd.output().await.unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn named_vm_commands_through_the_agent_protocol() {
-    let env = Env::new();
+/// The running "VM" `box`: the agent's root, its socket, the front task, the stand-in
+/// supervisor.
+struct HostBox {
+    root: std::path::PathBuf,
+    socket: std::path::PathBuf,
+    front: tokio::task::JoinHandle<()>,
+    supervisor: std::process::Child,
+}
+
+fn start_box(env: &Env) -> HostBox {
     let root = env.dir.path().join("guest-root");
     std::fs::create_dir(&root).unwrap();
     let agent = Agent::new(AgentOptions {
@@ -78,11 +85,28 @@ async fn named_vm_commands_through_the_agent_protocol() {
             async {}
         }
     }));
-    let mut supervisor = std::process::Command::new("sleep")
+    let supervisor = std::process::Command::new("sleep")
         .arg("600")
         .spawn()
         .unwrap();
-    write_record(&env, &root, supervisor.id(), &socket);
+    write_record(env, &root, supervisor.id(), &socket);
+    HostBox {
+        root,
+        socket,
+        front,
+        supervisor,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_vm_commands_through_the_agent_protocol() {
+    let env = Env::new();
+    let HostBox {
+        root,
+        socket,
+        front,
+        mut supervisor,
+    } = start_box(&env);
 
     // Output streamed to the right descriptors, exit code passed through, the VM's env.
     let out = vm(
@@ -181,38 +205,7 @@ async fn named_vm_commands_through_the_agent_protocol() {
     assert!(started.elapsed() < Duration::from_secs(20));
 
     // Ctrl-C cancels the guest command's whole tree and exits 130.
-    let mut child = tokio::process::Command::new(common::vm_bin())
-        .env("VM_RUNTIME_DIR", env.runtime())
-        .args(["exec", "box", "--", "sh", "-c", "sleep 600 & echo $!; wait"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let grandchild: u32 = lines
-        .next_line()
-        .await
-        .unwrap()
-        .expect("no output streamed")
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(common::pid_alive(grandchild));
-    // SAFETY: kill(2) on our own child process.
-    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(status.code(), Some(130));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::pid_alive(grandchild) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        !common::pid_alive(grandchild),
-        "the guest command's child survived the cancel"
-    );
+    ctrl_c_cancels_the_tree(&env, &[]).await;
 
     // cp in and out, confined to the agent's root.
     let host_in = env.dir.path().join("in.txt");
@@ -268,4 +261,91 @@ async fn named_vm_commands_through_the_agent_protocol() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(common::files_under(&env.runtime()).is_empty());
     front.abort();
+}
+
+/// `vm exec FLAGS box` of a command that leaves a grandchild: SIGINT to `vm` exits 130
+/// and the grandchild is gone. `stdin` stays open (a pipe nobody writes) for `-i`.
+async fn ctrl_c_cancels_the_tree(env: &Env, flags: &[&str]) {
+    let mut child = tokio::process::Command::new(common::vm_bin())
+        .env("VM_RUNTIME_DIR", env.runtime())
+        .arg("exec")
+        .args(flags)
+        .args(["box", "--", "sh", "-c", "sleep 600 & echo $!; wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grandchild: u32 = lines
+        .next_line()
+        .await
+        .unwrap()
+        .expect("no output streamed")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(common::pid_alive(grandchild));
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "flags {flags:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::pid_alive(grandchild) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !common::pid_alive(grandchild),
+        "the guest command's child survived the cancel (flags {flags:?})"
+    );
+}
+
+/// `-i` and `-t` against the same agent: stdin piped through (and its early end), `-t`
+/// without a terminal refused, and an interactive shell typed on a real terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_exec_in_a_named_vm() {
+    let env = Env::new();
+    let b = start_box(&env);
+    let out = common::tty::with_stdin(&env, &["exec", "-i", "box", "--", "wc", "-l"], b"a\nb\n");
+    assert_eq!((out.code, out.stdout.trim()), (0, "2"), "{}", out.stderr);
+    // Without -i the command's stdin is empty.
+    let out = common::tty::with_stdin(&env, &["exec", "box", "--", "wc", "-c"], b"ignored");
+    assert_eq!(out.stdout.trim(), "0", "{}", out.stderr);
+    // Stdin that ends at once: the guest sees EOF, nothing hangs.
+    let started = Instant::now();
+    let out = common::tty::with_stdin(
+        &env,
+        &["exec", "-i", "box", "--", "sh", "-c", "cat; echo eof"],
+        b"",
+    );
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "eof\n"),
+        "{}",
+        out.stderr
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // -t needs a terminal on stdin.
+    let out = common::tty::with_stdin(&env, &["exec", "-it", "box", "--", "sh"], b"");
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("not a terminal"), "{}", out.stderr);
+    // Without -t, Ctrl-C still cancels the tree, also while stdin is open.
+    ctrl_c_cancels_the_tree(&env, &["-i"]).await;
+    tokio::task::spawn_blocking(move || {
+        common::tty::shell_session(
+            &env,
+            &["exec", "-it", "-e", "PS1=gp> ", "box", "--", "sh"],
+            Duration::from_secs(20),
+        );
+        env
+    })
+    .await
+    .unwrap();
+    let mut supervisor = b.supervisor;
+    let _ = supervisor.kill();
+    let _ = supervisor.wait();
+    b.front.abort();
 }

@@ -16,9 +16,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use guest_agent::client::{AgentClient, ClientError, ClientLimits, ExecStream, ForwardStream};
+use guest_agent::client::{
+    AgentClient, ClientError, ClientLimits, ExecStream, ForwardStream, Interactive,
+};
 use guest_agent::protocol::{
-    ExecOutput, ExecRequest, FileEntry, ServeId, ServeRequest, ServeStatus,
+    ExecOutput, ExecRequest, FileEntry, InteractiveRequest, ServeId, ServeRequest, ServeStatus,
 };
 use thiserror::Error;
 use tokio::sync::watch;
@@ -298,6 +300,16 @@ impl Machine {
     /// expiry, but the VM behind it is, so it ends with an error.
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, MachineError> {
         self.call(self.agent.exec_stream(req)).await
+    }
+
+    /// Starts a command with stdin streamed from the host, optionally on a pseudo-terminal.
+    /// Like [`Machine::exec_stream`], the session is not cut by close or expiry, but the VM
+    /// behind it is, so it ends with an error.
+    pub async fn exec_interactive(
+        &self,
+        req: InteractiveRequest,
+    ) -> Result<Interactive, MachineError> {
+        self.call(self.agent.exec_interactive(req)).await
     }
 
     /// Reads `path` under the guest directory `root`.

@@ -39,6 +39,14 @@
 //!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`; host EOF
 //!      half-closes the guest TCP connection, guest EOF closes the whole connection.
 //!    - `Shutdown` -> `Ok`, then sync + `reboot(RB_AUTOBOOT)` (which ends the VM).
+//!    - `ExecInteractive{exec, tty}` -> `Started`, then `Stdout`/`Stderr`/`StdinAck`* and
+//!      `Exit`, while the client sends `Data` (stdin, at most `STDIN_WINDOW` = 1 MiB
+//!      unacknowledged), `DataEnd` (stdin EOF: a half-close), `Resize{rows, cols}` and
+//!      `Cancel`. With `tty` the agent opens a pseudo-terminal: the command is a session
+//!      leader with it as controlling terminal and stdin/stdout/stderr (see
+//!      `agent::interactive`). A request an agent cannot decode (a newer client) gets
+//!      `Error{Unsupported}`; agents older than that hang up, which the client reports as
+//!      `ClientError::Unsupported` too.
 //!
 //!    Any step may instead get `Error{kind, message}`. Cancellation: the client sends `Cancel`
 //!    or closes the connection; either kills the operation's whole process tree.
@@ -67,6 +75,7 @@
 //! AgentClient::unix(path) / AgentClient::hybrid_vsock(uds_path, port) / .with_limits(ClientLimits)
 //! ping() -> AgentInfo;  wait_ready(Duration) -> AgentInfo
 //! exec(ExecRequest) -> ExecOutput;  exec_stream(ExecRequest) -> ExecStream { next() (cancel-safe), cancel() }
+//! exec_interactive(InteractiveRequest) -> Interactive { input: write/close_stdin/resize/cancel, output: next() }
 //! read_file(root, path) -> Vec<u8>;  write_file(root, path, &[u8]);  list(root, path) -> Vec<FileEntry>
 //! serve_start(ServeRequest) -> ServeId;  serve_status(ServeId) / serve_stop(ServeId) -> ServeStatus
 //! forward(port: u16) -> ForwardStream (a tokio UnixStream);  shutdown()
@@ -92,9 +101,12 @@ pub const AGENT_PORT: u32 = 1024;
 /// Protocol version exchanged in the handshake.
 pub const PROTOCOL_VERSION: u32 = 1;
 
-pub use client::{AgentClient, ClientError, ClientLimits, ExecEvent, ExecStream, ForwardStream};
+pub use client::{
+    AgentClient, ClientError, ClientLimits, ExecEvent, ExecStream, ForwardStream, Interactive,
+    InteractiveInput, InteractiveOutput,
+};
 pub use config::{AgentConfig, DiskFs, DiskMount};
 pub use protocol::{
-    AgentInfo, Command, ErrorKind, ExecOutput, ExecRequest, ExitStatus, FileEntry, ServeId,
-    ServeRequest, ServeStatus,
+    AgentInfo, Command, ErrorKind, ExecOutput, ExecRequest, ExitStatus, FileEntry,
+    InteractiveRequest, ServeId, ServeRequest, ServeStatus, TtySize,
 };

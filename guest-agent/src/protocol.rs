@@ -31,6 +31,12 @@ pub const SERVE_TAIL_BYTES: usize = 64 * 1024;
 pub const MAX_LIST_ENTRIES: u32 = 100_000;
 /// Largest path (bytes) accepted anywhere in the protocol.
 pub const MAX_PATH_BYTES: usize = 4096;
+/// Interactive exec: stdin bytes the host may have sent and the agent not yet acknowledged
+/// (`StdinAck`). The agent queues at most this much, so it can always read the next frame
+/// (a `Cancel`, a `Resize`) whatever the command does with its stdin.
+pub const STDIN_WINDOW: u32 = 1024 * 1024;
+/// Largest stdin chunk in one `Data` frame of an interactive exec.
+pub const MAX_STDIN_CHUNK: usize = 64 * 1024;
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +125,24 @@ pub struct FileEntry {
     pub size: u64,
 }
 
+/// The size of a terminal, in character cells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// An interactive exec: stdin streamed from the host, optionally on a pseudo-terminal.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InteractiveRequest {
+    /// What to run, its environment, directory and timeout; `stdin` must be empty (stdin
+    /// comes as `Data` frames) and `max_output` does not apply (output is streamed).
+    pub exec: ExecRequest,
+    /// Allocate a pseudo-terminal of this size: the command becomes a session leader with
+    /// the terminal as its controlling tty and as stdin, stdout and stderr. `None` = pipes.
+    pub tty: Option<TtySize>,
+}
+
 /// A long-lived process.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServeRequest {
@@ -188,6 +212,10 @@ pub enum Request {
     },
     /// Reply: `Ok`, then the agent syncs and reboots (ends the VM) when PID 1.
     Shutdown,
+    /// Reply: `Started`, then `Stdout`/`Stderr`/`StdinAck`* and `Exit`; meanwhile the client
+    /// sends `Data` (stdin, within [`STDIN_WINDOW`]), `DataEnd` (stdin EOF), `Resize`, `Cancel`.
+    /// An agent older than this request closes the connection without a reply.
+    ExecInteractive(InteractiveRequest),
 }
 
 /// Host -> agent frames.
@@ -201,6 +229,8 @@ pub enum ClientFrame {
     DataEnd,
     /// Cancel the running operation (Exec: kill its whole tree).
     Cancel,
+    /// Interactive exec with a terminal: the new window size (the command gets `SIGWINCH`).
+    Resize(TtySize),
 }
 
 /// Error categories the agent reports.
@@ -235,15 +265,23 @@ pub struct WireError {
 /// Agent -> host frames.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AgentFrame {
-    HelloOk { version: u32, info: AgentInfo },
+    HelloOk {
+        version: u32,
+        info: AgentInfo,
+    },
     Error(WireError),
     Pong,
     Ok,
-    ExecDone { status: ExitStatus, truncated: bool },
+    ExecDone {
+        status: ExitStatus,
+        truncated: bool,
+    },
     Stdout(#[serde(with = "serde_bytes")] Vec<u8>),
     Stderr(#[serde(with = "serde_bytes")] Vec<u8>),
     Exit(ExitStatus),
-    FileStart { size: u64 },
+    FileStart {
+        size: u64,
+    },
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     DataEnd,
     ListBatch(Vec<FileEntry>),
@@ -251,6 +289,11 @@ pub enum AgentFrame {
     ServeStarted(ServeId),
     ServeState(ServeStatus),
     ForwardOk,
+    /// Interactive exec: the command was started.
+    Started,
+    /// Interactive exec: this many more stdin bytes were written to the command (the
+    /// client may send that much more).
+    StdinAck(u32),
 }
 
 impl AgentFrame {
@@ -273,6 +316,8 @@ impl AgentFrame {
             AgentFrame::ServeStarted(_) => "ServeStarted",
             AgentFrame::ServeState(_) => "ServeState",
             AgentFrame::ForwardOk => "ForwardOk",
+            AgentFrame::Started => "Started",
+            AgentFrame::StdinAck(_) => "StdinAck",
         }
     }
 }

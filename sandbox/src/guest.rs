@@ -15,8 +15,10 @@
 
 use std::time::Duration;
 
-use guest_agent::client::ExecStream;
-use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExecRequest};
+use guest_agent::client::{ExecStream, Interactive};
+use guest_agent::protocol::{
+    Command, ErrorKind, ExecOutput, ExecRequest, InteractiveRequest, TtySize,
+};
 use vm_drivers::MachineError;
 
 use crate::confine;
@@ -183,6 +185,30 @@ impl Guest {
             .exec_stream(req)
             .await
             .map_err(SandboxError::machine("exec stream"))
+    }
+
+    /// Start a command with stdin streamed from the caller: write it through the returned
+    /// [`Interactive::input`] (its end is a half-close), read output and the exit status from
+    /// [`Interactive::output`]. With `tty`, the command runs on a pseudo-terminal of that size
+    /// in the guest (its session's controlling terminal; output is all stdout; resize through
+    /// the input half). `run.stdin` must be empty. Dropping both halves kills the command.
+    /// Set `TERM` in `run.env` for programs that need it: nothing is added.
+    pub async fn exec_interactive(
+        &self,
+        run: Run,
+        tty: Option<TtySize>,
+    ) -> Result<Interactive, SandboxError> {
+        if !run.stdin.is_empty() {
+            return Err(SandboxError::Unsupported(
+                "interactive exec: stdin is written through the input half, not Run::stdin",
+            ));
+        }
+        let exec = self.request(run)?;
+        self.ensure_root().await?;
+        self.link
+            .exec_interactive(InteractiveRequest { exec, tty })
+            .await
+            .map_err(SandboxError::machine("interactive exec"))
     }
 
     /// Read a file relative to the root.

@@ -81,8 +81,6 @@ pub mod images;
 mod link;
 mod microvm;
 pub mod mounts;
-/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
-pub use vm_oci as oci;
 pub mod publish;
 mod running;
 mod select;
@@ -97,12 +95,16 @@ pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
+pub use vm_oci as oci;
 
 /// The guest agent's types a caller of this API handles: the command, its output and exit
 /// status, the streaming events, and the client error that carries the agent's verdict.
 pub mod agent {
-    pub use guest_agent::client::{ClientError, ExecEvent, ExecStream};
-    pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus};
+    pub use guest_agent::client::{
+        ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
+    };
+    pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus, TtySize};
 }
 
 /// The driver registry and the driver-level errors a caller may need to tell apart.

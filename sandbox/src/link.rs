@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use guest_agent::client::{AgentClient, ClientError, ExecStream, ForwardStream};
+use guest_agent::client::{AgentClient, ClientError, ExecStream, ForwardStream, Interactive};
 use guest_agent::protocol::{
-    ExecOutput, ExecRequest, FileEntry, ServeId, ServeRequest, ServeStatus,
+    ExecOutput, ExecRequest, FileEntry, InteractiveRequest, ServeId, ServeRequest, ServeStatus,
 };
 use vm_drivers::{Machine, MachineError};
 
@@ -42,6 +42,13 @@ impl Link {
 
     pub(crate) async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, MachineError> {
         call!(self, exec_stream(req))
+    }
+
+    pub(crate) async fn exec_interactive(
+        &self,
+        req: InteractiveRequest,
+    ) -> Result<Interactive, MachineError> {
+        call!(self, exec_interactive(req))
     }
 
     pub(crate) async fn read_file(&self, root: &str, path: &str) -> Result<Vec<u8>, MachineError> {

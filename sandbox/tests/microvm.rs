@@ -70,6 +70,8 @@ async fn exec_files_glob_and_close() {
     let out = vm.exec("exit 3").await.unwrap();
     assert_eq!(out.status.code, Some(3));
 
+    common::interactive::check(&vm, "GREETING", "hi").await;
+
     vm.write_file("a/b.txt", b"payload").await.unwrap();
     vm.write_file("a/c/d.txt", b"x").await.unwrap();
     vm.write_file("top.md", b"y").await.unwrap();

@@ -121,6 +121,9 @@ async fn attached_vm_shares_the_booted_vms_rules() {
     assert_eq!((stdout, stderr), (b"out\n".to_vec(), b"err\n".to_vec()));
     assert_eq!(status.unwrap().code, Some(3));
 
+    // Interactive exec: the same rules, stdin streamed, a terminal.
+    common::interactive::check(&vm, "COLOR", "blue").await;
+
     // Serve: a host loopback port forwarded to the "guest" port.
     let (serving, _) = common::echo::serve(&vm).await;
     assert_eq!(common::echo::ping(serving.addr()).await, b"echo:ping");

@@ -14,6 +14,8 @@ mod env;
 mod exec;
 #[path = "../tests/files.rs"]
 mod files;
+#[path = "../tests/interactive.rs"]
+mod interactive;
 #[path = "../tests/memory.rs"]
 mod memory;
 #[path = "../tests/mounts.rs"]

@@ -33,6 +33,7 @@
 mod cases;
 mod guest;
 pub mod host;
+pub mod interactive;
 pub mod proof;
 
 use std::future::Future;

@@ -9,10 +9,39 @@ use vm_sandbox::{MicroVm, Options, Run};
 use crate::args::ExecArgs;
 use crate::dryrun;
 use crate::exit;
+use crate::interactive::{self, Mode};
 use crate::parse;
 use crate::resolve;
 use crate::state::Runtime;
 use crate::stream::{self, Signals};
+
+fn mode(a: &ExecArgs) -> Mode {
+    Mode {
+        stdin: a.interactive,
+        tty: a.tty,
+    }
+}
+
+/// Runs `run` with its output streamed: through an interactive exec with `-i`/`-t`, else
+/// with an empty stdin.
+async fn relay(
+    vm: &vm_sandbox::Guest,
+    mut run: Run,
+    mode: Mode,
+    signals: &mut Signals,
+) -> anyhow::Result<u8> {
+    if !mode.any() {
+        return stream::relay_stream(async { Ok(vm.exec_stream(run).await?) }, signals).await;
+    }
+    let tty = mode.terminal()?;
+    for (k, v) in mode.env() {
+        if !run.env.iter().any(|(ek, _)| *ek == k) {
+            run.env.push((k, v));
+        }
+    }
+    let start = async { Ok(vm.exec_interactive(run, tty).await?) };
+    interactive::relay_interactive(start, signals, mode).await
+}
 
 /// `vm exec`.
 pub async fn run(a: ExecArgs) -> anyhow::Result<u8> {
@@ -57,6 +86,7 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
             given.join(", ")
         )));
     }
+    mode(&a).terminal()?;
     let mut signals = Signals::install()?;
     let rt = Runtime::from_env()?;
     let (vm, req) = super::attach(&rt, &name)?;
@@ -68,13 +98,20 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
         env_allow: a.cmd.env_allow.clone(),
         ..Default::default()
     };
-    stream::relay_stream(async { Ok(vm.exec_stream(run).await?) }, &mut signals).await
+    relay(&vm, run, mode(&a), &mut signals).await
 }
 
 /// `vm exec [OPTIONS] -- CMD`.
 async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
-    let resolved = resolve::flags(&a.vm, &a.cmd)?;
+    let mut resolved = resolve::flags(&a.vm, &a.cmd)?;
+    // `-t` passes TERM (unless -e set it): in the spec, so --dry-run shows it.
+    let env = &mut resolved.spec.guarantees.env;
+    for (k, v) in mode(&a).env() {
+        if !env.iter().any(|(ek, _)| *ek == k) {
+            env.push((k, v));
+        }
+    }
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),
@@ -89,6 +126,7 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         policy,
     } = resolved;
     resolve::check_workdir(&spec, a.cmd.workdir.as_deref())?;
+    mode(&a).terminal()?;
     let options = Options {
         trust,
         policy,
@@ -110,7 +148,7 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         timeout: a.vm.timeout,
         ..Default::default()
     };
-    let result = stream::relay_stream(async { Ok(vm.exec_stream(run).await?) }, &mut signals).await;
+    let result = relay(&vm, run, mode(&a), &mut signals).await;
     let expired = vm.machine().wall_expired();
     vm.close().await;
     match result {

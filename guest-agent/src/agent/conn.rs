@@ -57,9 +57,18 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
         }
         _ => return send_error(&mut s, ErrorKind::BadRequest, "expected Hello", t).await,
     }
-    let req = match recv(&mut s, t).await? {
-        ClientFrame::Request(r) => r,
-        _ => return send_error(&mut s, ErrorKind::BadRequest, "expected a request", t).await,
+    let req = match recv(&mut s, t).await {
+        Ok(ClientFrame::Request(r)) => r,
+        Ok(_) => return send_error(&mut s, ErrorKind::BadRequest, "expected a request", t).await,
+        // A request this agent does not know (a newer client): say so rather than hang up.
+        Err(FrameError::Decode(_)) => {
+            let msg = format!(
+                "request not supported by this agent (protocol {PROTOCOL_VERSION}, agent {}); rebuild the guest image",
+                env!("CARGO_PKG_VERSION")
+            );
+            return send_error(&mut s, ErrorKind::Unsupported, &msg, t).await;
+        }
+        Err(e) => return Err(e),
     };
     match req {
         Request::Ping => send(&mut s, &AgentFrame::Pong, t).await,
@@ -83,6 +92,7 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
             Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
         },
         Request::Forward { port } => super::forward::run(agent, s, port).await,
+        Request::ExecInteractive(r) => super::interactive::run(agent, s, r).await,
         Request::Shutdown => {
             let r = send(&mut s, &AgentFrame::Ok, t).await;
             let _ = s.shutdown().await;

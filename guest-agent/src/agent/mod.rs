@@ -11,10 +11,13 @@ mod conn;
 mod exec;
 pub mod files;
 mod forward;
+mod interactive;
 pub mod pid1;
 pub mod process;
+mod pty;
 pub mod reaper;
 mod serve;
+pub mod sys;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};

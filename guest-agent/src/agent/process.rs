@@ -2,7 +2,7 @@
 //! available) its own leaf cgroup, with exactly the given environment, and killing their trees.
 
 use std::ffi::CStr;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -75,12 +75,15 @@ impl ProcessError {
 }
 
 /// How the child's stdout/stderr are connected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputMode {
+#[derive(Debug, Clone, Copy)]
+pub enum OutputMode<'a> {
     /// One pipe shared by stdout and stderr (order preserved).
     Combined,
     /// Separate stdout and stderr pipes.
     Separate,
+    /// This pseudo-terminal slave is stdin, stdout and stderr, and becomes the child's
+    /// controlling terminal (`with_stdin` is then irrelevant).
+    Terminal(BorrowedFd<'a>),
 }
 
 /// What to spawn.
@@ -91,7 +94,7 @@ pub struct SpawnSpec<'a> {
     pub cwd: Option<&'a str>,
     pub default_cwd: &'a Path,
     pub with_stdin: bool,
-    pub output: OutputMode,
+    pub output: OutputMode<'a>,
     /// Leaf cgroup name, e.g. `exec-7`.
     pub name: &'a str,
 }
@@ -184,7 +187,14 @@ pub fn spawn(
         Stdio::null()
     });
     let mut combined_read = None;
+    let terminal = matches!(spec.output, OutputMode::Terminal(_));
     match spec.output {
+        OutputMode::Terminal(tty) => {
+            let slave = || tty.try_clone_to_owned().map(Stdio::from);
+            cmd.stdin(slave().map_err(ProcessError::Pipe)?);
+            cmd.stdout(slave().map_err(ProcessError::Pipe)?);
+            cmd.stderr(slave().map_err(ProcessError::Pipe)?);
+        }
         OutputMode::Combined => {
             let (r, w) = make_pipe().map_err(ProcessError::Pipe)?;
             let w2 = w.try_clone().map_err(ProcessError::Pipe)?;
@@ -215,10 +225,13 @@ pub fn spawn(
             // errno from the failed open/write; no allocation between fork and exec.
             return Err(std::io::Error::last_os_error());
         }
+        if terminal {
+            super::sys::take_stdin_as_controlling_tty()?;
+        }
         Ok(())
     };
-    // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close)
-    // and allocates nothing.
+    // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close,
+    // ioctl) and allocates nothing.
     unsafe { cmd.pre_exec(pre_exec) };
     let spawned = reaper.spawn(&mut cmd);
     drop(cmd); // closes our copies of the child's pipe ends

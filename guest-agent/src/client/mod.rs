@@ -12,8 +12,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
+mod interactive;
 mod stream;
 
+pub use interactive::{Interactive, InteractiveInput, InteractiveOutput};
 pub use stream::{ExecEvent, ExecStream};
 
 use crate::PROTOCOL_VERSION;
@@ -93,6 +95,12 @@ pub enum ClientError {
     TooLarge { what: &'static str, max: u64 },
     #[error("invalid request: {0}")]
     InvalidRequest(&'static str),
+    #[error(
+        "the agent does not support {what} (it is older than this client: rebuild the guest image)"
+    )]
+    Unsupported { what: &'static str },
+    #[error("the interactive command has ended")]
+    Ended,
     #[error("i/o error during {step}")]
     Io {
         step: &'static str,

@@ -70,6 +70,11 @@ impl TestAgent {
         &self.root
     }
 
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The agent process is still alive.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -3,6 +3,7 @@
 
 pub mod echo;
 pub mod hostagent;
+pub mod interactive;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -18,6 +18,8 @@ pub struct BenchPlan {
     pub execs: usize,
     /// Guests booted at once.
     pub parallel: usize,
+    /// Bytes typed through a guest terminal (`vm exec -t`), one echo timed per byte.
+    pub keystrokes: usize,
 }
 
 impl Default for BenchPlan {
@@ -26,6 +28,7 @@ impl Default for BenchPlan {
             cold_boots: 5,
             execs: 200,
             parallel: 20,
+            keystrokes: 1000,
         }
     }
 }
@@ -63,6 +66,8 @@ pub struct BenchReport {
     pub cold_boot_ms: Option<Millis>,
     /// One `true` exec, call to exit status.
     pub exec_round_trip_ms: Option<Millis>,
+    /// One byte typed into a raw guest terminal to its echo (warm guest).
+    pub keystroke_echo_ms: Option<Millis>,
     pub parallel_boots: usize,
     pub parallel_ok: usize,
     /// First call to last guest answering its exec.
@@ -97,6 +102,7 @@ impl BenchReport {
                 fmt(&self.cold_boot_ms)
             ),
             format!("exec round trip (true): {}", fmt(&self.exec_round_trip_ms)),
+            format!("keystroke echo (-t): {}", fmt(&self.keystroke_echo_ms)),
             format!(
                 "parallel boots: {}/{} ok{}",
                 self.parallel_ok,
@@ -125,6 +131,10 @@ pub async fn run(driver: &'static str, plan: BenchPlan) -> BenchReport {
                 boots.push(start.elapsed());
                 if i == 0 {
                     r.exec_round_trip_ms = exec_round_trips(&vm, plan.execs, &mut r.errors).await;
+                    match crate::interactive::keystroke_echoes(&vm, plan.keystrokes).await {
+                        Ok(s) => r.keystroke_echo_ms = Millis::of(&s),
+                        Err(e) => r.errors.push(format!("keystroke echo: {e}")),
+                    }
                 }
                 vm.close().await;
             }

@@ -76,7 +76,7 @@ pub struct Args {
 
 impl Args {
     /// `--pack DIR --out DIR [--quick] [--driver NAME]`; `--quick` measures less (3 boots,
-    /// 50 execs, 4 at once).
+    /// 50 execs, 4 at once, 200 keystrokes).
     pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         let (mut pack, mut out, mut plan) = (None, None, BenchPlan::default());
         let mut driver = DRIVER;
@@ -89,6 +89,7 @@ impl Args {
                         cold_boots: 3,
                         execs: 50,
                         parallel: 4,
+                        keystrokes: 200,
                     }
                 }
                 "--driver" => {
