@@ -92,7 +92,8 @@ pub struct VmOpts {
     /// Guest initramfs instead of the built-in image's
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
-    /// Root filesystem image (read-only) instead of the initramfs
+    /// Root filesystem image (erofs or ext4, read-only): every command runs in it, writes go
+    /// to a tmpfs overlay that vanishes with the VM
     #[arg(long, value_name = "PATH")]
     pub rootfs: Option<PathBuf>,
     /// Use this driver (kvm, tcg, hvf, hyperv) instead of the first available one
@@ -118,6 +119,10 @@ pub struct CmdOpts {
     /// Working directory of the command in the guest (booted VM: the guest root /work or under it)
     #[arg(short = 'w', long = "workdir", value_name = "DIR")]
     pub workdir: Option<String>,
+    /// Run commands as this guest user: NAME, UID, NAME:GROUP or UID:GID (names from the root's
+    /// /etc/passwd and /etc/group) [default: the image's User, else root]
+    #[arg(short = 'u', long = "user", value_name = "USER")]
+    pub user: Option<String>,
 }
 
 /// Dry-run options.
@@ -154,8 +159,8 @@ pub struct ExecArgs {
     pub cmd: CmdOpts,
     #[command(flatten)]
     pub dry: DryRunOpts,
-    /// The command and its arguments, after `--`
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments, after `--` (none: the image's Entrypoint + Cmd)
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -208,8 +213,8 @@ pub struct ServeArgs {
     pub cmd: CmdOpts,
     #[command(flatten)]
     pub dry: DryRunOpts,
-    /// The server command and its arguments, after `--`
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The server command and its arguments, after `--` (none: the image's Entrypoint + Cmd)
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 

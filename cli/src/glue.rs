@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use vm_spec::{Guarantees, Image, ImageDigests, Limits, Mount, Policy, Spec, Trust};
+use vm_spec::{Guarantees, Image, ImageConfig, ImageDigests, Limits, Mount, Policy, Spec, Trust};
 
 use crate::args::{CmdOpts, TrustArg, VmOpts};
 use crate::exit;
@@ -43,6 +43,7 @@ pub fn image(opts: &VmOpts) -> anyhow::Result<Image> {
             initrd: Some(initrd.clone()),
             rootfs: None,
             digests: ImageDigests::default(),
+            config: ImageConfig::default(),
         },
         _ => vm_sandbox::images::default_spec_image().map_err(|e| {
             anyhow::Error::new(e).context(
@@ -82,17 +83,17 @@ pub fn spec(
             read_only: v.read_only,
         })
         .collect();
-    // The guest environment is exactly the spec's: `-e` values plus vm-spec's documented
-    // default (`PATH` = vm_spec::DEFAULT_GUEST_PATH unless `-e PATH=…` is given).
+    // The guest environment is exactly the spec's: the image's Env under the `-e` values,
+    // plus vm-spec's documented default (`PATH` = vm_spec::DEFAULT_GUEST_PATH unless `-e` or
+    // the image sets it).
     let guarantees = Guarantees {
         egress_denied: true,
         limits,
         mounts,
         env,
         env_allow,
-    }
-    .with_default_env();
-    Ok(Spec::new(image(opts)?, guarantees))
+    };
+    Ok(Spec::new(image(opts)?, guarantees).with_default_env())
 }
 
 /// What `exec`, `run` and `serve` resolve from their options before anything boots.
@@ -107,8 +108,10 @@ pub struct Resolved {
 
 /// The spec, trust and policy of a booting command's options.
 pub fn resolve(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
+    let mut spec = spec(vm, env(&cmd.env), cmd.env_allow.clone())?;
+    spec.user = cmd.user.clone();
     Ok(Resolved {
-        spec: spec(vm, env(&cmd.env), cmd.env_allow.clone())?,
+        spec,
         trust: vm.trust.into(),
         policy: policy(vm),
     })
@@ -148,7 +151,9 @@ pub fn classify_library_error(e: &(dyn std::error::Error + 'static)) -> Option<u
         use vm_sandbox::SandboxError;
         match s {
             // Select/Admit/Machine carry their cause in the chain; `classify` reaches it.
-            SandboxError::Path(_) | SandboxError::Glob(_) => return Some(exit::USAGE),
+            SandboxError::Path(_) | SandboxError::Glob(_) | SandboxError::NoCommand => {
+                return Some(exit::USAGE);
+            }
             SandboxError::Unsupported(_) => return Some(exit::FAILED),
             _ => {}
         }

@@ -78,6 +78,7 @@ pub fn default_spec_image() -> Result<vm_spec::Image, ImageError> {
         initrd: Some(p.initramfs),
         rootfs: None,
         digests: Default::default(),
+        config: Default::default(),
     })
 }
 

@@ -14,14 +14,16 @@ use std::time::Duration;
 use guest_agent::client::ExecStream;
 use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExecRequest};
 use thiserror::Error;
-use vm_drivers::{BootPlan, Driver, DriverError, ImagePaths, Machine, MachineError, Registry};
-use vm_spec::{Containment, Policy, Spec, SpecError, Trust, ValidSpec};
+use vm_drivers::{
+    BootPlan, DiskFs, Driver, DriverError, ImagePaths, Machine, MachineError, Registry, RootfsPlan,
+};
+use vm_spec::{Containment, Policy, RootfsFormat, Spec, SpecError, Trust, ValidImage, ValidSpec};
 
 use crate::confine::{self, PathError};
 use crate::glob::{Glob, GlobError};
 use crate::mounts::{DEFAULT_MAX_DIR_BYTES, MountCache, MountError};
 use crate::select::{SelectError, select_driver, select_named};
-use crate::serving::{ServeError, ServeSpec, Serving};
+use crate::serving::{GuestProcess, ServeError, ServeSpec, Serving};
 
 /// `PATH` for the runtime's own setup commands (never for the caller's work, whose
 /// environment is exactly `Guarantees.env`).
@@ -72,6 +74,8 @@ pub struct Run {
     pub cwd: Option<String>,
     /// Kill the process tree after this long; `None` = the client default.
     pub timeout: Option<Duration>,
+    /// Run as this user instead of the spec's (`NAME`, `UID`, `NAME:GROUP`, `UID:GID`).
+    pub user: Option<String>,
 }
 
 /// Errors of creating and using a [`MicroVm`].
@@ -89,6 +93,8 @@ pub enum SandboxError {
     Mount(#[from] MountError),
     #[error("{0}")]
     Unsupported(&'static str),
+    #[error("no command given and the image has no Entrypoint or Cmd")]
+    NoCommand,
     #[error("creating run directory")]
     RunDir(#[source] std::io::Error),
     #[error("boot on {driver} failed")]
@@ -162,11 +168,6 @@ impl MicroVm {
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
         let image = spec.image();
-        if image.rootfs.is_some() {
-            return Err(SandboxError::Unsupported(
-                "image.rootfs is not supported yet",
-            ));
-        }
         let Some(initramfs) = image.initrd.clone() else {
             return Err(SandboxError::Unsupported(
                 "image.initrd is required (it holds the agent)",
@@ -201,6 +202,7 @@ impl MicroVm {
             mem_mib: limits.mem_mib,
             pids_max: limits.pids,
             disks,
+            rootfs: rootfs_plan(image),
             run_dir: run_dir.path().to_path_buf(),
             wall: limits.wall,
             boot_timeout: options.boot_timeout,
@@ -274,25 +276,22 @@ impl MicroVm {
         move |source| SandboxError::Machine { op, source }
     }
 
-    /// Create the guest root once, before the first operation that needs it.
+    /// Create the guest root (and the image's working directory) once, before the first
+    /// operation that needs it. With a user configured, the root is handed to that user so
+    /// its work can write there (in an image root the change lands in the tmpfs upper).
     async fn ensure_root(&self) -> Result<(), SandboxError> {
         self.root_ready
             .get_or_try_init(|| async {
-                let req = ExecRequest {
-                    command: Command::Argv(vec!["mkdir".into(), "-p".into(), self.root().into()]),
-                    env: vec![("PATH".into(), SETUP_PATH.into())],
-                    timeout: Some(Duration::from_secs(60)),
-                    ..Default::default()
-                };
-                let out = self
-                    .machine
-                    .exec(req)
-                    .await
-                    .map_err(Self::machine_err("creating root"))?;
-                if !out.status.success() {
-                    return Err(SandboxError::Root(
-                        String::from_utf8_lossy(&out.output).into(),
-                    ));
+                let mut mkdir = vec!["mkdir".to_string(), "-p".into(), self.root().into()];
+                mkdir.extend(self.spec.working_dir().map(str::to_string));
+                self.setup(mkdir).await?;
+                if let Some(user) = self.spec.user() {
+                    let owner = match user.split_once(':') {
+                        Some(_) => user.to_string(),
+                        None => user.to_string(),
+                    };
+                    self.setup(vec!["chown".into(), owner, self.root().into()])
+                        .await?;
                 }
                 Ok(())
             })
@@ -300,19 +299,66 @@ impl MicroVm {
             .map(|_| ())
     }
 
+    /// Run one of the runtime's own setup commands as root with [`SETUP_PATH`].
+    async fn setup(&self, argv: Vec<String>) -> Result<(), SandboxError> {
+        let req = ExecRequest {
+            command: Command::Argv(argv),
+            env: vec![("PATH".into(), SETUP_PATH.into())],
+            timeout: Some(Duration::from_secs(60)),
+            ..Default::default()
+        };
+        let out = self
+            .machine
+            .exec(req)
+            .await
+            .map_err(Self::machine_err("creating root"))?;
+        if !out.status.success() {
+            return Err(SandboxError::Root(
+                String::from_utf8_lossy(&out.output).into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn request(&self, run: Run) -> Result<ExecRequest, SandboxError> {
+        if let Some(u) = &run.user {
+            vm_spec::imageconfig::check_user("run.user", u)?;
+        }
         let cwd = match run.cwd.as_deref() {
             Some(rel) => join(self.root(), &confine::relative(rel, true)?),
-            None => self.root().to_string(),
+            None => self.default_cwd(),
+        };
+        let command = match run.command {
+            Command::Argv(argv) if argv.is_empty() => self.default_command()?,
+            c => c,
         };
         Ok(ExecRequest {
-            command: run.command,
+            command,
             stdin: run.stdin,
             env: self.spec.env().to_vec(),
             cwd: Some(cwd),
             timeout: run.timeout,
             max_output: None,
+            user: run.user.or_else(|| self.spec.user().map(str::to_string)),
         })
+    }
+
+    /// Where commands run when no directory is given: the image's working directory, else
+    /// the root.
+    fn default_cwd(&self) -> String {
+        self.spec
+            .working_dir()
+            .unwrap_or(self.spec.root())
+            .to_string()
+    }
+
+    /// The image's `Entrypoint` + `Cmd`, for a run with an empty argv.
+    fn default_command(&self) -> Result<Command, SandboxError> {
+        let argv = self.spec.default_command();
+        if argv.is_empty() {
+            return Err(SandboxError::NoCommand);
+        }
+        Ok(Command::Argv(argv))
     }
 
     /// Run a shell line (`/bin/sh -c`) in the root; a non-zero exit is a result.
@@ -403,11 +449,20 @@ impl MicroVm {
     }
 
     /// Start a long-lived process and forward a host loopback port to its guest port.
-    pub async fn serve(&self, spec: ServeSpec) -> Result<Serving, SandboxError> {
+    pub async fn serve(&self, mut spec: ServeSpec) -> Result<Serving, SandboxError> {
+        if spec.argv.is_empty() {
+            spec.argv = self.spec.default_command();
+            if spec.argv.is_empty() {
+                return Err(SandboxError::NoCommand);
+            }
+        }
         self.ensure_root().await?;
-        let cwd = self.root().to_string();
-        let env = self.spec.env().to_vec();
-        Ok(Serving::start(self.machine.clone(), spec, env, cwd).await?)
+        let process = GuestProcess {
+            env: self.spec.env().to_vec(),
+            cwd: self.default_cwd(),
+            user: self.spec.user().map(str::to_string),
+        };
+        Ok(Serving::start(self.machine.clone(), spec, process).await?)
     }
 
     /// Power the guest off, kill what is left, and remove the run directory. Idempotent.
@@ -436,6 +491,18 @@ impl Drop for MicroVm {
         self.machine.close_now();
         self.remove_run_dir();
     }
+}
+
+/// The root disk of a validated image: its file and filesystem.
+fn rootfs_plan(image: &ValidImage) -> Option<RootfsPlan> {
+    let fs = match image.rootfs_format? {
+        RootfsFormat::Erofs => DiskFs::Erofs,
+        RootfsFormat::Ext4 => DiskFs::Ext4,
+    };
+    Some(RootfsPlan {
+        host_path: image.rootfs.clone()?,
+        fs,
+    })
 }
 
 fn join(root: &str, rel: &str) -> String {

@@ -27,6 +27,7 @@ impl Fixture {
             initrd: Some(initrd),
             rootfs: None,
             digests: ImageDigests::default(),
+            config: Default::default(),
         };
         let limits = Limits {
             vcpus: 1,

@@ -63,7 +63,8 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     let (client, record) = super::attach(&rt, &name)?;
     let req: StartRequest = serde_json::from_value(record.request)?;
     let g = &req.spec.guarantees;
-    let mut env = g.env.clone();
+    let image = &req.spec.image.config;
+    let mut env = vm_spec::imageconfig::merge_env(&image.env, &g.env);
     for (k, v) in parse::resolve_env(&a.cmd.env, |k| std::env::var(k).ok()) {
         env.retain(|(ek, _)| *ek != k);
         env.push((k, v));
@@ -80,12 +81,32 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
         .workdir
         .clone()
         .or(req.workdir.clone())
+        .or(image.working_dir.clone())
         .unwrap_or(req.spec.root.clone());
+    let user = a
+        .cmd
+        .user
+        .clone()
+        .or(req.spec.user.clone())
+        .or(image.user.clone());
+    if let Some(u) = &user {
+        vm_spec::imageconfig::check_user("--user", u)?;
+    }
+    let command = match a.command.is_empty() {
+        true => image.default_command(),
+        false => a.command.clone(),
+    };
+    if command.is_empty() {
+        return Err(exit::usage(format!(
+            "no command given and {name}'s image has no Entrypoint or Cmd"
+        )));
+    }
     let exec = ExecRequest {
-        command: Command::Argv(a.command.clone()),
+        command: Command::Argv(command),
         env,
         cwd: Some(cwd),
         timeout: a.vm.timeout,
+        user,
         ..Default::default()
     };
     stream::exec(&client, exec, &mut signals).await

@@ -11,10 +11,12 @@ mod conn;
 mod exec;
 pub mod files;
 mod forward;
+pub mod imageroot;
 pub mod pid1;
 pub mod process;
 pub mod reaper;
 mod serve;
+pub mod user;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};

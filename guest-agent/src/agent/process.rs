@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::cgroup::{CgroupDir, Cgroups};
 use super::reaper::{Reaper, ReaperError};
+use super::user::Ids;
 use crate::protocol::{Command, ExitStatus};
 
 /// Process errors.
@@ -49,6 +50,8 @@ pub struct SpawnSpec<'a> {
     pub output: OutputMode,
     /// Leaf cgroup name, e.g. `exec-7`.
     pub name: &'a str,
+    /// Run as this identity (`None` = the agent's own, root).
+    pub user: Option<&'a Ids>,
 }
 
 /// A spawned process tree.
@@ -143,6 +146,7 @@ pub fn spawn(
         None => None,
     };
     let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
+    let ids = spec.user.cloned();
     let pre_exec = move || {
         // SAFETY: setsid has no memory effects.
         if unsafe { libc::setsid() } < 0 {
@@ -156,10 +160,21 @@ pub fn spawn(
             // errno from the failed open/write; no allocation between fork and exec.
             return Err(std::io::Error::last_os_error());
         }
+        // The identity switch comes last: joining the cgroup needs root.
+        if let Some(ids) = &ids {
+            // SAFETY: the pointer and length describe the groups vector allocated before fork.
+            if unsafe { libc::setgroups(ids.groups.len(), ids.groups.as_ptr()) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: setgid/setuid take plain integers.
+            if unsafe { libc::setgid(ids.gid) } < 0 || unsafe { libc::setuid(ids.uid) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
         Ok(())
     };
-    // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close)
-    // and allocates nothing.
+    // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close,
+    // setgroups, setgid, setuid) and allocates nothing.
     unsafe { cmd.pre_exec(pre_exec) };
     let spawned = reaper.spawn(&mut cmd);
     drop(cmd); // closes our copies of the child's pipe ends

@@ -70,6 +70,8 @@ impl Serves {
         }
         let id = agent.next_id();
         let name = format!("serve-{id}");
+        let ids = super::user::resolve_opt(req.user.as_deref())
+            .map_err(|e| (ErrorKind::BadRequest, e.to_string()))?;
         let spec = SpawnSpec {
             command: &req.command,
             env: &req.env,
@@ -78,6 +80,7 @@ impl Serves {
             with_stdin: false,
             output: OutputMode::Combined,
             name: &name,
+            user: ids.as_ref(),
         };
         let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)
             .map_err(|e| (ErrorKind::Spawn, super::conn::error_chain(&e)))?;

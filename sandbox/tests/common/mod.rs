@@ -80,6 +80,7 @@ pub fn spec_in(dir: &Path) -> Spec {
         initrd: Some(initrd),
         rootfs: None,
         digests: ImageDigests::default(),
+        config: Default::default(),
     };
     let limits = Limits {
         vcpus: 2,
