@@ -10,7 +10,7 @@ say() { echo "setup: $*" >&2; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 packages=(qemu-system-x86 busybox-static erofs-utils e2fsprogs cpio lz4 linux-source-6.12 bc flex
-    bison libelf-dev libssl-dev file build-essential patch binutils)
+    bison libelf-dev libssl-dev file build-essential patch binutils mmdebstrap)
 vhost_vsock_version=0.3.0
 
 command -v dpkg-query >/dev/null || die "not a Debian machine (dpkg-query missing)"
@@ -25,8 +25,17 @@ if ((${#missing[@]})); then
     ((EUID == 0)) || sudo=(sudo)
     say "apt-get install ${missing[*]}"
     "${sudo[@]}" apt-get update -qq || die "apt-get update failed"
+    # Packages must not start services on install (some of these would): a policy-rc.d that
+    # refuses, in place only for this install when the machine has none.
+    own_policy=0
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+        "${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d
+        own_policy=1
+    fi
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" ||
         die "apt-get install ${missing[*]} failed"
+    if ((own_policy)); then "${sudo[@]}" rm -f /usr/sbin/policy-rc.d; fi
 else
     say "apt packages present"
 fi
@@ -67,3 +76,16 @@ fi
 command -v cargo-nextest >/dev/null || say "note: cargo-nextest not installed; ci/test.sh falls back to cargo test"
 
 images/build.sh || die "images/build.sh failed"
+
+# The Debian python3 + numpy root the image-root tests boot (about 1.5 min when missing; cached).
+if ! images/rootfs-debian.sh --print-path >/dev/null; then
+    if ((EUID == 0)); then
+        images/rootfs-debian.sh >/dev/null || die "images/rootfs-debian.sh failed"
+    else
+        # Root builds it (mmdebstrap root mode) into this user's cache, where the tests look.
+        sudo VM_ROOTFS_DIR="${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/rootfs}" \
+            images/rootfs-debian.sh >/dev/null || die "images/rootfs-debian.sh failed"
+    fi
+else
+    say "Debian rootfs present: $(images/rootfs-debian.sh --print-path)"
+fi

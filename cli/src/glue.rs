@@ -117,6 +117,17 @@ pub fn resolve(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
     })
 }
 
+/// Refuses (usage) an empty command when the image has no `Entrypoint`/`Cmd` to run
+/// instead, before anything boots.
+pub fn require_command(spec: &Spec, command: &[String]) -> anyhow::Result<()> {
+    if command.is_empty() && spec.image.config.default_command().is_empty() {
+        return Err(exit::usage(
+            "no command given (after --) and the image has no Entrypoint or Cmd",
+        ));
+    }
+    Ok(())
+}
+
 /// Resolves `-e` flags against this process's environment. The default guest `PATH` is not
 /// added here: [`spec`] writes `vm_spec`'s default environment into the spec, where
 /// `--dry-run` shows it.

@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use guest_agent::protocol::Command;
 use guest_agent::protocol::ExecOutput;
 use vm_drivers::{DriverError, Registry};
-use vm_sandbox::{MicroVm, Options, SandboxError, images};
+use vm_sandbox::{MicroVm, Options, Run, SandboxError, images};
 use vm_spec::{Containment, Guarantees, Image, ImageConfig, Limits, Mount, Policy, Spec, Trust};
 
 use crate::cases::{Ctx, error_chain};
@@ -165,6 +166,27 @@ pub async fn exec_ok(vm: &MicroVm, line: &str) -> Result<String, String> {
     if !out.status.success() {
         return Err(format!(
             "{line:?} ended with {:?}; output: {text:?}",
+            out.status
+        ));
+    }
+    Ok(text)
+}
+
+/// Runs a shell line as `user` (instead of the spec's user); it must exit 0. Returns its
+/// combined output as text.
+pub async fn exec_as(vm: &MicroVm, user: &str, line: &str) -> Result<String, String> {
+    let out = vm
+        .run(Run {
+            command: Command::Shell(line.into()),
+            user: Some(user.into()),
+            ..Default::default()
+        })
+        .await
+        .ctx(&format!("exec as {user} {line:?}"))?;
+    let text = String::from_utf8_lossy(&out.output).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "{line:?} as {user} ended with {:?}; output: {text:?}",
             out.status
         ));
     }

@@ -14,7 +14,7 @@ use guest_agent::protocol::Command;
 use vm_sandbox::Run;
 use vm_spec::{ImageConfig, Mount};
 use vm_tests::host::sha256_hex;
-use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok, sh};
+use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_as, exec_ok, sh};
 
 const MARKER: &str = "/usr/share/vm-marker";
 const MODELS: &str = "/models";
@@ -74,24 +74,6 @@ fn image_config() -> ImageConfig {
         entrypoint: vec!["/bin/sh".into(), "-c".into()],
         cmd: vec!["echo entry $GREETING $MODE; id -u".into()],
     }
-}
-
-async fn as_root(vm: &MicroVm, line: &str) -> Result<String, String> {
-    let out = vm
-        .run(Run {
-            command: Command::Shell(line.into()),
-            user: Some("0".into()),
-            ..Default::default()
-        })
-        .await
-        .ctx(&format!("exec as root {line:?}"))?;
-    let text = String::from_utf8_lossy(&out.output).into_owned();
-    ensure!(
-        out.status.success(),
-        "{line:?} as root: {:?} {text:?}",
-        out.status
-    );
-    Ok(text)
 }
 
 async fn runs_in_image_root(vm: &MicroVm) -> Result<(), String> {
@@ -166,12 +148,12 @@ async fn entrypoint_runs_without_command(vm: &MicroVm) -> Result<(), String> {
 }
 
 async fn writes_land_in_the_upper(vm: &MicroVm) -> Result<(), String> {
-    let text = as_root(vm, &format!("echo changed > {MARKER}; cat {MARKER}")).await?;
+    let text = exec_as(vm, "0", &format!("echo changed > {MARKER}; cat {MARKER}")).await?;
     ensure!(
         text == "changed\n",
         "after the write {MARKER} reads {text:?}"
     );
-    let lower = as_root(vm, "grep ' /.vm/lower ' /proc/mounts || true").await?;
+    let lower = exec_as(vm, "0", "grep ' /.vm/lower ' /proc/mounts || true").await?;
     // The lower is mounted outside the new root, so it is not even listed here.
     ensure!(
         lower.is_empty(),
@@ -209,7 +191,7 @@ async fn host_mount_inside(vm: &MicroVm) -> Result<(), String> {
     ensure!(a == "alpha\n", "{MODELS}/a.txt reads {a:?}");
     let w = sh(vm, &format!("echo x > {MODELS}/a.txt")).await?;
     ensure!(!w.status.success(), "a write to the host mount succeeded");
-    let w = as_root(vm, &format!("echo x > {MODELS}/a.txt 2>&1 || true")).await?;
+    let w = exec_as(vm, "0", &format!("echo x > {MODELS}/a.txt 2>&1 || true")).await?;
     ensure!(w.contains("Read-only file system"), "root's write: {w:?}");
     Ok(())
 }

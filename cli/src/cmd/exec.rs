@@ -51,6 +51,11 @@ fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
 /// command.
 async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     let name = parse::vm_name(&name).map_err(|e| exit::usage(e.to_string()))?;
+    if a.command.is_empty() {
+        return Err(exit::usage(format!(
+            "vm exec {name} needs a command after -- (an image's Entrypoint + Cmd runs only when a VM boots)"
+        )));
+    }
     let given = boot_flags_given(&a);
     if !given.is_empty() {
         return Err(exit::usage(format!(
@@ -92,17 +97,8 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     if let Some(u) = &user {
         vm_spec::imageconfig::check_user("--user", u)?;
     }
-    let command = match a.command.is_empty() {
-        true => image.default_command(),
-        false => a.command.clone(),
-    };
-    if command.is_empty() {
-        return Err(exit::usage(format!(
-            "no command given and {name}'s image has no Entrypoint or Cmd"
-        )));
-    }
     let exec = ExecRequest {
-        command: Command::Argv(command),
+        command: Command::Argv(a.command.clone()),
         env,
         cwd: Some(cwd),
         timeout: a.vm.timeout,
@@ -133,6 +129,7 @@ fn workdir_rel(root: &str, w: &str) -> anyhow::Result<String> {
 async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
     let resolved = glue::resolve(&a.vm, &a.cmd)?;
+    glue::require_command(&resolved.spec, &a.command)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),

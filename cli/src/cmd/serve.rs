@@ -18,6 +18,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     let publish = PublishSpec::parse(&a.publish)?;
     let mut signals = Signals::install()?;
     let resolved = glue::resolve(&a.vm, &a.cmd)?;
+    glue::require_command(&resolved.spec, &a.command)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),
