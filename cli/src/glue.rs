@@ -44,6 +44,7 @@ pub fn image(opts: &VmOpts) -> anyhow::Result<Image> {
             rootfs: None,
             digests: ImageDigests::default(),
             config: ImageConfig::default(),
+            source: None,
         },
         _ => vm_sandbox::images::default_spec_image().map_err(|e| {
             anyhow::Error::new(e).context(

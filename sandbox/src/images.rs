@@ -79,6 +79,7 @@ pub fn default_spec_image() -> Result<vm_spec::Image, ImageError> {
         rootfs: None,
         digests: Default::default(),
         config: Default::default(),
+        source: None,
     })
 }
 

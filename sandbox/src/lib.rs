@@ -13,10 +13,16 @@
 //! - **Defense in depth on paths.** [`MicroVm`] file operations check paths host-side
 //!   ([`confine::relative`]: relative, no `..`, no NUL) before the agent checks them again
 //!   beneath the root with `openat2(RESOLVE_BENEATH)`.
-//! - **Explicit environment.** Every process started in the guest gets exactly
-//!   `Guarantees.env`; nothing is inherited from the host and nothing is added here. The
-//!   default guest `PATH` (`vm_spec::DEFAULT_GUEST_PATH`) applies only when written into the
-//!   spec (`Guarantees::with_default_env`), as the CLI does.
+//! - **Explicit environment.** Every process started in the guest gets exactly the validated
+//!   spec's environment: the image's `Env` (`Image.config`) under `Guarantees.env`; nothing is
+//!   inherited from the host and nothing is added here. The default guest `PATH`
+//!   (`vm_spec::DEFAULT_GUEST_PATH`) applies only when written into the spec
+//!   (`Spec::with_default_env`), as the CLI does.
+//! - **Image roots.** `Image.rootfs` (erofs or ext4) becomes the guest's root under a tmpfs
+//!   overlay: every command, file operation and mount is inside it, and writes vanish with the
+//!   VM. The image's defaults apply (`WorkingDir` as the default directory, `User` unless
+//!   `Spec.user`/`Run.user` says otherwise, `Entrypoint` + `Cmd` for an empty argv).
+//!   [`image_root`] is the seam an image store fills (`--image REF`).
 //! - **Read-only mounts only.** A host file becomes a raw read-only disk; a host directory
 //!   an erofs image cached by content key (see [`mounts`]).
 //! - **Lifetime.** The wall limit goes into the `BootPlan` and the `Machine` enforces it.
@@ -78,10 +84,13 @@
 //! Glob::new(pattern)?.matches(path) ; confine::relative(path, allow_root)
 //! MountCache::new(dir) / default_location() ; .prepare(&[ValidMount]) -> Vec<DiskPlan> ; dir_key(dir, max)
 //! images::{images_dir, default_images, default_spec_image, list, prune, images_in, list_in, prune_in}
+//! image_root: ImageResolver (the OCI store's seam) ; use_image(&mut Spec, ResolvedImage) ; resolve_into
+//! Spec.image.rootfs / .config (ImageConfig) / .source ; Spec.user ; Run.user
 //! ```
 
 pub mod confine;
 pub mod glob;
+pub mod image_root;
 pub mod images;
 mod microvm;
 pub mod mounts;
@@ -90,6 +99,7 @@ mod select;
 mod serving;
 
 pub use glob::{Glob, GlobError};
+pub use image_root::{ImageResolver, ResolvedImage, resolve_into, use_image};
 pub use microvm::{MicroVm, Options, Run, SandboxError};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};

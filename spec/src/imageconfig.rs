@@ -143,6 +143,39 @@ pub fn merge_env(
         .collect()
 }
 
+/// Checks an image source: a digest needs a root file, and has the form `sha256:<64 hex>`.
+pub(crate) fn check_source(image: &crate::Image) -> Result<(), SpecError> {
+    let Some(src) = &image.source else {
+        return Ok(());
+    };
+    if image.rootfs.is_none() {
+        return Err(refuse(
+            "image.source".into(),
+            &src.reference,
+            "an image source needs the image.rootfs it was resolved to",
+        ));
+    }
+    let hex = src.digest.strip_prefix("sha256:").unwrap_or("");
+    if !crate::digest::is_sha256_hex(hex) {
+        return Err(refuse(
+            "image.source.digest".into(),
+            &src.digest,
+            "expected sha256:<64 lowercase hex>",
+        ));
+    }
+    if src.reference.is_empty()
+        || src.reference.len() > 1024
+        || src.reference.contains(char::is_whitespace)
+    {
+        return Err(refuse(
+            "image.source.reference".into(),
+            &src.reference,
+            "1-1024 bytes without whitespace",
+        ));
+    }
+    Ok(())
+}
+
 /// The merged environment's size check (each part was checked on its own).
 pub(crate) fn check_merged_size(env: &[(String, String)]) -> Result<(), SpecError> {
     let bytes: usize = env.iter().map(|(n, v)| n.len() + v.len() + 2).sum();

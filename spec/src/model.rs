@@ -49,6 +49,14 @@ pub struct ImageDigests {
     pub rootfs: Option<String>,
 }
 
+/// Where an image root came from: the reference asked for and the manifest digest that was
+/// actually resolved and booted (`sha256:<64 hex>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSource {
+    pub reference: String,
+    pub digest: String,
+}
+
 /// The guest kernel and filesystems to boot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Image {
@@ -71,6 +79,9 @@ pub struct Image {
     /// `rootfs`.
     #[serde(default)]
     pub config: ImageConfig,
+    /// The OCI image `rootfs` and `config` were resolved from (`None` for a bare `rootfs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ImageSource>,
 }
 
 /// The non-negotiable security composition a guest runs under.

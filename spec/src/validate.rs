@@ -13,7 +13,7 @@ use crate::env::check_env;
 use crate::error::SpecError;
 use crate::imageconfig::{self, ImageConfig};
 use crate::limits::ValidLimits;
-use crate::model::{Image, Spec};
+use crate::model::{Image, ImageSource, Spec};
 use crate::paths::{
     SCRATCH_GUEST_PATHS, check_host_path_text, is_ancestor_or_same, normalize_guest_path,
     refuse_shadowing, refuse_system_guest_path, resolve_mount_source,
@@ -65,6 +65,8 @@ pub struct ValidImage {
     pub rootfs_format: Option<RootfsFormat>,
     /// The image defaults, working directory normalized.
     pub config: ImageConfig,
+    /// The OCI image the root was resolved from, with the digest booted.
+    pub source: Option<ImageSource>,
 }
 
 /// A spec that passed every rule, with its normalized values.
@@ -167,6 +169,7 @@ impl Spec {
         }
 
         check_env(&g.env, &g.env_allow)?;
+        imageconfig::check_source(&self.image)?;
         let mut config = self.image.config.clone();
         config.working_dir = imageconfig::check(&config, &g.env_allow)?;
         let env = imageconfig::merge_env(&config.env, &g.env);
@@ -239,6 +242,7 @@ fn validate_image(image: &Image) -> Result<ValidImage, SpecError> {
         rootfs: image.rootfs.clone(),
         rootfs_format,
         config: ImageConfig::default(),
+        source: image.source.clone(),
     })
 }
 

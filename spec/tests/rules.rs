@@ -28,6 +28,7 @@ impl Fixture {
             rootfs: None,
             digests: ImageDigests::default(),
             config: Default::default(),
+            source: None,
         };
         let limits = Limits {
             vcpus: 1,

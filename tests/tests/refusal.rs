@@ -51,6 +51,7 @@ fn fake_image(dir: &Path) -> std::io::Result<Image> {
         rootfs: None,
         digests: Default::default(),
         config: Default::default(),
+        source: None,
     })
 }
 

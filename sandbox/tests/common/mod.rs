@@ -81,6 +81,7 @@ pub fn spec_in(dir: &Path) -> Spec {
         rootfs: None,
         digests: ImageDigests::default(),
         config: Default::default(),
+        source: None,
     };
     let limits = Limits {
         vcpus: 2,
