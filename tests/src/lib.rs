@@ -29,6 +29,7 @@
 mod cases;
 mod guest;
 pub mod host;
+pub mod rootfs;
 
 use std::future::Future;
 use std::io::Write;

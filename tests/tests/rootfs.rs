@@ -7,60 +7,15 @@
 //! image files land in the upper layer and are gone in the next VM, and the erofs file on the
 //! host is byte-identical afterwards.
 
-use std::path::{Path, PathBuf};
-use std::process::Command as HostCommand;
-
 use guest_agent::protocol::Command;
 use vm_sandbox::Run;
 use vm_spec::{ImageConfig, Mount};
 use vm_tests::host::sha256_hex;
+use vm_tests::rootfs::{BUSYBOX_ROOT_MARKER, busybox_root};
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_as, exec_ok, sh};
 
-const MARKER: &str = "/usr/share/vm-marker";
+const MARKER: &str = BUSYBOX_ROOT_MARKER;
 const MODELS: &str = "/models";
-
-/// Builds `<tmp>/root.erofs`: busybox with every applet linked in /bin, /etc/passwd and
-/// /etc/group with `app` (1000:1000, also in `staff` 50), a marker file, /opt/app.
-fn build_root(tmp: &Path) -> Result<PathBuf, String> {
-    let root = tmp.join("root");
-    for d in ["bin", "etc", "usr/share", "opt/app", "root"] {
-        std::fs::create_dir_all(root.join(d)).ctx(&format!("mkdir {d}"))?;
-    }
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).ctx("copying /bin/busybox")?;
-    let list = HostCommand::new("/bin/busybox")
-        .arg("--list")
-        .output()
-        .ctx("busybox --list")?;
-    for applet in String::from_utf8_lossy(&list.stdout).lines() {
-        if applet != "busybox" && !applet.is_empty() {
-            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet))
-                .ctx(&format!("linking {applet}"))?;
-        }
-    }
-    std::fs::write(
-        root.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/opt/app:/bin/sh\n",
-    )
-    .ctx("writing passwd")?;
-    std::fs::write(
-        root.join("etc/group"),
-        "root:x:0:\napp:x:1000:\nstaff:x:50:app\n",
-    )
-    .ctx("writing group")?;
-    std::fs::write(root.join(MARKER.trim_start_matches('/')), "image\n").ctx("marker")?;
-    let image = tmp.join("root.erofs");
-    let out = HostCommand::new("mkfs.erofs")
-        .arg(&image)
-        .arg(&root)
-        .output()
-        .ctx("running mkfs.erofs (erofs-utils)")?;
-    ensure!(
-        out.status.success(),
-        "mkfs.erofs failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(image)
-}
 
 fn image_config() -> ImageConfig {
     ImageConfig {
@@ -200,7 +155,7 @@ async fn host_mount_inside(vm: &MicroVm) -> Result<(), String> {
 fn rootfs() {
     vm_tests::scenario("rootfs", |driver| async move {
         let tmp = tempfile::tempdir().ctx("temp dir")?;
-        let image = build_root(tmp.path())?;
+        let image = busybox_root(tmp.path())?;
         let before = sha256_hex(&std::fs::read(&image).ctx("reading the image")?);
         let models = tmp.path().join("models");
         std::fs::create_dir(&models).ctx("mkdir models")?;

@@ -4,27 +4,12 @@
 //! lands in the tmpfs upper and is gone in the next VM, and the image file's sha256 is the
 //! same afterwards.
 
-use std::path::{Path, PathBuf};
-use std::process::Command as HostCommand;
+use std::path::Path;
 
 use vm_spec::ImageConfig;
 use vm_tests::host::sha256_hex;
+use vm_tests::rootfs::debian_root;
 use vm_tests::{Cases, Ctx, GuestSpec, boot, ensure, exec_as, exec_ok, sh};
-
-/// The cached image, or `None` when it has not been built on this host.
-fn debian_image() -> Result<Option<PathBuf>, String> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../images/rootfs-debian.sh");
-    let out = HostCommand::new("bash")
-        .arg(&script)
-        .arg("--print-path")
-        .output()
-        .ctx("running images/rootfs-debian.sh --print-path")?;
-    if !out.status.success() {
-        return Ok(None);
-    }
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    Ok(Some(PathBuf::from(path)))
-}
 
 fn spec(name: &str, image: &Path) -> GuestSpec {
     let mut g = GuestSpec::new(name);
@@ -44,7 +29,7 @@ fn spec(name: &str, image: &Path) -> GuestSpec {
 
 #[test]
 fn rootfs_debian() {
-    let image = match debian_image() {
+    let image = match debian_root() {
         Ok(Some(p)) => p,
         Ok(None) => {
             vm_tests::skip(
