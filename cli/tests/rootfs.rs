@@ -177,3 +177,55 @@ fn exec_runs_in_the_image_root_as_the_user() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(out.stdout, "from the image\n4242\n4242\nno-initramfs\n");
 }
+
+/// `vm run -d --rootfs … --user …`: every `vm exec NAME` runs in the image root as the VM's
+/// user unless `--user` says otherwise.
+#[test]
+fn named_vm_keeps_its_root_and_user() {
+    let env = Env::new();
+    if !common::tcg_available(&env) || common::built_images().is_none() {
+        skip(
+            "named_vm_keeps_its_root_and_user",
+            "tcg or the guest images are not available here",
+        );
+        return;
+    }
+    let image = erofs_root(env.dir.path());
+    let _cleanup = common::VmGuard {
+        env: &env,
+        name: "imgbox",
+    };
+    let out = env.run(&[
+        "run",
+        "-d",
+        "--name",
+        "imgbox",
+        "--allow-emulation",
+        "--rootfs",
+        &image.display().to_string(),
+        "--user",
+        "4242",
+        "-e",
+        "PATH=/bin",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = env.run(&[
+        "exec",
+        "imgbox",
+        "--",
+        "sh",
+        "-c",
+        "cat /marker; id -u; pwd",
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, "from the image\n4242\n/work\n");
+    let out = env.run(&["exec", "imgbox", "--user", "0", "--", "id", "-u"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "0\n"),
+        "{}",
+        out.stderr
+    );
+    let out = env.run(&["stop", "imgbox"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
