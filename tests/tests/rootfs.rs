@@ -8,9 +8,11 @@
 //! host is byte-identical afterwards.
 
 use guest_agent::protocol::Command;
-use vm_sandbox::Run;
+use std::time::{Duration, Instant};
+
+use vm_sandbox::{PublishSpec, Run, ServeSpec};
 use vm_spec::{ImageConfig, Mount};
-use vm_tests::host::sha256_hex;
+use vm_tests::host::{http_get, sha256_hex};
 use vm_tests::rootfs::{BUSYBOX_ROOT_MARKER, busybox_root};
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_as, exec_ok, sh};
 
@@ -151,6 +153,43 @@ async fn host_mount_inside(vm: &MicroVm) -> Result<(), String> {
     Ok(())
 }
 
+/// A server started with `serve` runs in the image root as the image's user, in its working
+/// directory, and answers on the published host port.
+async fn serve_in_image_root(vm: &MicroVm) -> Result<(), String> {
+    vm.write_file("srv/index.html", b"image root page\n")
+        .await
+        .ctx("write index.html")?;
+    let line = "id -u > /tmp/serve-id; pwd >> /tmp/serve-id; \
+                exec httpd -f -p 127.0.0.1:8000 -h /work/srv";
+    let spec = ServeSpec {
+        argv: vec!["sh".into(), "-c".into(), line.into()],
+        publish: PublishSpec::parse("0:8000").ctx("publish spec")?,
+    };
+    let server = vm.serve(spec).await.ctx("serve httpd")?;
+    let addr = server.addr();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reply = loop {
+        let r = tokio::task::spawn_blocking(move || {
+            http_get(addr, "/index.html", Duration::from_secs(2))
+        })
+        .await
+        .map_err(|e| format!("join: {e}"))?;
+        match r {
+            Ok(r) if r.text().starts_with("HTTP/1.") => break r.text(),
+            other => {
+                ensure!(server.running(), "httpd exited: {}", server.output());
+                ensure!(Instant::now() < deadline, "no answer in 30 s: {other:?}");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    };
+    ensure!(reply.ends_with("image root page\n"), "reply {reply:?}");
+    let id = exec_ok(vm, "cat /tmp/serve-id").await?;
+    ensure!(id == "1000\n/opt/app\n", "the server ran as/in {id:?}");
+    server.stop().await.ctx("stop")?;
+    Ok(())
+}
+
 #[test]
 fn rootfs() {
     vm_tests::scenario("rootfs", |driver| async move {
@@ -177,6 +216,7 @@ fn rootfs() {
         c.run("file_ops_are_confined", file_ops_are_confined(&vm))
             .await;
         c.run("host_mount_inside", host_mount_inside(&vm)).await;
+        c.run("serve_in_image_root", serve_in_image_root(&vm)).await;
         c.run("writes_land_in_the_upper", writes_land_in_the_upper(&vm))
             .await;
         vm.close().await;
