@@ -144,11 +144,13 @@ pub struct DryRunOpts {
   vm exec -v /srv/data:/data:ro -e TOKEN -e MODE=fast -w /data -- ./run.sh
   vm exec --dry-run --json -- true                          # show the resolved spec, boot nothing
   vm exec box -- ls /                                       # run in the running VM `box`
+  vm exec --rootfs py.erofs --user 1000 -- python3 app.py   # an image file as the guest's root
 
 The command's stdout and stderr are streamed as they come; vm exits with its exit code
 (128+N when killed by signal N). Ctrl-C cancels the whole guest command tree and exits 130.
-With NAME, only -e, --env-allow, -w and --timeout (which then bounds the command) apply:
-the VM was configured by `vm run`.")]
+With --rootfs, commands run inside that image (writes vanish with the VM); with no command,
+the image's Entrypoint + Cmd run. With NAME, only -e, --env-allow, -w, --user and --timeout
+(which then bounds the command) apply: the VM was configured by `vm run`.")]
 pub struct ExecArgs {
     /// Run in this running VM (see `vm run -d`) instead of booting one
     #[arg(value_name = "NAME")]

@@ -59,7 +59,7 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     let given = boot_flags_given(&a);
     if !given.is_empty() {
         return Err(exit::usage(format!(
-            "{} configure a VM to boot; {name} is already running (only -e, -w and --timeout apply)",
+            "{} configure a VM to boot; {name} is already running (only -e, -w, --user and --timeout apply)",
             given.join(", ")
         )));
     }

@@ -60,9 +60,13 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         }
     };
     println!("{}", serving.addr());
+    let shown = match a.command.is_empty() {
+        true => vm.spec().default_command().join(" "),
+        false => a.command.join(" "),
+    };
     eprintln!(
         "vm: serving {} on {} ({} driver); Ctrl-C to stop",
-        a.command.join(" "),
+        shown,
         serving.addr(),
         vm.driver()
     );
