@@ -10,6 +10,23 @@ use crate::ensure;
 /// A file in the busybox root holding `image\n`.
 pub const BUSYBOX_ROOT_MARKER: &str = "/usr/share/vm-marker";
 
+/// What [`busybox_root`] needs from the host and lacks here (`/bin/busybox` from
+/// busybox-static, `mkfs.erofs` from erofs-utils; ci/setup.sh installs both), if anything.
+pub fn missing_tools() -> Option<String> {
+    let mut missing = Vec::new();
+    if !Path::new("/bin/busybox").is_file() {
+        missing.push("/bin/busybox (busybox-static)");
+    }
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    if !on_path("mkfs.erofs") {
+        missing.push("mkfs.erofs (erofs-utils)");
+    }
+    (!missing.is_empty()).then(|| format!("this host lacks {}", missing.join(" and ")))
+}
+
 /// Builds `<tmp>/root.erofs`: busybox with every applet linked in /bin, /etc/passwd and
 /// /etc/group with `app` (1000:1000, also in `staff` 50), a marker file, /opt/app.
 pub fn busybox_root(tmp: &Path) -> Result<PathBuf, String> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use vm_sandbox::{PublishSpec, Run, ServeSpec};
 use vm_spec::{ImageConfig, Mount};
 use vm_tests::host::{http_get, sha256_hex};
-use vm_tests::rootfs::{BUSYBOX_ROOT_MARKER, busybox_root};
+use vm_tests::rootfs::{BUSYBOX_ROOT_MARKER, busybox_root, missing_tools};
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_as, exec_ok, sh};
 
 const MARKER: &str = BUSYBOX_ROOT_MARKER;
@@ -192,6 +192,10 @@ async fn serve_in_image_root(vm: &MicroVm) -> Result<(), String> {
 
 #[test]
 fn rootfs() {
+    if let Some(why) = missing_tools() {
+        vm_test_support::skip("rootfs", &why);
+        return;
+    }
     vm_tests::scenario("rootfs", |driver| async move {
         let tmp = tempfile::tempdir().ctx("temp dir")?;
         let image = busybox_root(tmp.path())?;

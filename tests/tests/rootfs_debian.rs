@@ -32,8 +32,9 @@ fn rootfs_debian() {
     let image = match debian_root() {
         Ok(Some(p)) => p,
         Ok(None) => {
-            vm_tests::skip(
-                "SKIP rootfs_debian: the Debian rootfs is not built on this host \
+            vm_test_support::skip(
+                "rootfs_debian",
+                "the Debian rootfs is not built on this host \
                  (images/rootfs-debian.sh, which ci/setup.sh runs)",
             );
             return;

@@ -179,7 +179,7 @@ impl Agent {
             Ok(permit) => {
                 tokio::spawn(async move {
                     if let Err(e) = conn::handle(&agent, s).await {
-                        tracing::debug!(error = %conn::error_chain(&e), "connection ended");
+                        tracing::debug!(error = %vm_error_chain::error_chain(&e), "connection ended");
                     }
                     drop(permit);
                 });
