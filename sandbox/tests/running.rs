@@ -5,11 +5,30 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
 use guest_agent::agent::{Agent, AgentOptions};
 use tokio::net::UnixListener;
 use vm_sandbox::agent::Command;
 use vm_sandbox::confine::PathError;
 use vm_sandbox::{Attach, Run, RunningVm, SandboxError};
+
+/// The real agent in this process (base directory `/`) behind a hybrid-vsock front at
+/// `<dir>/vsock.sock`.
+fn start_agent(dir: &Path) -> (PathBuf, tokio::task::JoinHandle<()>) {
+    let agent = Agent::new(AgentOptions::default()).unwrap();
+    let socket = dir.join("vsock.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let front = tokio::spawn(vm_test_support::hybrid::front(
+        listener,
+        guest_agent::AGENT_PORT,
+        move |s| {
+            agent.spawn_conn(s);
+            async {}
+        },
+    ));
+    (socket, front)
+}
 
 fn sh(line: &str) -> Command {
     Command::Argv(vec!["sh".into(), "-c".into(), line.into()])
@@ -20,17 +39,7 @@ async fn attached_vm_shares_the_booted_vms_rules() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("work");
     std::fs::create_dir_all(root.join("sub")).unwrap();
-    let agent = Agent::new(AgentOptions::default()).unwrap(); // base directory `/`
-    let socket = tmp.path().join("vsock.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
-    let front = tokio::spawn(vm_test_support::hybrid::front(
-        listener,
-        guest_agent::AGENT_PORT,
-        move |s| {
-            agent.spawn_conn(s);
-            async {}
-        },
-    ));
+    let (socket, front) = start_agent(tmp.path());
     let mut spec = common::spec_in(tmp.path());
     spec.guarantees.mounts.clear();
     spec.root = root.to_str().unwrap().to_string();
@@ -167,17 +176,7 @@ async fn attached_vm_applies_the_image_defaults() {
     let root = tmp.path().join("work");
     let wd = root.join("wd");
     std::fs::create_dir_all(&wd).unwrap();
-    let agent = Agent::new(AgentOptions::default()).unwrap();
-    let socket = tmp.path().join("vsock.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
-    let front = tokio::spawn(vm_test_support::hybrid::front(
-        listener,
-        guest_agent::AGENT_PORT,
-        move |s| {
-            agent.spawn_conn(s);
-            async {}
-        },
-    ));
+    let (socket, front) = start_agent(tmp.path());
     let mut spec = common::spec_in(tmp.path());
     spec.guarantees.mounts.clear();
     spec.root = root.to_str().unwrap().to_string();
