@@ -226,6 +226,22 @@ fn named_vm_keeps_its_root_and_user() {
         "{}",
         out.stderr
     );
+    // vm cp reads and writes the image root (writes land in the overlay).
+    let host_out = env.dir.path().join("marker.out");
+    let out = env.run(&["cp", "imgbox:/marker", host_out.to_str().unwrap()]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(std::fs::read(&host_out).unwrap(), b"from the image\n");
+    let host_in = env.dir.path().join("in.txt");
+    std::fs::write(&host_in, "to the image\n").unwrap();
+    let out = env.run(&["cp", host_in.to_str().unwrap(), "imgbox:/marker"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = env.run(&["exec", "imgbox", "--", "cat", "/marker"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "to the image\n"),
+        "{}",
+        out.stderr
+    );
     let out = env.run(&["stop", "imgbox"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
 }
