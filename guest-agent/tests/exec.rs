@@ -347,11 +347,14 @@ async fn runs_as_the_requested_user() {
     }
     let a = TestAgent::start();
     let c = a.client();
-    let mut req = ExecRequest::shell("id -u; id -g; id -G");
+    let mut req = ExecRequest::shell("id -u; id -g; id -G; grep NoNewPrivs /proc/self/status");
     req.user = Some("4242:4343".into());
     req.cwd = Some("/".into());
     let out = c.exec(req).await.unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.output), "4242\n4343\n4343\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.output),
+        "4242\n4343\n4343\nNoNewPrivs:\t1\n"
+    );
     let mut req = ExecRequest::shell("id -u");
     req.user = Some("root".into());
     assert_eq!(c.exec(req).await.unwrap().output, b"0\n");

@@ -66,6 +66,9 @@ async fn user_and_groups(vm: &MicroVm) -> Result<(), String> {
         groups.contains(&"1000") && groups.contains(&"50") && !groups.contains(&"0"),
         "groups: {ids:?}"
     );
+    // Setuid binaries cannot raise it: no_new_privs is set for the user's processes.
+    let nnp = exec_ok(vm, "grep NoNewPrivs /proc/self/status").await?;
+    ensure!(nnp.split_whitespace().nth(1) == Some("1"), "{nnp:?}");
     // Root's files stay root's.
     let w = sh(vm, &format!("echo x > {MARKER}")).await?;
     ensure!(!w.status.success(), "user app could overwrite {MARKER}");

@@ -229,11 +229,17 @@ pub fn spawn(
             if unsafe { libc::setgid(ids.gid) } < 0 || unsafe { libc::setuid(ids.uid) } < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // Work run as a user stays that user: setuid binaries of the image cannot raise
+            // it (no_new_privs is inherited by everything it starts).
+            // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes plain integers.
+            if ids.uid != 0 && unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         Ok(())
     };
     // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close,
-    // setgroups, setgid, setuid) and allocates nothing.
+    // setgroups, setgid, setuid, prctl) and allocates nothing.
     unsafe { cmd.pre_exec(pre_exec) };
     let spawned = reaper.spawn(&mut cmd);
     drop(cmd); // closes our copies of the child's pipe ends
