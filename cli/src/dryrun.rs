@@ -144,6 +144,13 @@ fn text(doc: &Value) -> String {
     let img = &spec["image"];
     line("kernel", s(&img["kernel"]));
     line("initrd", s(&img["initrd"]));
+    if !img["source"].is_null() {
+        let src = &img["source"];
+        line(
+            "image",
+            format!("{} ({})", s(&src["reference"]), s(&src["digest"])),
+        );
+    }
     if !img["rootfs"].is_null() {
         line("rootfs", s(&img["rootfs"]));
     }

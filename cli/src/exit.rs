@@ -150,6 +150,11 @@ pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
     if e.is::<PublishError>() {
         return Some(USAGE);
     }
+    if let Some(vm_sandbox::ImageRootError::Reference { .. }) =
+        e.downcast_ref::<vm_sandbox::ImageRootError>()
+    {
+        return Some(USAGE);
+    }
     if let Some(MachineError::WallExpired { .. }) = e.downcast_ref::<MachineError>() {
         return Some(TIMEOUT);
     }

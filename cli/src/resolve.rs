@@ -88,7 +88,7 @@ pub fn spec(
         .collect();
     // The guest environment is exactly the spec's: the image's Env under the `-e` values,
     // plus vm-spec's documented default (`PATH` = vm_spec::DEFAULT_GUEST_PATH unless `-e` or
-    // the image sets it).
+    // the image sets it), which [`flags`] writes in once the image is known.
     let guarantees = Guarantees {
         egress_denied: true,
         limits,
@@ -96,7 +96,7 @@ pub fn spec(
         env,
         env_allow,
     };
-    Ok(Spec::new(image(opts)?, guarantees).with_default_env())
+    Ok(Spec::new(image(opts)?, guarantees))
 }
 
 /// What `exec`, `run` and `serve` resolve from their options before anything boots.
@@ -109,10 +109,17 @@ pub struct Resolved {
     pub policy: Policy,
 }
 
-/// The spec, trust and policy of a booting command's options.
-pub fn flags(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
+/// The spec, trust and policy of a booting command's options. `--image` is resolved here
+/// (from the OCI store, pulled when missing), so the spec records the digest it boots.
+pub async fn flags(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
     let mut spec = spec(vm, env(&cmd.env), cmd.env_allow.clone())?;
     spec.user = cmd.user.clone();
+    if let Some(reference) = &vm.image {
+        let dir = vm_sandbox::oci::default_dir().ok_or(vm_sandbox::oci::Error::NoDir)?;
+        let store = vm_sandbox::oci::Store::open(dir)?;
+        vm_sandbox::resolve_oci(&store, &mut spec, reference).await?;
+    }
+    let spec = spec.with_default_env();
     Ok(Resolved {
         spec,
         trust: vm.trust.into(),

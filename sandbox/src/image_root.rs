@@ -1,20 +1,20 @@
-//! Image roots from an image store: the seam between `--image REF` and the OCI store.
+//! Image roots from the OCI store (`--image REF`).
 //!
-//! A store (the `vm-oci` crate, being built separately) turns a reference (`name:tag` or
-//! `name@sha256:…`) into a [`ResolvedImage`]: the manifest digest it resolved, the read-only
-//! erofs file of the flattened layers, and the image config's defaults. [`use_image`] writes
-//! one into a [`Spec`]: `image.rootfs` = the erofs file, `image.config` = the defaults, and
-//! `image.source` = the reference with the digest actually booted, so the spec (and
-//! `--dry-run`) records what ran. Validation then treats it like any `--rootfs` file.
-//!
-//! The CLI has no `--image` flag yet: it comes with the store, which implements
-//! [`ImageResolver`]; nothing here pretends to resolve a reference.
+//! [`resolve_oci`] asks a [`crate::oci::Store`] for a reference (`name:tag` or
+//! `name@sha256:…`; from the store without any network when it holds the digest, else pulled
+//! and converted) and [`use_image`] writes the result into a [`Spec`]: `image.rootfs` = the
+//! read-only erofs file, `image.config` = the image config's defaults, and `image.source` =
+//! the reference with the manifest digest actually booted, so the spec (and `--dry-run`)
+//! records what ran. Validation then treats the root like any `--rootfs` file.
 
 use std::path::PathBuf;
 
+use thiserror::Error;
 use vm_spec::{ImageConfig, ImageSource, Spec};
 
-/// What an image store returns for a reference.
+use crate::oci;
+
+/// A resolved image, as the spec needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedImage {
     /// The reference as asked for.
@@ -27,10 +27,46 @@ pub struct ResolvedImage {
     pub config: ImageConfig,
 }
 
-/// An image store: resolves (pulling and converting when needed) a reference.
-pub trait ImageResolver {
-    type Error: std::error::Error + Send + Sync + 'static;
-    fn resolve(&self, reference: &str) -> Result<ResolvedImage, Self::Error>;
+impl ResolvedImage {
+    /// The spec's view of a store image found for `reference`.
+    pub fn from_oci(reference: &str, image: &oci::Image) -> ResolvedImage {
+        let c = &image.config;
+        ResolvedImage {
+            reference: reference.to_string(),
+            digest: image.digest.to_string(),
+            rootfs: image.erofs.clone(),
+            config: ImageConfig {
+                env: c.env.clone(),
+                working_dir: c.working_dir.clone(),
+                user: c.user.clone(),
+                entrypoint: c.entrypoint.clone(),
+                cmd: c.cmd.clone(),
+            },
+        }
+    }
+}
+
+/// Why an image reference could not be resolved.
+#[derive(Debug, Error)]
+pub enum ImageRootError {
+    #[error("invalid image reference {reference:?}")]
+    Reference {
+        reference: String,
+        #[source]
+        source: oci::ParseError,
+    },
+    #[error("reading registry credentials for {reference}")]
+    Auth {
+        reference: String,
+        #[source]
+        source: oci::AuthError,
+    },
+    #[error("resolving image {reference}")]
+    Store {
+        reference: String,
+        #[source]
+        source: oci::Error,
+    },
 }
 
 /// Writes `image` into `spec` as its root, defaults and recorded source.
@@ -43,13 +79,37 @@ pub fn use_image(spec: &mut Spec, image: ResolvedImage) {
     });
 }
 
-/// Resolves `reference` with `resolver` and writes the result into `spec`.
-pub fn resolve_into<R: ImageResolver>(
-    resolver: &R,
+/// Resolves `reference` in `store` and writes it into `spec`. What the store holds under that
+/// name or digest is used without any network; otherwise the reference is pulled and
+/// converted (credentials from the docker `config.json`).
+pub async fn resolve_oci(
+    store: &oci::Store,
     spec: &mut Spec,
     reference: &str,
-) -> Result<(), R::Error> {
-    let image = resolver.resolve(reference)?;
-    use_image(spec, image);
-    Ok(())
+) -> Result<ResolvedImage, ImageRootError> {
+    let store_err = |source| ImageRootError::Store {
+        reference: reference.to_string(),
+        source,
+    };
+    let image = match store.get(reference).map_err(store_err)? {
+        Some(image) => image,
+        None => {
+            let r: oci::Reference =
+                reference
+                    .parse()
+                    .map_err(|source| ImageRootError::Reference {
+                        reference: reference.to_string(),
+                        source,
+                    })?;
+            let auth =
+                oci::Auth::from_docker_config(&r).map_err(|source| ImageRootError::Auth {
+                    reference: reference.to_string(),
+                    source,
+                })?;
+            store.resolve(&r, &auth).await.map_err(store_err)?
+        }
+    };
+    let resolved = ResolvedImage::from_oci(reference, &image);
+    use_image(spec, resolved.clone());
+    Ok(resolved)
 }

@@ -22,7 +22,7 @@
 //!   overlay: every command, file operation and mount is inside it, and writes vanish with the
 //!   VM. The image's defaults apply (`WorkingDir` as the default directory, `User` unless
 //!   `Spec.user`/`Run.user` says otherwise, `Entrypoint` + `Cmd` for an empty argv).
-//!   [`image_root`] is the seam an image store fills (`--image REF`).
+//!   [`image_root`] resolves `--image REF` through the OCI store into that root.
 //! - **Read-only mounts only.** A host file becomes a raw read-only disk; a host directory
 //!   an erofs image cached by content key (see [`mounts`]).
 //! - **Lifetime.** The wall limit goes into the `BootPlan` and the `Machine` enforces it.
@@ -91,13 +91,15 @@ mod serving;
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
 pub use guest::{Guest, Run};
-pub use image_root::{ImageResolver, ResolvedImage, resolve_into, use_image};
+pub use image_root::{ImageRootError, ResolvedImage, resolve_oci, use_image};
 pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
+pub use vm_oci as oci;
 
 /// The guest agent's types a caller of this API handles: the command, its output and exit
 /// status, the streaming events, and the client error that carries the agent's verdict.

@@ -38,6 +38,7 @@ fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
     check(v.kernel.is_some(), "--kernel");
     check(v.initrd.is_some(), "--initrd");
     check(v.rootfs.is_some(), "--rootfs");
+    check(v.image.is_some(), "--image");
     check(v.driver.is_some(), "--driver");
     check(v.trust != crate::args::TrustArg::Untrusted, "--trust");
     check(v.allow_emulation, "--allow-emulation");
@@ -80,7 +81,7 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
 /// `vm exec [OPTIONS] -- CMD`.
 async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
-    let resolved = resolve::flags(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd).await?;
     resolve::require_command(&resolved.spec, &a.command)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {

@@ -17,7 +17,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     }
     let publish = PublishSpec::parse(&a.publish)?;
     let mut signals = Signals::install()?;
-    let resolved = resolve::flags(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd).await?;
     resolve::require_command(&resolved.spec, &a.command)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
