@@ -10,7 +10,8 @@ say() { echo "setup: $*" >&2; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 packages=(qemu-system-x86 busybox-static erofs-utils e2fsprogs cpio lz4 linux-source-6.12 bc flex
-    bison libelf-dev libssl-dev file build-essential patch binutils docker-registry skopeo mmdebstrap)
+    bison libelf-dev libssl-dev file build-essential patch binutils docker-registry skopeo python3
+    mmdebstrap)
 vhost_vsock_version=0.3.0
 
 command -v dpkg-query >/dev/null || die "not a Debian machine (dpkg-query missing)"

@@ -15,7 +15,8 @@
 # the line above the summary. A tier that cannot run at all counts as one failed test.
 #
 # Checks (not tests, their own line): the workspace build, rustfmt, clippy, images/verify.sh,
-# the agent's PID-1 test in a TCG guest (guest-agent/tests/guest/run-tcg.sh), and a 60 s
+# the agent's PID-1 test in a TCG guest (guest-agent/tests/guest/run-tcg.sh), the kvm proof
+# (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), and a 60 s
 # cargo-fuzz run per target from its seed corpus (fuzz/seeds/<target>, plus what earlier runs
 # found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
 # is skipped, visibly. A failed check fails the run.
@@ -118,6 +119,21 @@ agent_guest() {
     guest-agent/tests/guest/run-tcg.sh "$dir/bzImage" "$agent_bin"
 }
 check agent-guest agent_guest
+
+step "kvm proof: ci/kvm-proof.sh pack, run.sh here, and the same pipeline on tcg"
+# The pack must build and stay under its size limit; run.sh must answer 0 (kvm proven) or 3
+# (this host cannot run kvm, with its facts) — never 1 or 2; and the runner's suite and
+# benchmark paths run end to end on tcg (--quick), so they never rot on hosts without kvm.
+kvm_proof() {
+    local pack=$work/kvm-proof code=0
+    bash ci/kvm-proof.sh pack "$pack" || return 1
+    OUT=$work/kvm-proof-out "$pack/run.sh" || code=$?
+    echo "kvm proof: run.sh exited $code" >&2
+    [[ $code == 0 || $code == 3 ]] || return 1
+    OUT=$work/kvm-proof-tcg "$pack/run.sh" --quick --driver tcg || return 1
+    rm -rf "$pack"
+}
+check kvm-proof kvm_proof
 
 # fuzz_target <target>: a 60 s run from the in-repo seeds (read only) plus the corpus earlier
 # runs grew (fuzz/corpus/<target>, git-ignored, where libFuzzer writes what it finds).

@@ -150,8 +150,8 @@ pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
     if e.is::<PublishError>() {
         return Some(USAGE);
     }
-    if let Some(vm_sandbox::ImageRootError::Reference { .. }) =
-        e.downcast_ref::<vm_sandbox::ImageRootError>()
+    if let Some(r) = e.downcast_ref::<vm_sandbox::ImageRootError>()
+        && r.is_bad_reference()
     {
         return Some(USAGE);
     }

@@ -48,25 +48,18 @@ impl ResolvedImage {
 
 /// Why an image reference could not be resolved.
 #[derive(Debug, Error)]
-pub enum ImageRootError {
-    #[error("invalid image reference {reference:?}")]
-    Reference {
-        reference: String,
-        #[source]
-        source: oci::ParseError,
-    },
-    #[error("reading registry credentials for {reference}")]
-    Auth {
-        reference: String,
-        #[source]
-        source: oci::AuthError,
-    },
-    #[error("resolving image {reference}")]
-    Store {
-        reference: String,
-        #[source]
-        source: oci::Error,
-    },
+#[error("resolving image {reference}")]
+pub struct ImageRootError {
+    pub reference: String,
+    #[source]
+    pub source: oci::Error,
+}
+
+impl ImageRootError {
+    /// The reference itself is malformed (a usage error, not a store or registry failure).
+    pub fn is_bad_reference(&self) -> bool {
+        matches!(self.source, oci::Error::Reference(_))
+    }
 }
 
 /// Writes `image` into `spec` as its root, defaults and recorded source.
@@ -79,36 +72,21 @@ pub fn use_image(spec: &mut Spec, image: ResolvedImage) {
     });
 }
 
-/// Resolves `reference` in `store` and writes it into `spec`. What the store holds under that
-/// name or digest is used without any network; otherwise the reference is pulled and
-/// converted (credentials from the docker `config.json`).
+/// Resolves `reference` in `store` ([`oci::Store::get_or_pull`]: what the store holds under
+/// that name or digest without any network, else pulled and converted with the docker
+/// `config.json` credentials) and writes it into `spec`.
 pub async fn resolve_oci(
     store: &oci::Store,
     spec: &mut Spec,
     reference: &str,
 ) -> Result<ResolvedImage, ImageRootError> {
-    let store_err = |source| ImageRootError::Store {
-        reference: reference.to_string(),
-        source,
-    };
-    let image = match store.get(reference).map_err(store_err)? {
-        Some(image) => image,
-        None => {
-            let r: oci::Reference =
-                reference
-                    .parse()
-                    .map_err(|source| ImageRootError::Reference {
-                        reference: reference.to_string(),
-                        source,
-                    })?;
-            let auth =
-                oci::Auth::from_docker_config(&r).map_err(|source| ImageRootError::Auth {
-                    reference: reference.to_string(),
-                    source,
-                })?;
-            store.resolve(&r, &auth).await.map_err(store_err)?
-        }
-    };
+    let image = store
+        .get_or_pull(reference)
+        .await
+        .map_err(|source| ImageRootError {
+            reference: reference.to_string(),
+            source,
+        })?;
     let resolved = ResolvedImage::from_oci(reference, &image);
     use_image(spec, resolved.clone());
     Ok(resolved)

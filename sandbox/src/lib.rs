@@ -33,6 +33,10 @@
 //!   [`RunningVm`] (held by another process, e.g. a `vm run -d` supervisor, attached by its
 //!   agent socket) both dereference to [`Guest`], the one implementation of request
 //!   building, path confinement and environment checks.
+//! - **Images as roots.** [`oci`] (the `vm-oci` crate) pulls or imports OCI images into
+//!   cached read-only erofs files with their process defaults: `oci::Store::open(dir)`,
+//!   `.pull(&Reference, &Auth)`, `.get_or_pull(name_or_ref)`, `.import(path)`, `.get(..)`,
+//!   `.list()`, `.remove(..)`, `.prune()` → `oci::Image { digest, erofs, size, config, refs }`.
 //! - **Callers need only this crate and `vm-spec`.** The agent types a caller handles are
 //!   re-exported in [`agent`], the driver registry in [`drivers`].
 //!
@@ -83,6 +87,8 @@ pub mod images;
 mod link;
 mod microvm;
 pub mod mounts;
+/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
+pub use vm_oci as oci;
 pub mod publish;
 mod running;
 mod select;
@@ -98,8 +104,6 @@ pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
-/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
-pub use vm_oci as oci;
 
 /// The guest agent's types a caller of this API handles: the command, its output and exit
 /// status, the streaming events, and the client error that carries the agent's verdict.
