@@ -10,7 +10,8 @@ say() { echo "setup: $*" >&2; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 packages=(qemu-system-x86 busybox-static erofs-utils e2fsprogs cpio lz4 linux-source-6.12 bc flex
-    bison libelf-dev libssl-dev file build-essential patch binutils docker-registry skopeo python3)
+    bison libelf-dev libssl-dev file build-essential patch binutils docker-registry skopeo python3
+    mmdebstrap)
 vhost_vsock_version=0.3.0
 
 command -v dpkg-query >/dev/null || die "not a Debian machine (dpkg-query missing)"
@@ -78,3 +79,16 @@ fi
 command -v cargo-nextest >/dev/null || say "note: cargo-nextest not installed; ci/test.sh falls back to cargo test"
 
 images/build.sh || die "images/build.sh failed"
+
+# The Debian python3 + numpy root the image-root tests boot (about 1.5 min when missing; cached).
+if ! images/rootfs-debian.sh --print-path >/dev/null; then
+    if ((EUID == 0)); then
+        images/rootfs-debian.sh >/dev/null || die "images/rootfs-debian.sh failed"
+    else
+        # Root builds it (mmdebstrap root mode) into this user's cache, where the tests look.
+        sudo VM_ROOTFS_DIR="${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/rootfs}" \
+            images/rootfs-debian.sh >/dev/null || die "images/rootfs-debian.sh failed"
+    fi
+else
+    say "Debian rootfs present: $(images/rootfs-debian.sh --print-path)"
+fi

@@ -92,9 +92,15 @@ pub struct VmOpts {
     /// Guest initramfs instead of the built-in image's
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
-    /// Root filesystem image (read-only) instead of the initramfs
-    #[arg(long, value_name = "PATH")]
+    /// Root filesystem image (erofs or ext4, read-only): every command runs in it, writes go
+    /// to a tmpfs overlay that vanishes with the VM
+    #[arg(long, value_name = "PATH", conflicts_with = "image")]
     pub rootfs: Option<PathBuf>,
+    /// OCI image as the guest's root: NAME:TAG, NAME@sha256:DIGEST or a stored name/digest
+    /// (pulled and converted when missing, see `vm images`); its Env, WorkingDir, User,
+    /// Entrypoint and Cmd are the defaults
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
     /// Use this driver (kvm, tcg, hvf, hyperv) instead of the first available one
     #[arg(long, value_name = "NAME")]
     pub driver: Option<String>,
@@ -118,6 +124,10 @@ pub struct CmdOpts {
     /// Working directory of the command in the guest (booted VM: the guest root /work or under it)
     #[arg(short = 'w', long = "workdir", value_name = "DIR")]
     pub workdir: Option<String>,
+    /// Run commands as this guest user: NAME, UID, NAME:GROUP or UID:GID (names from the root's
+    /// /etc/passwd and /etc/group) [default: the image's User, else root]
+    #[arg(short = 'u', long = "user", value_name = "USER")]
+    pub user: Option<String>,
 }
 
 /// Dry-run options.
@@ -141,14 +151,17 @@ pub struct DryRunOpts {
   vm exec box -- ls /                                       # run in the running VM `box`
   printf 'a\nb\n' | vm exec -i -- wc -l                      # stdin streamed to the command
   vm exec -it box -- sh                                     # an interactive shell in `box`
+  vm exec --rootfs py.erofs --user 1000 -- python3 app.py   # an image file as the guest's root
+  vm exec --image 127.0.0.1:5000/python:3.11 -- python3 -V  # an OCI image as the guest's root
 
 The command's stdout and stderr are streamed as they come; vm exits with its exit code
 (128+N when killed by signal N). Ctrl-C cancels the whole guest command tree and exits 130.
 Without -i the command's stdin is empty (/dev/null). -t runs it on a pseudo-terminal in the
 guest (output is all stdout, TERM is passed, the window size follows ours); with -it our
 terminal is in raw mode for the session and Ctrl-C is sent to the guest as a key.
-With NAME, only -e, --env-allow, -w and --timeout (which then bounds the command) apply:
-the VM was configured by `vm run`.")]
+With --rootfs or --image, commands run inside that image (writes vanish with the VM); with no command,
+the image's Entrypoint + Cmd run. With NAME, only -e, --env-allow, -w, --user and --timeout
+(which then bounds the command) apply: the VM was configured by `vm run`.")]
 pub struct ExecArgs {
     /// Run in this running VM (see `vm run -d`) instead of booting one
     #[arg(value_name = "NAME")]
@@ -165,8 +178,8 @@ pub struct ExecArgs {
     /// Run the command on a pseudo-terminal in the guest (stdin must be a terminal)
     #[arg(short = 't', long)]
     pub tty: bool,
-    /// The command and its arguments, after `--`
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments, after `--` (none: the image's Entrypoint + Cmd)
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -219,8 +232,8 @@ pub struct ServeArgs {
     pub cmd: CmdOpts,
     #[command(flatten)]
     pub dry: DryRunOpts,
-    /// The server command and its arguments, after `--`
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The server command and its arguments, after `--` (none: the image's Entrypoint + Cmd)
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -417,7 +430,13 @@ mod tests {
             panic!()
         };
         assert_eq!((e.name, e.vm.memory), (None, Some(1024)));
-        assert!(Cli::try_parse_from(["vm", "exec", "box"]).is_err());
+        // No command parses (a booting exec runs the image's Entrypoint + Cmd); `vm exec NAME`
+        // without one is refused as a usage error when it runs (cli/tests: usage_errors_exit_2).
+        let cli = Cli::try_parse_from(["vm", "exec", "box"]).unwrap();
+        let Command::Exec(e) = cli.command else {
+            panic!()
+        };
+        assert!(e.command.is_empty());
         let cli = Cli::try_parse_from(["vm", "exec", "-it", "box", "--", "sh"]).unwrap();
         let Command::Exec(e) = cli.command else {
             panic!()

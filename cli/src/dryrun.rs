@@ -121,7 +121,14 @@ fn text(doc: &Value) -> String {
         line("name", s(&doc["name"]));
     }
     if let Some(cmd) = doc["command"].as_array() {
-        line("command", cmd.iter().map(s).collect::<Vec<_>>().join(" "));
+        let given = cmd.iter().map(s).collect::<Vec<_>>().join(" ");
+        line(
+            "command",
+            match given.is_empty() {
+                true => "- (the image's entrypoint + cmd)".into(),
+                false => given,
+            },
+        );
     }
     if !doc["workdir"].is_null() {
         line("workdir", s(&doc["workdir"]));
@@ -137,9 +144,40 @@ fn text(doc: &Value) -> String {
     let img = &spec["image"];
     line("kernel", s(&img["kernel"]));
     line("initrd", s(&img["initrd"]));
+    if !img["source"].is_null() {
+        let src = &img["source"];
+        line(
+            "image",
+            format!("{} ({})", s(&src["reference"]), s(&src["digest"])),
+        );
+    }
     if !img["rootfs"].is_null() {
         line("rootfs", s(&img["rootfs"]));
     }
+    let cfg = &img["config"];
+    for kv in cfg["env"].as_array().into_iter().flatten() {
+        line("image env", format!("{}={}", s(&kv[0]), s(&kv[1])));
+    }
+    let words = |v: &Value| {
+        v.as_array()
+            .map(|a| a.iter().map(s).collect::<Vec<_>>().join(" "))
+    };
+    for (label, key) in [("image wdir", "working_dir"), ("image user", "user")] {
+        if !cfg[key].is_null() {
+            line(label, s(&cfg[key]));
+        }
+    }
+    for (label, key) in [("entrypoint", "entrypoint"), ("cmd", "cmd")] {
+        if let Some(w) = words(&cfg[key]).filter(|w| !w.is_empty()) {
+            line(label, w);
+        }
+    }
+    let user = [&spec["user"], &cfg["user"]]
+        .into_iter()
+        .find(|u| !u.is_null())
+        .map(s)
+        .unwrap_or_else(|| "root".into());
+    line("user", user);
     let wall = l["wall_ms"].as_u64().filter(|w| *w > 0);
     line(
         "limits",

@@ -140,12 +140,19 @@ pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
     if let Some(s) = e.downcast_ref::<SandboxError>() {
         match s {
             // Select/Admit/Machine carry their cause in the chain; `classify` reaches it.
-            SandboxError::Path(_) | SandboxError::Glob(_) => return Some(USAGE),
+            SandboxError::Path(_) | SandboxError::Glob(_) | SandboxError::NoCommand => {
+                return Some(USAGE);
+            }
             SandboxError::Unsupported(_) => return Some(FAILED),
             _ => {}
         }
     }
     if e.is::<PublishError>() {
+        return Some(USAGE);
+    }
+    if let Some(r) = e.downcast_ref::<vm_sandbox::ImageRootError>()
+        && r.is_bad_reference()
+    {
         return Some(USAGE);
     }
     if let Some(MachineError::WallExpired { .. }) = e.downcast_ref::<MachineError>() {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use vm_spec::{Guarantees, Image, ImageDigests, Limits, Mount, Policy, Spec, Trust};
+use vm_spec::{Guarantees, Image, ImageConfig, ImageDigests, Limits, Mount, Policy, Spec, Trust};
 
 use crate::args::{CmdOpts, TrustArg, VmOpts};
 use crate::exit;
@@ -45,6 +45,8 @@ pub fn image(opts: &VmOpts) -> anyhow::Result<Image> {
             initrd: Some(initrd.clone()),
             rootfs: None,
             digests: ImageDigests::default(),
+            config: ImageConfig::default(),
+            source: None,
         },
         _ => vm_sandbox::images::default_spec_image().map_err(|e| {
             anyhow::Error::new(e).context(
@@ -84,16 +86,16 @@ pub fn spec(
             read_only: v.read_only,
         })
         .collect();
-    // The guest environment is exactly the spec's: `-e` values plus vm-spec's documented
-    // default (`PATH` = vm_spec::DEFAULT_GUEST_PATH unless `-e PATH=…` is given).
+    // The guest environment is exactly the spec's: the image's Env under the `-e` values,
+    // plus vm-spec's documented default (`PATH` = vm_spec::DEFAULT_GUEST_PATH unless `-e` or
+    // the image sets it), which [`flags`] writes in once the image is known.
     let guarantees = Guarantees {
         egress_denied: true,
         limits,
         mounts,
         env,
         env_allow,
-    }
-    .with_default_env();
+    };
     Ok(Spec::new(image(opts)?, guarantees))
 }
 
@@ -107,13 +109,33 @@ pub struct Resolved {
     pub policy: Policy,
 }
 
-/// The spec, trust and policy of a booting command's options.
-pub fn flags(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
+/// The spec, trust and policy of a booting command's options. `--image` is resolved here
+/// (from the OCI store, pulled when missing), so the spec records the digest it boots.
+pub async fn flags(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
+    let mut spec = spec(vm, env(&cmd.env), cmd.env_allow.clone())?;
+    spec.user = cmd.user.clone();
+    if let Some(reference) = &vm.image {
+        let dir = vm_sandbox::oci::default_dir().ok_or(vm_sandbox::oci::Error::NoDir)?;
+        let store = vm_sandbox::oci::Store::open(dir)?;
+        vm_sandbox::resolve_oci(&store, &mut spec, reference).await?;
+    }
+    let spec = spec.with_default_env();
     Ok(Resolved {
-        spec: spec(vm, env(&cmd.env), cmd.env_allow.clone())?,
+        spec,
         trust: vm.trust.into(),
         policy: policy(vm),
     })
+}
+
+/// Refuses (usage) an empty command when the image has no `Entrypoint`/`Cmd` to run
+/// instead, before anything boots.
+pub fn require_command(spec: &Spec, command: &[String]) -> anyhow::Result<()> {
+    if command.is_empty() && spec.image.config.default_command().is_empty() {
+        return Err(exit::usage(
+            "no command given (after --) and the image has no Entrypoint or Cmd",
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a `-w` that is not relative to the guest root or under it (the sandbox's rule,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
-use guest_agent::config::{AgentConfig, DiskMount};
+use guest_agent::config::{AgentConfig, DiskMount, RootDisk};
 
 use crate::machine::VmHandle;
 use crate::{BootPlan, DriverError};
@@ -55,6 +55,9 @@ pub(crate) fn check_plan(plan: &BootPlan) -> Result<(), DriverError> {
     for (i, d) in plan.disks.iter().enumerate() {
         require_file(&format!("disks[{i}].host_path"), &d.host_path)?;
     }
+    if let Some(r) = &plan.rootfs {
+        require_file("rootfs.host_path", &r.host_path)?;
+    }
     let sock = plan.run_dir.join(VSOCK_SOCKET);
     if sock.as_os_str().len() > MAX_SOCKET_PATH - 8 {
         return Err(invalid(format!(
@@ -96,6 +99,10 @@ pub(crate) fn agent_cmdline(plan: &BootPlan) -> Result<String, DriverError> {
                 fs: d.fs,
             })
             .collect(),
+        root: plan.rootfs.as_ref().map(|r| RootDisk {
+            id: crate::ROOT_DISK_SERIAL.into(),
+            fs: r.fs,
+        }),
         port: AGENT_PORT,
         ..AgentConfig::default()
     };

@@ -44,11 +44,14 @@
 //!     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError>;
 //! }
 //! pub struct BootPlan { pub name, pub images: ImagePaths, pub vcpus: u32, pub mem_mib: u32,
-//!     pub pids_max: u32, pub disks: Vec<DiskPlan>, pub run_dir: PathBuf,
+//!     pub pids_max: u32, pub disks: Vec<DiskPlan>, pub rootfs: Option<RootfsPlan>,
+//!     pub run_dir: PathBuf,
 //!     pub wall: Option<Duration>, pub boot_timeout: Duration }
 //! pub struct ImagePaths { pub vmlinux: PathBuf, pub bz_image: PathBuf, pub initramfs: PathBuf }
 //!     ImagePaths::in_dir(dir) ; default_images_dir() -> Option<PathBuf>
 //! pub struct DiskPlan { pub host_path: PathBuf, pub guest_path: String, pub fs: DiskFs }
+//! pub struct RootfsPlan { pub host_path: PathBuf, pub fs: DiskFs }  // serial "root"
+//! BootPlan::block_devices() -> Vec<BlockDevice { host_path, serial }>
 //! Registry::new(Vec<Box<dyn Driver>>), Registry::with_defaults(), .drivers(), .get(name),
 //!     .detect_all(), .select_first_available() -> Result<(&dyn Driver, Availability), NoDriverError>
 //! Machine: name(), driver(), containment(), info(), agent(), agent_socket() -> &Path,
@@ -77,6 +80,22 @@ pub mod tcg;
 mod test_support;
 
 pub use error::DriverError;
+
+impl BootPlan {
+    /// Every read-only block device of the plan, in attachment order: the disks (`disk<N>`),
+    /// then the root (`root`).
+    pub fn block_devices(&self) -> Vec<BlockDevice> {
+        let disks = self.disks.iter().enumerate().map(|(i, d)| BlockDevice {
+            host_path: d.host_path.clone(),
+            serial: boot::disk_id(i),
+        });
+        let root = self.rootfs.iter().map(|r| BlockDevice {
+            host_path: r.host_path.clone(),
+            serial: ROOT_DISK_SERIAL.into(),
+        });
+        disks.chain(root).collect()
+    }
+}
 pub use hvf::HvfDriver;
 pub use hyperv::HypervDriver;
 pub use kvm::KvmDriver;
@@ -185,6 +204,27 @@ pub struct DiskPlan {
     pub fs: DiskFs,
 }
 
+/// The read-only image file that becomes the guest's root (the agent puts a tmpfs overlay
+/// on it and runs every command inside). Its virtio-blk serial is [`ROOT_DISK_SERIAL`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootfsPlan {
+    /// The erofs or ext4 image file on the host (opened read-only).
+    pub host_path: PathBuf,
+    /// Erofs or ext4 (a raw root is refused by the agent configuration).
+    pub fs: DiskFs,
+}
+
+/// The virtio-blk serial of the root disk.
+pub const ROOT_DISK_SERIAL: &str = "root";
+
+/// One read-only virtio-blk device as every backend attaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockDevice {
+    pub host_path: PathBuf,
+    /// The serial the guest agent finds it by.
+    pub serial: String,
+}
+
 /// Everything a driver needs to boot one guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootPlan {
@@ -200,6 +240,8 @@ pub struct BootPlan {
     pub pids_max: u32,
     /// Read-only disks, in order.
     pub disks: Vec<DiskPlan>,
+    /// The image root, if any (else commands run in the initramfs).
+    pub rootfs: Option<RootfsPlan>,
     /// A directory for this VM's sockets and logs; created if missing, and the driver creates
     /// files only here.
     pub run_dir: PathBuf,

@@ -16,6 +16,7 @@ pub(crate) fn dummy_plan() -> BootPlan {
         mem_mib: 128,
         pids_max: 0,
         disks: Vec::new(),
+        rootfs: None,
         run_dir: "/nonexistent/run".into(),
         wall: None,
         boot_timeout: Duration::from_secs(1),

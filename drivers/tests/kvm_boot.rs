@@ -49,6 +49,7 @@ fn kvm_boot_reports_the_truth() {
         mem_mib: 256,
         pids_max: 0,
         disks: Vec::new(),
+        rootfs: None,
         run_dir: run_dir.clone(),
         wall: None,
         boot_timeout: Duration::from_secs(if available { 60 } else { 20 }),

@@ -118,6 +118,7 @@ fn plan(name: &str, images: ImagePaths, run_dir: PathBuf) -> BootPlan {
         mem_mib: 256,
         pids_max: 0,
         disks: Vec::new(),
+        rootfs: None,
         run_dir,
         wall: None,
         boot_timeout: Duration::from_secs(60),

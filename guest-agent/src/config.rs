@@ -4,7 +4,8 @@
 //! words; the agent parses `/proc/cmdline` with [`AgentConfig::from_cmdline`] (words not starting
 //! with `vm.` belong to the kernel and are ignored). Keys:
 //! `vm.hostname=NAME`, `vm.pids=N`, `vm.mem=MIB`, `vm.port=PORT`, `vm.log=LEVEL`, and
-//! `vm.disk=<id>:<guest_path>:<erofs|ext4|raw>` (repeatable). Values never contain spaces or
+//! `vm.disk=<id>:<guest_path>:<erofs|ext4|raw>` (repeatable), and `vm.root=<id>:<erofs|ext4>`
+//! (the read-only disk that becomes the root every command runs in). Values never contain spaces or
 //! quotes, so the rendering needs no escaping.
 
 use crate::AGENT_PORT;
@@ -38,6 +39,15 @@ pub struct DiskMount {
     pub fs: DiskFs,
 }
 
+/// The read-only disk that becomes the guest's root (under a tmpfs overlay).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootDisk {
+    /// The virtio-blk serial identifying the device.
+    pub id: String,
+    /// Erofs or ext4 (a raw root is refused).
+    pub fs: DiskFs,
+}
+
 /// Everything the agent is started with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentConfig {
@@ -47,6 +57,8 @@ pub struct AgentConfig {
     /// `memory.max` of the work cgroup in MiB (`None` = unlimited).
     pub mem_limit_mib: Option<u32>,
     pub disks: Vec<DiskMount>,
+    /// The image root, if any; `disks` are then mounted inside it.
+    pub root: Option<RootDisk>,
     /// vsock port to listen on.
     pub port: u32,
     /// Log level (`error`, `warn`, `info`, `debug`, `trace`).
@@ -60,6 +72,7 @@ impl Default for AgentConfig {
             pids_max: None,
             mem_limit_mib: None,
             disks: Vec::new(),
+            root: None,
             port: AGENT_PORT,
             log: "info".into(),
         }
@@ -87,6 +100,26 @@ fn invalid(key: &'static str, value: &str, why: &'static str) -> ConfigError {
         key,
         value: value.chars().take(128).collect(),
         why,
+    }
+}
+
+fn check_id(id: &str) -> Result<(), ConfigError> {
+    if !plain(id) || id.len() > 20 {
+        return Err(invalid(
+            "disk",
+            id,
+            "id: 1-20 printable bytes, no ':' or quotes",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_fs(key: &'static str, v: &str, fs: &str) -> Result<DiskFs, ConfigError> {
+    match fs {
+        "erofs" => Ok(DiskFs::Erofs),
+        "ext4" => Ok(DiskFs::Ext4),
+        "raw" => Ok(DiskFs::Raw),
+        _ => Err(invalid(key, v, "fs must be erofs, ext4 or raw")),
     }
 }
 
@@ -130,14 +163,14 @@ impl AgentConfig {
         if self.disks.len() > MAX_DISKS {
             return Err(ConfigError::TooManyDisks { max: MAX_DISKS });
         }
-        for d in &self.disks {
-            if !plain(&d.id) || d.id.len() > 20 {
-                return Err(invalid(
-                    "disk",
-                    &d.id,
-                    "id: 1-20 printable bytes, no ':' or quotes",
-                ));
+        if let Some(r) = &self.root {
+            check_id(&r.id)?;
+            if r.fs == DiskFs::Raw {
+                return Err(invalid("root", "raw", "the root must be erofs or ext4"));
             }
+        }
+        for d in &self.disks {
+            check_id(&d.id)?;
             let p = &d.guest_path;
             if !p.starts_with('/')
                 || p == "/"
@@ -170,6 +203,9 @@ impl AgentConfig {
         }
         if self.log != "info" {
             w.push(format!("vm.log={}", self.log));
+        }
+        if let Some(r) = &self.root {
+            w.push(format!("vm.root={}:{}", r.id, r.fs.as_str()));
         }
         for d in &self.disks {
             w.push(format!(
@@ -210,12 +246,7 @@ impl AgentConfig {
                     else {
                         return Err(invalid("disk", v, "expected <id>:<guest_path>:<fs>"));
                     };
-                    let fs = match fs {
-                        "erofs" => DiskFs::Erofs,
-                        "ext4" => DiskFs::Ext4,
-                        "raw" => DiskFs::Raw,
-                        _ => return Err(invalid("disk", v, "fs must be erofs, ext4 or raw")),
-                    };
+                    let fs = parse_fs("disk", v, fs)?;
                     if c.disks.len() >= MAX_DISKS {
                         return Err(ConfigError::TooManyDisks { max: MAX_DISKS });
                     }
@@ -223,6 +254,15 @@ impl AgentConfig {
                         id: id.into(),
                         guest_path: path.into(),
                         fs,
+                    });
+                }
+                "root" => {
+                    let Some((id, fs)) = v.split_once(':') else {
+                        return Err(invalid("root", v, "expected <id>:<fs>"));
+                    };
+                    c.root = Some(RootDisk {
+                        id: id.into(),
+                        fs: parse_fs("root", v, fs)?,
                     });
                 }
                 _ => unknown.push(word.chars().take(128).collect()),

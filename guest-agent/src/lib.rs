@@ -99,7 +99,7 @@ pub mod protocol;
 /// vsock port the agent listens on inside the guest.
 pub const AGENT_PORT: u32 = 1024;
 /// Protocol version exchanged in the handshake.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 pub use client::{
     AgentClient, ClientError, ClientLimits, ExecEvent, ExecStream, ForwardStream, Interactive,

@@ -69,6 +69,9 @@ pub struct ExecRequest {
     /// Combined-output cap for [`crate::client::AgentClient::exec`]; `None` = default,
     /// clamped to [`MAX_EXEC_OUTPUT`] by the agent and to the client's own cap.
     pub max_output: Option<u64>,
+    /// Run as this user (`NAME`, `UID`, `NAME:GROUP` or `UID:GID`, resolved in the guest's
+    /// `/etc/passwd` and `/etc/group`); `None` = root.
+    pub user: Option<String>,
 }
 
 impl ExecRequest {
@@ -149,6 +152,8 @@ pub struct ServeRequest {
     pub command: Command,
     pub env: Vec<(String, String)>,
     pub cwd: Option<String>,
+    /// As [`ExecRequest::user`].
+    pub user: Option<String>,
 }
 
 /// Identifier of a Serve process.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use guest_agent::agent::cgroup::CgroupLimits;
-use guest_agent::agent::{Agent, AgentOptions, pid1};
+use guest_agent::agent::{Agent, AgentOptions, imageroot, pid1};
 use guest_agent::{AgentConfig, PROTOCOL_VERSION};
 use vm_error_chain::error_chain as chain;
 
@@ -73,6 +73,9 @@ fn run_pid1() -> Result<(), String> {
     }
     if let Err(e) = pid1::set_hostname(&cfg.hostname) {
         tracing::warn!("{}", chain(&e));
+    }
+    if let Some(root) = &cfg.root {
+        imageroot::enter(root).map_err(|e| format!("image root {}: {}", root.id, chain(&e)))?;
     }
     for d in &cfg.disks {
         pid1::mount_disk(d).map_err(|e| format!("disk {}: {}", d.id, chain(&e)))?;

@@ -1,5 +1,5 @@
 //! Kernel command-line configuration round trips and validation.
-use guest_agent::config::ConfigError;
+use guest_agent::config::{ConfigError, RootDisk};
 use guest_agent::{AgentConfig, DiskFs, DiskMount};
 
 #[test]
@@ -25,13 +25,17 @@ fn round_trip() {
                 fs: DiskFs::Raw,
             },
         ],
+        root: Some(RootDisk {
+            id: "root".into(),
+            fs: DiskFs::Erofs,
+        }),
         port: 2048,
         log: "debug".into(),
     };
     let line = c.to_cmdline().unwrap();
     assert_eq!(
         line,
-        "vm.hostname=box-1 vm.port=2048 vm.pids=128 vm.mem=256 vm.log=debug \
+        "vm.hostname=box-1 vm.port=2048 vm.pids=128 vm.mem=256 vm.log=debug vm.root=root:erofs \
          vm.disk=data0:/mnt/data:erofs vm.disk=e:/srv/e:ext4 vm.disk=raw-1:/dev/disk/raw:raw"
     );
     let full = format!("console=ttyS0 reboot=k {line} vm.future=1 quiet");
@@ -57,6 +61,9 @@ fn invalid_values_name_the_key() {
         ("vm.disk=id:/a/../b:ext4", "disk"),
         ("vm.disk=waytoolongserialnumber1:/p:ext4", "disk"),
         ("vm.log=loud", "log"),
+        ("vm.root=root", "root"),
+        ("vm.root=root:zfs", "root"),
+        ("vm.root=root:raw", "root"),
     ] {
         match AgentConfig::from_cmdline(line) {
             Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{line}"),

@@ -331,3 +331,43 @@ async fn ping_and_shutdown() {
         .expect("agent did not exit after Shutdown");
     assert!(st.success());
 }
+
+/// `ExecRequest.user`: the command runs with that uid, gid and no other groups (resolved in
+/// `/etc/passwd`: the agent's root filesystem, here the host's); an unknown name or a
+/// malformed user is a `BadRequest` naming it, and nothing runs.
+#[tokio::test]
+async fn runs_as_the_requested_user() {
+    // SAFETY: geteuid has no arguments or memory effects.
+    if unsafe { libc::geteuid() } != 0 {
+        vm_test_support::skip(
+            "runs_as_the_requested_user",
+            "switching users needs the agent to run as root",
+        );
+        return;
+    }
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut req = ExecRequest::shell("id -u; id -g; id -G; grep NoNewPrivs /proc/self/status");
+    req.user = Some("4242:4343".into());
+    req.cwd = Some("/".into());
+    let out = c.exec(req).await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.output),
+        "4242\n4343\n4343\nNoNewPrivs:\t1\n"
+    );
+    let mut req = ExecRequest::shell("id -u");
+    req.user = Some("root".into());
+    assert_eq!(c.exec(req).await.unwrap().output, b"0\n");
+    for bad in ["no-such-user-here", "a b"] {
+        let mut req = ExecRequest::shell("touch /tmp/vm-agent-user-test-ran");
+        req.user = Some(bad.into());
+        let err = c.exec(req).await.unwrap_err();
+        assert_eq!(
+            err.agent_kind(),
+            Some(guest_agent::ErrorKind::BadRequest),
+            "{err}"
+        );
+        assert!(err.to_string().contains(bad), "{err}");
+    }
+    assert!(!std::path::Path::new("/tmp/vm-agent-user-test-ran").exists());
+}

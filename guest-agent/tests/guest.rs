@@ -98,6 +98,7 @@ async fn pid1_duties_in_a_guest() {
             ),
             env: vec![("PATH".into(), "/bin".into())],
             cwd: None,
+            user: None,
         })
         .await
         .unwrap();
@@ -228,6 +229,7 @@ async fn large_transfers_and_forward_eof(c: &AgentClient) {
             ),
             env: vec![("PATH".into(), "/bin".into())],
             cwd: None,
+            user: None,
         })
         .await
         .unwrap();

@@ -30,6 +30,8 @@ pub enum SandboxError {
     Mount(#[from] MountError),
     #[error("{0}")]
     Unsupported(&'static str),
+    #[error("no command given and the image has no Entrypoint or Cmd")]
+    NoCommand,
     #[error("creating run directory")]
     RunDir(#[source] std::io::Error),
     #[error("boot on {driver} failed")]

@@ -25,7 +25,7 @@ use crate::confine;
 use crate::error::SandboxError;
 use crate::glob::Glob;
 use crate::link::Link;
-use crate::serving::{ServeSpec, Serving};
+use crate::serving::{GuestProcess, ServeSpec, Serving};
 
 /// `PATH` for the runtime's own setup commands (never for the caller's work, whose
 /// environment is exactly the VM's).
@@ -46,6 +46,19 @@ pub struct Run {
     pub env: Vec<(String, String)>,
     /// Names in `env` allowed to look like secrets, besides the spec's `env_allow`.
     pub env_allow: Vec<String>,
+    /// Run as this user instead of the VM's (`NAME`, `UID`, `NAME:GROUP`, `UID:GID`).
+    pub user: Option<String>,
+}
+
+/// What an image root's config supplies to every process (empty without one).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ProcessDefaults {
+    /// The user every process runs as (`Spec.user`, else the image's `User`).
+    pub user: Option<String>,
+    /// The directory a process runs in when none is given (the image's `WorkingDir`).
+    pub working_dir: Option<String>,
+    /// `Entrypoint` + `Cmd`: run for an empty argv.
+    pub command: Vec<String>,
 }
 
 /// What a [`Guest`] is confined to: its working root and its environment.
@@ -57,6 +70,8 @@ pub(crate) struct Confinement {
     pub env: Vec<(String, String)>,
     /// Names allowed to look like secrets.
     pub env_allow: Vec<String>,
+    /// The image's process defaults.
+    pub defaults: ProcessDefaults,
 }
 
 /// The operations on one running guest (see the module docs).
@@ -92,25 +107,19 @@ impl Guest {
         &self.confinement.env
     }
 
-    /// Create the guest root once, before the first operation that needs it.
+    /// Create the guest root (and the image's working directory) once, before the first
+    /// operation that needs it. With a user configured, the root is handed to that user so
+    /// its work can write there (in an image root the change lands in the tmpfs upper).
     async fn ensure_root(&self) -> Result<(), SandboxError> {
         self.root_ready
             .get_or_try_init(|| async {
-                let req = ExecRequest {
-                    command: Command::Argv(vec!["mkdir".into(), "-p".into(), self.root().into()]),
-                    env: vec![("PATH".into(), SETUP_PATH.into())],
-                    timeout: Some(Duration::from_secs(60)),
-                    ..Default::default()
-                };
-                let out = self
-                    .link
-                    .exec(req)
-                    .await
-                    .map_err(SandboxError::machine("creating root"))?;
-                if !out.status.success() {
-                    return Err(SandboxError::Root(
-                        String::from_utf8_lossy(&out.output).into(),
-                    ));
+                let d = &self.confinement.defaults;
+                let mut mkdir = vec!["mkdir".to_string(), "-p".into(), self.root().into()];
+                mkdir.extend(d.working_dir.clone());
+                self.setup(mkdir).await?;
+                if let Some(user) = &d.user {
+                    self.setup(vec!["chown".into(), user.clone(), self.root().into()])
+                        .await?;
                 }
                 Ok(())
             })
@@ -118,12 +127,59 @@ impl Guest {
             .map(|_| ())
     }
 
+    /// Run one of the runtime's own setup commands as root with [`SETUP_PATH`].
+    async fn setup(&self, argv: Vec<String>) -> Result<(), SandboxError> {
+        let req = ExecRequest {
+            command: Command::Argv(argv),
+            env: vec![("PATH".into(), SETUP_PATH.into())],
+            timeout: Some(Duration::from_secs(60)),
+            ..Default::default()
+        };
+        let out = self
+            .link
+            .exec(req)
+            .await
+            .map_err(SandboxError::machine("creating root"))?;
+        if !out.status.success() {
+            return Err(SandboxError::Root(
+                String::from_utf8_lossy(&out.output).into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Where processes run when no directory is given: the image's working directory, else
+    /// the root.
+    fn default_cwd(&self) -> String {
+        let d = &self.confinement.defaults;
+        d.working_dir.as_deref().unwrap_or(self.root()).to_string()
+    }
+
+    /// `argv`, or the image's `Entrypoint` + `Cmd` when it is empty.
+    fn argv_or_default(&self, argv: Vec<String>) -> Result<Vec<String>, SandboxError> {
+        if !argv.is_empty() {
+            return Ok(argv);
+        }
+        let command = self.confinement.defaults.command.clone();
+        if command.is_empty() {
+            return Err(SandboxError::NoCommand);
+        }
+        Ok(command)
+    }
+
     /// The agent request for `run`: working directory confined, environment merged and
     /// checked.
     fn request(&self, run: Run) -> Result<ExecRequest, SandboxError> {
+        if let Some(u) = &run.user {
+            vm_spec::imageconfig::check_user("run.user", u).map_err(SandboxError::Spec)?;
+        }
         let cwd = match run.cwd.as_deref() {
             Some(cwd) => confine::workdir(self.root(), cwd)?,
-            None => self.root().to_string(),
+            None => self.default_cwd(),
+        };
+        let command = match run.command {
+            Command::Argv(argv) => Command::Argv(self.argv_or_default(argv)?),
+            c => c,
         };
         let mut env = self.confinement.env.clone();
         for (k, v) in run.env {
@@ -139,12 +195,13 @@ impl Guest {
             .collect();
         vm_spec::env::check_env(&env, &allow).map_err(SandboxError::Env)?;
         Ok(ExecRequest {
-            command: run.command,
+            command,
             stdin: run.stdin,
             env,
             cwd: Some(cwd),
             timeout: run.timeout,
             max_output: None,
+            user: run.user.or_else(|| self.confinement.defaults.user.clone()),
         })
     }
 
@@ -279,13 +336,18 @@ impl Guest {
         Ok(files.into_iter().filter(|p| g.matches(p)).collect())
     }
 
-    /// Start a long-lived process in the root and forward a host loopback port to its
-    /// guest port.
-    pub async fn serve(&self, spec: ServeSpec) -> Result<Serving, SandboxError> {
+    /// Start a long-lived process in the root (as the image's user, in its working
+    /// directory) and forward a host loopback port to its guest port. An empty argv runs the
+    /// image's `Entrypoint` + `Cmd`.
+    pub async fn serve(&self, mut spec: ServeSpec) -> Result<Serving, SandboxError> {
+        spec.argv = self.argv_or_default(std::mem::take(&mut spec.argv))?;
         self.ensure_root().await?;
-        let cwd = self.root().to_string();
-        let env = self.env().to_vec();
-        Ok(Serving::start(self.link.clone(), spec, env, cwd).await?)
+        let process = GuestProcess {
+            env: self.env().to_vec(),
+            cwd: self.default_cwd(),
+            user: self.confinement.defaults.user.clone(),
+        };
+        Ok(Serving::start(self.link.clone(), spec, process).await?)
     }
 }
 

@@ -78,6 +78,8 @@ pub fn default_spec_image() -> Result<vm_spec::Image, ImageError> {
         initrd: Some(p.initramfs),
         rootfs: None,
         digests: Default::default(),
+        config: Default::default(),
+        source: None,
     })
 }
 

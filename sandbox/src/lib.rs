@@ -13,11 +13,16 @@
 //! - **Defense in depth on paths.** [`Guest`] file operations check paths host-side
 //!   ([`confine::relative`]: relative, no `..`, no NUL) before the agent checks them again
 //!   beneath the root with `openat2(RESOLVE_BENEATH)`.
-//! - **Explicit environment.** Every process started in the guest gets exactly
-//!   `Guarantees.env` plus the variables its [`Run`] sets (checked by the same secret rules);
-//!   nothing is inherited from the host and nothing is added here. The
-//!   default guest `PATH` (`vm_spec::DEFAULT_GUEST_PATH`) applies only when written into the
-//!   spec (`Guarantees::with_default_env`), as the CLI does.
+//! - **Explicit environment.** Every process started in the guest gets exactly the image's
+//!   `Env` (`Image.config`) under `Guarantees.env`, plus the variables its [`Run`] sets
+//!   (checked by the same secret rules); nothing is inherited from the host and nothing is
+//!   added here. The default guest `PATH` (`vm_spec::DEFAULT_GUEST_PATH`) applies only when
+//!   written into the spec (`Spec::with_default_env`), as the CLI does.
+//! - **Image roots.** `Image.rootfs` (erofs or ext4) becomes the guest's root under a tmpfs
+//!   overlay: every command, file operation and mount is inside it, and writes vanish with the
+//!   VM. The image's defaults apply (`WorkingDir` as the default directory, `User` unless
+//!   `Spec.user`/`Run.user` says otherwise, `Entrypoint` + `Cmd` for an empty argv).
+//!   [`image_root`] resolves `--image REF` through the OCI store into that root.
 //! - **Read-only mounts only.** A host file becomes a raw read-only disk; a host directory
 //!   an erofs image cached by content key (see [`mounts`]).
 //! - **Lifetime.** The wall limit goes into the `BootPlan` and the `Machine` enforces it.
@@ -77,6 +82,7 @@ pub mod confine;
 mod error;
 pub mod glob;
 mod guest;
+pub mod image_root;
 pub mod images;
 mod link;
 mod microvm;
@@ -89,6 +95,7 @@ mod serving;
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
 pub use guest::{Guest, Run};
+pub use image_root::{ImageRootError, ResolvedImage, resolve_oci, use_image};
 pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vm_drivers::{BootPlan, Driver, ImagePaths, Machine, Registry};
-use vm_spec::{Containment, Policy, Spec, Trust, ValidSpec};
+use vm_drivers::{BootPlan, DiskFs, Driver, ImagePaths, Machine, Registry, RootfsPlan};
+use vm_spec::{Containment, Policy, RootfsFormat, Spec, Trust, ValidImage, ValidSpec};
 
 use crate::error::SandboxError;
-use crate::guest::{Confinement, Guest};
+use crate::guest::{Confinement, Guest, ProcessDefaults};
 use crate::link::Link;
 use crate::mounts::{DEFAULT_MAX_DIR_BYTES, MountCache};
 use crate::select::select;
@@ -122,11 +122,6 @@ impl MicroVm {
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
         let image = spec.image();
-        if image.rootfs.is_some() {
-            return Err(SandboxError::Unsupported(
-                "image.rootfs is not supported yet",
-            ));
-        }
         let Some(initramfs) = image.initrd.clone() else {
             return Err(SandboxError::Unsupported(
                 "image.initrd is required (it holds the agent)",
@@ -161,6 +156,7 @@ impl MicroVm {
             mem_mib: limits.mem_mib,
             pids_max: limits.pids,
             disks,
+            rootfs: rootfs_plan(image),
             run_dir: run_dir.path().to_path_buf(),
             wall: limits.wall,
             boot_timeout: options.boot_timeout,
@@ -186,6 +182,11 @@ impl MicroVm {
             root: spec.root().to_string(),
             env: spec.env().to_vec(),
             env_allow,
+            defaults: ProcessDefaults {
+                user: spec.user().map(str::to_string),
+                working_dir: spec.working_dir().map(str::to_string),
+                command: spec.default_command(),
+            },
         };
         Ok(MicroVm {
             guest: Guest::new(Link::Booted(machine.clone()), confinement, false),
@@ -265,4 +266,16 @@ impl Drop for MicroVm {
         self.machine.close_now();
         self.remove_run_dir();
     }
+}
+
+/// The root disk of a validated image: its file and filesystem.
+fn rootfs_plan(image: &ValidImage) -> Option<RootfsPlan> {
+    let fs = match image.rootfs_format? {
+        RootfsFormat::Erofs => DiskFs::Erofs,
+        RootfsFormat::Ext4 => DiskFs::Ext4,
+    };
+    Some(RootfsPlan {
+        host_path: image.rootfs.clone()?,
+        fs,
+    })
 }

@@ -13,7 +13,7 @@ use vm_spec::Spec;
 use vm_spec::paths::normalize_guest_path;
 
 use crate::error::SandboxError;
-use crate::guest::{Confinement, Guest};
+use crate::guest::{Confinement, Guest, ProcessDefaults};
 use crate::link::Link;
 
 /// What attaching needs, as a VM's record keeps it.
@@ -21,8 +21,8 @@ use crate::link::Link;
 pub struct Attach {
     /// The VM's hybrid-vsock socket ([`crate::MicroVm::agent_socket`] of the booted VM).
     pub agent_socket: PathBuf,
-    /// The spec the VM was booted from: its root, environment and `env_allow` apply to
-    /// every operation. Its image is not checked again (the VM is already running).
+    /// The spec the VM was booted from: its root, environment (the image's `Env` under
+    /// `Guarantees.env`), `env_allow`, user and image defaults apply to every operation. Its image is not checked again (the VM is already running).
     pub spec: Spec,
 }
 
@@ -39,13 +39,29 @@ impl RunningVm {
     /// recorded in the spec (the rules a boot applies); connects only when an operation runs.
     /// The root is taken to exist already (the VM's boot created it).
     pub fn attach(attach: Attach) -> Result<RunningVm, SandboxError> {
-        let g = &attach.spec.guarantees;
-        let root = normalize_guest_path("root", &attach.spec.root)?;
+        let spec = &attach.spec;
+        let g = &spec.guarantees;
+        let image = &spec.image.config;
+        let root = normalize_guest_path("root", &spec.root)?;
         vm_spec::env::check_env(&g.env, &g.env_allow)?;
+        let user = spec.user.clone().or_else(|| image.user.clone());
+        if let Some(u) = &user {
+            vm_spec::imageconfig::check_user("user", u)?;
+        }
+        let working_dir = image
+            .working_dir
+            .as_deref()
+            .map(|w| normalize_guest_path("image.config.working_dir", w))
+            .transpose()?;
         let confinement = Confinement {
             root,
-            env: g.env.clone(),
+            env: vm_spec::imageconfig::merge_env(&image.env, &g.env),
             env_allow: g.env_allow.clone(),
+            defaults: ProcessDefaults {
+                user,
+                working_dir,
+                command: image.default_command(),
+            },
         };
         let client = AgentClient::hybrid_vsock(attach.agent_socket.clone(), AGENT_PORT);
         Ok(RunningVm {

@@ -65,6 +65,14 @@ struct State {
     output: Vec<u8>,
 }
 
+/// How a guest process runs: its whole environment, working directory and user.
+#[derive(Debug, Clone)]
+pub(crate) struct GuestProcess {
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub user: Option<String>,
+}
+
 /// A running guest server (see the module docs).
 #[derive(Debug)]
 pub struct Serving {
@@ -79,8 +87,7 @@ impl Serving {
     pub(crate) async fn start(
         machine: Link,
         spec: ServeSpec,
-        env: Vec<(String, String)>,
-        cwd: String,
+        process: GuestProcess,
     ) -> Result<Serving, ServeError> {
         if spec.argv.is_empty() {
             return Err(ServeError::EmptyArgv);
@@ -94,8 +101,9 @@ impl Serving {
             .map_err(|source| ServeError::Bind { addr: want, source })?;
         let req = ServeRequest {
             command: Command::Argv(spec.argv),
-            env,
-            cwd: Some(cwd),
+            env: process.env,
+            cwd: Some(process.cwd),
+            user: process.user,
         };
         let id = machine.serve_start(req).await.map_err(ServeError::Start)?;
         let initial = State {

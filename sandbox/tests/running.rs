@@ -5,11 +5,30 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
 use guest_agent::agent::{Agent, AgentOptions};
 use tokio::net::UnixListener;
 use vm_sandbox::agent::Command;
 use vm_sandbox::confine::PathError;
 use vm_sandbox::{Attach, Run, RunningVm, SandboxError};
+
+/// The real agent in this process (base directory `/`) behind a hybrid-vsock front at
+/// `<dir>/vsock.sock`.
+fn start_agent(dir: &Path) -> (PathBuf, tokio::task::JoinHandle<()>) {
+    let agent = Agent::new(AgentOptions::default()).unwrap();
+    let socket = dir.join("vsock.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let front = tokio::spawn(vm_test_support::hybrid::front(
+        listener,
+        guest_agent::AGENT_PORT,
+        move |s| {
+            agent.spawn_conn(s);
+            async {}
+        },
+    ));
+    (socket, front)
+}
 
 fn sh(line: &str) -> Command {
     Command::Argv(vec!["sh".into(), "-c".into(), line.into()])
@@ -20,17 +39,7 @@ async fn attached_vm_shares_the_booted_vms_rules() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("work");
     std::fs::create_dir_all(root.join("sub")).unwrap();
-    let agent = Agent::new(AgentOptions::default()).unwrap(); // base directory `/`
-    let socket = tmp.path().join("vsock.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
-    let front = tokio::spawn(vm_test_support::hybrid::front(
-        listener,
-        guest_agent::AGENT_PORT,
-        move |s| {
-            agent.spawn_conn(s);
-            async {}
-        },
-    ));
+    let (socket, front) = start_agent(tmp.path());
     let mut spec = common::spec_in(tmp.path());
     spec.guarantees.mounts.clear();
     spec.root = root.to_str().unwrap().to_string();
@@ -151,4 +160,67 @@ fn attach_refuses_a_record_that_breaks_the_rules() {
     })
     .unwrap_err();
     assert!(err.to_string().contains("spec refused"), "{err}");
+}
+
+/// A VM booted from an image root keeps the image's defaults when attached: its `Env` under
+/// the spec's, its working directory, its user (or `Spec.user`), and `Entrypoint` + `Cmd` for
+/// an empty argv.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attached_vm_applies_the_image_defaults() {
+    // SAFETY: geteuid has no arguments or memory effects.
+    if unsafe { libc::geteuid() } != 0 {
+        vm_test_support::skip(
+            "attached_vm_applies_the_image_defaults",
+            "switching users needs the agent to run as root",
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("work");
+    let wd = root.join("wd");
+    std::fs::create_dir_all(&wd).unwrap();
+    let (socket, front) = start_agent(tmp.path());
+    let mut spec = common::spec_in(tmp.path());
+    spec.guarantees.mounts.clear();
+    spec.root = root.to_str().unwrap().to_string();
+    spec.guarantees = spec.guarantees.with_env("COLOR", "blue");
+    spec.image.config = vm_spec::ImageConfig {
+        env: vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("COLOR".into(), "image".into()),
+            ("SHADE".into(), "dark".into()),
+        ],
+        working_dir: Some(wd.to_str().unwrap().to_string()),
+        user: Some("4242:4343".into()),
+        entrypoint: vec!["sh".into(), "-c".into()],
+        cmd: vec!["echo $SHADE $COLOR; pwd; id -u; id -g".into()],
+    };
+    let vm = RunningVm::attach(Attach {
+        agent_socket: socket.clone(),
+        spec: spec.clone(),
+    })
+    .unwrap();
+    let run = Run {
+        command: Command::Argv(Vec::new()),
+        ..Run::default()
+    };
+    let out = vm.run(run).await.unwrap();
+    let want = format!("dark blue\n{}\n4242\n4343\n", wd.display());
+    assert_eq!(String::from_utf8_lossy(&out.output), want);
+    // A run's own user wins over the image's.
+    let run = Run {
+        command: sh("id -u"),
+        user: Some("0".into()),
+        ..Run::default()
+    };
+    assert_eq!(vm.run(run).await.unwrap().output, b"0\n");
+    // Spec.user wins over the image's User.
+    spec.user = Some("4444:4444".into());
+    let vm = RunningVm::attach(Attach {
+        agent_socket: socket,
+        spec,
+    })
+    .unwrap();
+    assert_eq!(vm.exec("id -u").await.unwrap().output, b"4444\n");
+    front.abort();
 }

@@ -102,6 +102,14 @@ pub enum SpecError {
         expected: String,
         actual: String,
     },
+    #[error("{field}: {value:?} refused: {reason}")]
+    ImageConfig {
+        field: String,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("image.rootfs: {} is neither an erofs nor an ext4 image", .path.display())]
+    RootfsFormat { path: PathBuf },
     #[error("image.digests.{field}: digest pinned for a file the image does not name")]
     DigestWithoutFile { field: &'static str },
 }

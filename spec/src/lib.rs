@@ -39,6 +39,7 @@
 pub mod digest;
 pub mod env;
 mod error;
+pub mod imageconfig;
 mod limits;
 mod model;
 pub mod paths;
@@ -47,12 +48,13 @@ mod validate;
 
 pub use env::{DEFAULT_GUEST_PATH, default_guest_env};
 pub use error::SpecError;
+pub use imageconfig::ImageConfig;
 pub use limits::{
     DEFAULT_PIDS, Limits, MAX_MEM_MIB, MAX_PIDS, MAX_VCPUS, MIN_MEM_MIB, ValidLimits,
 };
-pub use model::{DEFAULT_ROOT, Guarantees, Image, ImageDigests, Mount, Spec};
+pub use model::{DEFAULT_ROOT, Guarantees, Image, ImageDigests, ImageSource, Mount, Spec};
 pub use trust::{
     ALLOW_EMULATION_FLAG, AdmitError, Containment, Policy, Tier, Trust, admit, admit_level,
     required, select,
 };
-pub use validate::{MAX_MOUNTS, ValidImage, ValidMount, ValidSpec, ValidateContext};
+pub use validate::{MAX_MOUNTS, RootfsFormat, ValidImage, ValidMount, ValidSpec, ValidateContext};

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::imageconfig::ImageConfig;
 use crate::limits::Limits;
 
 /// Default guest working root: where file operations are confined and commands run.
@@ -48,6 +49,14 @@ pub struct ImageDigests {
     pub rootfs: Option<String>,
 }
 
+/// Where an image root came from: the reference asked for and the manifest digest that was
+/// actually resolved and booted (`sha256:<64 hex>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSource {
+    pub reference: String,
+    pub digest: String,
+}
+
 /// The guest kernel and filesystems to boot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Image {
@@ -59,12 +68,20 @@ pub struct Image {
     /// Initramfs (uncompressed newc cpio with `/init` = the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd: Option<PathBuf>,
-    /// Optional root filesystem image.
+    /// Optional root filesystem image (erofs or ext4, read-only): the root every command
+    /// runs in, under a tmpfs overlay that vanishes with the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<PathBuf>,
     /// Pinned digests; a file whose digest is given must match it.
     #[serde(default)]
     pub digests: ImageDigests,
+    /// The image's defaults (env, working dir, user, entrypoint, cmd); empty for a bare
+    /// `rootfs`.
+    #[serde(default)]
+    pub config: ImageConfig,
+    /// The OCI image `rootfs` and `config` were resolved from (`None` for a bare `rootfs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ImageSource>,
 }
 
 /// The non-negotiable security composition a guest runs under.
@@ -138,6 +155,10 @@ pub struct Spec {
     pub root: String,
     pub image: Image,
     pub guarantees: Guarantees,
+    /// Run every command as this user (`NAME`, `UID`, `NAME:GROUP`, `UID:GID`) instead of
+    /// the image's `User`; `None` = the image's, else root.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 impl Spec {
@@ -147,6 +168,23 @@ impl Spec {
             root: DEFAULT_ROOT.to_string(),
             image,
             guarantees,
+            user: None,
         }
+    }
+
+    /// Write each variable of [`Guarantees::default_guest_env`] that neither
+    /// `Guarantees.env` nor the image's `Env` sets into `Guarantees.env` (so an image's own
+    /// `PATH` is kept). The result is still the complete, explicit environment.
+    pub fn with_default_env(mut self) -> Self {
+        let image_env = &self.image.config.env;
+        let missing: Vec<(String, String)> = Guarantees::default_guest_env()
+            .into_iter()
+            .filter(|(name, _)| {
+                !self.guarantees.env.iter().any(|(n, _)| n == name)
+                    && !image_env.iter().any(|(n, _)| n == name)
+            })
+            .collect();
+        self.guarantees.env.splice(0..0, missing);
+        self
     }
 }

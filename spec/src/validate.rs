@@ -11,8 +11,9 @@ use serde::Serialize;
 use crate::digest::{is_sha256_hex, sha256_file};
 use crate::env::check_env;
 use crate::error::SpecError;
+use crate::imageconfig::{self, ImageConfig};
 use crate::limits::ValidLimits;
-use crate::model::{Image, Spec};
+use crate::model::{Image, ImageSource, Spec};
 use crate::paths::{
     SCRATCH_GUEST_PATHS, check_host_path_text, is_ancestor_or_same, normalize_guest_path,
     refuse_shadowing, refuse_system_guest_path, resolve_mount_source,
@@ -45,6 +46,14 @@ pub struct ValidMount {
     pub guest_path: String,
 }
 
+/// The filesystem of a root image, from its superblock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RootfsFormat {
+    Erofs,
+    Ext4,
+}
+
 /// Validated image files (existing regular files, digests checked when pinned).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ValidImage {
@@ -52,6 +61,12 @@ pub struct ValidImage {
     pub bz_image: Option<PathBuf>,
     pub initrd: Option<PathBuf>,
     pub rootfs: Option<PathBuf>,
+    /// The filesystem `rootfs` holds (set exactly when `rootfs` is).
+    pub rootfs_format: Option<RootfsFormat>,
+    /// The image defaults, working directory normalized.
+    pub config: ImageConfig,
+    /// The OCI image the root was resolved from, with the digest booted.
+    pub source: Option<ImageSource>,
 }
 
 /// A spec that passed every rule, with its normalized values.
@@ -62,6 +77,7 @@ pub struct ValidSpec {
     limits: ValidLimits,
     mounts: Vec<ValidMount>,
     env: Vec<(String, String)>,
+    user: Option<String>,
 }
 
 impl ValidSpec {
@@ -78,9 +94,22 @@ impl ValidSpec {
     pub fn mounts(&self) -> &[ValidMount] {
         &self.mounts
     }
-    /// The complete environment of every guest process.
+    /// The complete environment of every guest process: the image's `Env` under
+    /// `Guarantees.env`.
     pub fn env(&self) -> &[(String, String)] {
         &self.env
+    }
+    /// The user every command runs as: `Spec.user`, else the image's `User`; `None` = root.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+    /// The image's working directory (where commands run when none is given).
+    pub fn working_dir(&self) -> Option<&str> {
+        self.image.config.working_dir.as_deref()
+    }
+    /// The image's `Entrypoint` + `Cmd` (empty when it has neither).
+    pub fn default_command(&self) -> Vec<String> {
+        self.image.config.default_command()
     }
 }
 
@@ -140,13 +169,24 @@ impl Spec {
         }
 
         check_env(&g.env, &g.env_allow)?;
-        let image = validate_image(&self.image)?;
+        imageconfig::check_source(&self.image)?;
+        let mut config = self.image.config.clone();
+        config.working_dir = imageconfig::check(&config, &g.env_allow)?;
+        let env = imageconfig::merge_env(&config.env, &g.env);
+        imageconfig::check_merged_size(&env)?;
+        if let Some(u) = &self.user {
+            imageconfig::check_user("user", u)?;
+        }
+        let user = self.user.clone().or_else(|| config.user.clone());
+        let mut image = validate_image(&self.image)?;
+        image.config = config;
         Ok(ValidSpec {
             root,
             image,
             limits,
             mounts,
-            env: g.env.clone(),
+            env,
+            user,
         })
     }
 }
@@ -194,11 +234,48 @@ fn validate_image(image: &Image) -> Result<ValidImage, SpecError> {
             }
         }
     }
+    let rootfs_format = image.rootfs.as_deref().map(rootfs_format).transpose()?;
     Ok(ValidImage {
         kernel: image.kernel.clone(),
         bz_image: image.bz_image.clone(),
         initrd: image.initrd.clone(),
         rootfs: image.rootfs.clone(),
+        rootfs_format,
+        config: ImageConfig::default(),
+        source: image.source.clone(),
+    })
+}
+
+/// Erofs (magic `0xE0F5E1E2` at byte 1024) or ext4 (`0xEF53` at byte 1080), else refused.
+fn rootfs_format(path: &Path) -> Result<RootfsFormat, SpecError> {
+    use std::io::Read;
+    let mut sb = [0u8; 1082];
+    let read = std::fs::File::open(path).and_then(|f| {
+        let mut n = 0;
+        let mut f = f.take(sb.len() as u64);
+        while n < sb.len() {
+            match f.read(&mut sb[n..])? {
+                0 => break,
+                k => n += k,
+            }
+        }
+        Ok(n)
+    });
+    let n = read.map_err(|source| SpecError::ImageUnreadable {
+        field: "image.rootfs".into(),
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if n == sb.len() {
+        if sb[1024..1028] == 0xE0F5_E1E2u32.to_le_bytes() {
+            return Ok(RootfsFormat::Erofs);
+        }
+        if sb[1080..1082] == 0xEF53u16.to_le_bytes() {
+            return Ok(RootfsFormat::Ext4);
+        }
+    }
+    Err(SpecError::RootfsFormat {
+        path: path.to_path_buf(),
     })
 }
 

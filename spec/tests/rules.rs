@@ -27,6 +27,8 @@ impl Fixture {
             initrd: Some(initrd),
             rootfs: None,
             digests: ImageDigests::default(),
+            config: Default::default(),
+            source: None,
         };
         let limits = Limits {
             vcpus: 1,

@@ -24,6 +24,10 @@ mod mounts;
 mod pids;
 #[path = "../tests/refusal.rs"]
 mod refusal;
+#[path = "../tests/rootfs.rs"]
+mod rootfs;
+#[path = "../tests/rootfs_debian.rs"]
+mod rootfs_debian;
 #[path = "../tests/serve.rs"]
 mod serve;
 #[path = "../tests/wall.rs"]

@@ -3,10 +3,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use guest_agent::protocol::Command;
 use guest_agent::protocol::ExecOutput;
 use vm_drivers::{DriverError, Registry};
-use vm_sandbox::{MicroVm, Options, SandboxError, images};
-use vm_spec::{Containment, Guarantees, Image, Limits, Mount, Policy, Spec, Trust};
+use vm_sandbox::{MicroVm, Options, Run, SandboxError, images};
+use vm_spec::{Containment, Guarantees, Image, ImageConfig, Limits, Mount, Policy, Spec, Trust};
 
 use crate::cases::{Ctx, error_chain};
 
@@ -35,6 +36,12 @@ pub struct GuestSpec {
     pub run_dir_parent: Option<PathBuf>,
     /// The erofs cache for directory mounts (`None` = the sandbox default).
     pub mount_cache: Option<PathBuf>,
+    /// An erofs/ext4 image file to use as the guest's root (`None` = the initramfs).
+    pub rootfs: Option<PathBuf>,
+    /// The image defaults (env, working dir, user, entrypoint, cmd).
+    pub image_config: ImageConfig,
+    /// `Spec.user`: the user every command runs as, over the image's.
+    pub user: Option<String>,
 }
 
 impl GuestSpec {
@@ -49,6 +56,9 @@ impl GuestSpec {
             env: vec![("PATH".into(), DEFAULT_PATH.into())],
             run_dir_parent: None,
             mount_cache: None,
+            rootfs: None,
+            image_config: ImageConfig::default(),
+            user: None,
         }
     }
 }
@@ -73,7 +83,12 @@ pub fn spec_for(g: &GuestSpec) -> Result<Spec, String> {
     };
     let mut guarantees = Guarantees::untrusted(limits, g.mounts.clone());
     guarantees.env = g.env.clone();
-    Ok(Spec::new(default_image()?, guarantees))
+    let mut image = default_image()?;
+    image.rootfs = g.rootfs.clone();
+    image.config = g.image_config.clone();
+    let mut spec = Spec::new(image, guarantees);
+    spec.user = g.user.clone();
+    Ok(spec)
 }
 
 /// Untrusted work forced onto `driver`. Emulation is allowed only for a driver whose
@@ -151,6 +166,27 @@ pub async fn exec_ok(vm: &MicroVm, line: &str) -> Result<String, String> {
     if !out.status.success() {
         return Err(format!(
             "{line:?} ended with {:?}; output: {text:?}",
+            out.status
+        ));
+    }
+    Ok(text)
+}
+
+/// Runs a shell line as `user` (instead of the spec's user); it must exit 0. Returns its
+/// combined output as text.
+pub async fn exec_as(vm: &MicroVm, user: &str, line: &str) -> Result<String, String> {
+    let out = vm
+        .run(Run {
+            command: Command::Shell(line.into()),
+            user: Some(user.into()),
+            ..Default::default()
+        })
+        .await
+        .ctx(&format!("exec as {user} {line:?}"))?;
+    let text = String::from_utf8_lossy(&out.output).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "{line:?} as {user} ended with {:?}; output: {text:?}",
             out.status
         ));
     }

@@ -35,14 +35,15 @@ mod guest;
 pub mod host;
 pub mod interactive;
 pub mod proof;
+pub mod rootfs;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub use cases::{Cases, Ctx, error_chain};
 pub use guest::{
-    DEFAULT_PATH, GuestSpec, boot, default_image, exec_ok, image_dir, options_for, sh, spec_for,
-    tail,
+    DEFAULT_PATH, GuestSpec, boot, default_image, exec_as, exec_ok, image_dir, options_for, sh,
+    spec_for, tail,
 };
 pub use vm_sandbox::MicroVm;
 

@@ -50,6 +50,8 @@ fn fake_image(dir: &Path) -> std::io::Result<Image> {
         initrd: Some(dir.join("initramfs.cpio")),
         rootfs: None,
         digests: Default::default(),
+        config: Default::default(),
+        source: None,
     })
 }
 

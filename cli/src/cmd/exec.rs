@@ -67,6 +67,7 @@ fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
     check(v.kernel.is_some(), "--kernel");
     check(v.initrd.is_some(), "--initrd");
     check(v.rootfs.is_some(), "--rootfs");
+    check(v.image.is_some(), "--image");
     check(v.driver.is_some(), "--driver");
     check(v.trust != crate::args::TrustArg::Untrusted, "--trust");
     check(v.allow_emulation, "--allow-emulation");
@@ -75,14 +76,19 @@ fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
 }
 
 /// `vm exec NAME -- CMD`: the command runs in the named VM with the VM's environment plus
-/// `-e`, in `-w` (else the VM's default directory, else its root; under the root either
-/// way); `--timeout` bounds the command.
+/// `-e`, in `-w` (else the VM's default directory, else the image's working directory, else
+/// its root), as `--user` (else the VM's user); `--timeout` bounds the command.
 async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     let name = parse::vm_name(&name).map_err(|e| exit::usage(e.to_string()))?;
+    if a.command.is_empty() {
+        return Err(exit::usage(format!(
+            "vm exec {name} needs a command after -- (an image's Entrypoint + Cmd runs only when a VM boots)"
+        )));
+    }
     let given = boot_flags_given(&a);
     if !given.is_empty() {
         return Err(exit::usage(format!(
-            "{} configure a VM to boot; {name} is already running (only -e, -w and --timeout apply)",
+            "{} configure a VM to boot; {name} is already running (only -e, -w, --user and --timeout apply)",
             given.join(", ")
         )));
     }
@@ -96,6 +102,7 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
         timeout: a.vm.timeout,
         env: resolve::env(&a.cmd.env),
         env_allow: a.cmd.env_allow.clone(),
+        user: a.cmd.user.clone(),
         ..Default::default()
     };
     relay(&vm, run, mode(&a), &mut signals).await
@@ -104,7 +111,8 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
 /// `vm exec [OPTIONS] -- CMD`.
 async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
-    let mut resolved = resolve::flags(&a.vm, &a.cmd)?;
+    let mut resolved = resolve::flags(&a.vm, &a.cmd).await?;
+    resolve::require_command(&resolved.spec, &a.command)?;
     // `-t` passes TERM (unless -e set it): in the spec, so --dry-run shows it.
     let env = &mut resolved.spec.guarantees.env;
     for (k, v) in mode(&a).env() {

@@ -32,7 +32,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         ));
     }
     let mut signals = Signals::install()?;
-    let resolved = resolve::flags(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd).await?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             workdir: a.cmd.workdir.as_deref(),

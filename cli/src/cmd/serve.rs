@@ -17,7 +17,8 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     }
     let publish = PublishSpec::parse(&a.publish)?;
     let mut signals = Signals::install()?;
-    let resolved = resolve::flags(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd).await?;
+    resolve::require_command(&resolved.spec, &a.command)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),
@@ -59,9 +60,13 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         }
     };
     println!("{}", serving.addr());
+    let shown = match a.command.is_empty() {
+        true => vm.spec().default_command().join(" "),
+        false => a.command.join(" "),
+    };
     eprintln!(
         "vm: serving {} on {} ({} driver); Ctrl-C to stop",
-        a.command.join(" "),
+        shown,
         serving.addr(),
         vm.driver()
     );

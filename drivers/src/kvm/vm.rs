@@ -23,13 +23,12 @@ pub(crate) fn vm_config(
         reason: format!("vcpus: {} does not fit the kvm vmm", plan.vcpus),
     })?;
     let mut devices: Vec<DeviceConfig> = plan
-        .disks
-        .iter()
-        .enumerate()
-        .map(|(i, d)| DeviceConfig::Block {
-            path: d.host_path.clone(),
+        .block_devices()
+        .into_iter()
+        .map(|d| DeviceConfig::Block {
+            path: d.host_path,
             read_only: true,
-            id: boot::disk_id(i),
+            id: d.serial,
         })
         .collect();
     devices.push(DeviceConfig::Vsock {
@@ -140,7 +139,7 @@ impl Drop for KvmHandle {
 mod tests {
     use super::*;
     use crate::test_support::dummy_plan;
-    use crate::{DiskFs, DiskPlan};
+    use crate::{DiskFs, DiskPlan, RootfsPlan};
 
     #[test]
     fn config_has_read_only_disks_vsock_and_rng() {
@@ -159,6 +158,10 @@ mod tests {
                 fs: DiskFs::Raw,
             },
         ];
+        plan.rootfs = Some(RootfsPlan {
+            host_path: "/r.erofs".into(),
+            fs: DiskFs::Erofs,
+        });
         let cfg = vm_config(&plan, "vm.hostname=x".into(), "/run/v.sock".into()).unwrap();
         assert_eq!(cfg.mem_mib, 256);
         assert_eq!(cfg.vcpus, 2);
@@ -177,6 +180,11 @@ mod tests {
                     path: "/b".into(),
                     read_only: true,
                     id: "disk1".into()
+                },
+                DeviceConfig::Block {
+                    path: "/r.erofs".into(),
+                    read_only: true,
+                    id: "root".into()
                 },
                 DeviceConfig::Vsock {
                     guest_cid: 3,

@@ -3,6 +3,8 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use crate::BlockDevice;
+
 /// Everything the QEMU command line depends on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QemuConfig {
@@ -18,18 +20,13 @@ pub struct QemuConfig {
     pub extra_cmdline: String,
     /// The vhost-user control socket `vhost-device-vsock` listens on.
     pub vhost_socket: PathBuf,
-    /// Host files exposed as read-only virtio-blk disks, in order; disk `N` gets serial `diskN`.
-    pub disks: Vec<PathBuf>,
+    /// Host files exposed as read-only virtio-blk disks, in order, each with its serial.
+    pub disks: Vec<BlockDevice>,
 }
 
 /// The fixed part of the guest kernel command line: serial console, and every reboot or
 /// panic ends the VM (QEMU runs with `-no-reboot`).
 pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1";
-
-/// The virtio-blk serial (the guest agent's disk id) of the disk at `index`.
-pub fn disk_serial(index: usize) -> String {
-    format!("disk{index}")
-}
 
 /// The full kernel command line for `cfg`.
 pub fn kernel_cmdline(cfg: &QemuConfig) -> String {
@@ -82,9 +79,9 @@ pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
     a.push("vhost-user-vsock-device,chardev=c0".into());
     for (i, disk) in cfg.disks.iter().enumerate() {
         a.push("-drive".into());
-        a.push(drive(i, disk));
+        a.push(drive(i, &disk.host_path));
         a.push("-device".into());
-        a.push(format!("virtio-blk-device,drive=d{i},serial={}", disk_serial(i)).into());
+        a.push(format!("virtio-blk-device,drive=d{i},serial={}", disk.serial).into());
     }
     a
 }
@@ -139,7 +136,16 @@ mod tests {
             initramfs: "/img/initramfs.cpio".into(),
             extra_cmdline: "vm.hostname=box".into(),
             vhost_socket: "/run/x/vhu.sock".into(),
-            disks: vec!["/data/a.erofs".into(), "/data/b,c.img".into()],
+            disks: vec![
+                BlockDevice {
+                    host_path: "/data/a.erofs".into(),
+                    serial: "disk0".into(),
+                },
+                BlockDevice {
+                    host_path: "/data/b,c.img".into(),
+                    serial: "root".into(),
+                },
+            ],
         }
     }
 
@@ -187,7 +193,7 @@ mod tests {
         );
         let devices = value_of(&args, "-device");
         assert!(devices.contains(&"virtio-blk-device,drive=d0,serial=disk0".to_string()));
-        assert!(devices.contains(&"virtio-blk-device,drive=d1,serial=disk1".to_string()));
+        assert!(devices.contains(&"virtio-blk-device,drive=d1,serial=root".to_string()));
     }
 
     #[test]

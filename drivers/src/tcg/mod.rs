@@ -149,7 +149,7 @@ impl Driver for TcgDriver {
             initramfs: plan.images.initramfs.clone(),
             extra_cmdline: cmdline,
             vhost_socket: vhost_sock,
-            disks: plan.disks.iter().map(|d| d.host_path.clone()).collect(),
+            disks: plan.block_devices(),
         };
         let mut cmd = Command::new(&qemu_bin);
         cmd.args(qemu_args(&qcfg))

@@ -89,6 +89,10 @@ pub(super) async fn run<S: Stream>(
         )
         .await;
     }
+    let ids = match super::user::resolve_opt(req.user.as_deref()) {
+        Ok(ids) => ids,
+        Err(e) => return send_error(&mut wr, ErrorKind::BadRequest, &e.to_string(), t).await,
+    };
     let name = format!("exec-{}", agent.next_id());
     let spec = SpawnSpec {
         command: &req.command,
@@ -102,6 +106,7 @@ pub(super) async fn run<S: Stream>(
             OutputMode::Combined
         },
         name: &name,
+        user: ids.as_ref(),
     };
     let mut p = match process::spawn(agent.reaper(), agent.cgroups(), &spec) {
         Ok(p) => p,

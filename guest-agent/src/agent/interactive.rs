@@ -299,6 +299,10 @@ pub(super) async fn run<S: Stream>(
             return send_error(&mut wr, ErrorKind::Io, &msg, t).await;
         }
     };
+    let ids = match super::user::resolve_opt(req.exec.user.as_deref()) {
+        Ok(ids) => ids,
+        Err(e) => return send_error(&mut wr, ErrorKind::BadRequest, &e.to_string(), t).await,
+    };
     let name = format!("exec-{}", agent.next_id());
     let spawned = {
         let spec = SpawnSpec {
@@ -312,6 +316,7 @@ pub(super) async fn run<S: Stream>(
                 None => OutputMode::Separate,
             },
             name: &name,
+            user: ids.as_ref(),
         };
         process::spawn(agent.reaper(), agent.cgroups(), &spec)
     };

@@ -11,6 +11,7 @@ mod conn;
 mod exec;
 pub mod files;
 mod forward;
+pub mod imageroot;
 mod interactive;
 pub mod pid1;
 pub mod process;
@@ -18,6 +19,7 @@ mod pty;
 pub mod reaper;
 mod serve;
 pub mod sys;
+pub mod user;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};

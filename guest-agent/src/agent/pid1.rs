@@ -275,21 +275,41 @@ fn set_block_ro(dev: &str) -> Result<(), Pid1Error> {
     Ok(())
 }
 
-/// Mount one read-only disk (waiting briefly for its device to appear).
-pub fn mount_disk(d: &DiskMount) -> Result<(), Pid1Error> {
-    let mut dev = None;
+/// `/dev/<name>` of the disk with serial `id`, waiting up to 5 s for it to appear.
+pub fn wait_for_disk(id: &str) -> Result<String, Pid1Error> {
     for _ in 0..50 {
-        dev = find_disk(Path::new("/sys/block"), &d.id);
-        if dev.is_some() {
-            break;
+        if let Some(dev) = find_disk(Path::new("/sys/block"), id) {
+            return Ok(dev);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let dev = dev.ok_or_else(|| Pid1Error::NoDisk(d.id.clone()))?;
-    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+    Err(Pid1Error::NoDisk(id.into()))
+}
+
+/// Mount the filesystem on `dev` read-only at `target` (erofs, or ext4 without replaying
+/// its journal, which would write).
+pub fn mount_read_only(
+    dev: &str,
+    target: &str,
+    fs: DiskFs,
+    flags: libc::c_ulong,
+) -> Result<(), Pid1Error> {
+    let flags = flags | libc::MS_RDONLY;
+    match fs {
+        DiskFs::Erofs => mount(dev, target, "erofs", flags, ""),
+        DiskFs::Ext4 => mount(dev, target, "ext4", flags, "noload"),
+        DiskFs::Raw => Err(Pid1Error::BadString(format!(
+            "{dev}: a raw disk has no filesystem to mount"
+        ))),
+    }
+}
+
+/// Mount one read-only disk (waiting briefly for its device to appear).
+pub fn mount_disk(d: &DiskMount) -> Result<(), Pid1Error> {
+    let dev = wait_for_disk(&d.id)?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
     match d.fs {
-        DiskFs::Erofs => mount(&dev, &d.guest_path, "erofs", flags, ""),
-        DiskFs::Ext4 => mount(&dev, &d.guest_path, "ext4", flags, "noload"),
+        DiskFs::Erofs | DiskFs::Ext4 => mount_read_only(&dev, &d.guest_path, d.fs, flags),
         DiskFs::Raw => {
             set_block_ro(&dev)?;
             let p = PathBuf::from(&d.guest_path);

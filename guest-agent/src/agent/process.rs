@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::cgroup::{CgroupDir, Cgroups};
 use super::reaper::{Reaper, ReaperError};
+use super::user::Ids;
 use crate::protocol::{Command, ErrorKind, ExitStatus};
 
 /// Process errors.
@@ -97,6 +98,8 @@ pub struct SpawnSpec<'a> {
     pub output: OutputMode<'a>,
     /// Leaf cgroup name, e.g. `exec-7`.
     pub name: &'a str,
+    /// Run as this identity (`None` = the agent's own, root).
+    pub user: Option<&'a Ids>,
 }
 
 /// A spawned process tree.
@@ -212,6 +215,7 @@ pub fn spawn(
         None => None,
     };
     let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
+    let ids = spec.user.cloned();
     let pre_exec = move || {
         // SAFETY: setsid has no memory effects.
         if unsafe { libc::setsid() } < 0 {
@@ -228,10 +232,27 @@ pub fn spawn(
         if terminal {
             super::sys::take_stdin_as_controlling_tty()?;
         }
+        // The identity switch comes last: joining the cgroup needs root.
+        if let Some(ids) = &ids {
+            // SAFETY: the pointer and length describe the groups vector allocated before fork.
+            if unsafe { libc::setgroups(ids.groups.len(), ids.groups.as_ptr()) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: setgid/setuid take plain integers.
+            if unsafe { libc::setgid(ids.gid) } < 0 || unsafe { libc::setuid(ids.uid) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Work run as a user stays that user: setuid binaries of the image cannot raise
+            // it (no_new_privs is inherited by everything it starts).
+            // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes plain integers.
+            if ids.uid != 0 && unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
         Ok(())
     };
     // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close,
-    // ioctl) and allocates nothing.
+    // ioctl, setgroups, setgid, setuid, prctl) and allocates nothing.
     unsafe { cmd.pre_exec(pre_exec) };
     let spawned = reaper.spawn(&mut cmd);
     drop(cmd); // closes our copies of the child's pipe ends

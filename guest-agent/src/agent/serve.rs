@@ -45,6 +45,9 @@ pub enum ServeError {
     /// `NAME: command not found`).
     #[error(transparent)]
     Spawn(#[from] process::ProcessError),
+    /// The requested user is malformed or unknown in the guest's `/etc/passwd`/`/etc/group`.
+    #[error(transparent)]
+    User(#[from] super::user::UserError),
 }
 
 impl ServeError {
@@ -54,6 +57,7 @@ impl ServeError {
             ServeError::Busy(_) => ErrorKind::Busy,
             ServeError::Unknown(_) => ErrorKind::NotFound,
             ServeError::Spawn(e) => e.kind(),
+            ServeError::User(_) => ErrorKind::BadRequest,
         }
     }
 }
@@ -91,6 +95,7 @@ impl Serves {
         }
         let id = agent.next_id();
         let name = format!("serve-{id}");
+        let ids = super::user::resolve_opt(req.user.as_deref())?;
         let spec = SpawnSpec {
             command: &req.command,
             env: &req.env,
@@ -99,6 +104,7 @@ impl Serves {
             with_stdin: false,
             output: OutputMode::Combined,
             name: &name,
+            user: ids.as_ref(),
         };
         let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)?;
         let (tx, rx) = watch::channel(None);

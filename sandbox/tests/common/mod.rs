@@ -82,6 +82,8 @@ pub fn spec_in(dir: &Path) -> Spec {
         initrd: Some(initrd),
         rootfs: None,
         digests: ImageDigests::default(),
+        config: Default::default(),
+        source: None,
     };
     let limits = Limits {
         vcpus: 2,

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds (once) a real Debian userland as a read-only erofs root for `vm --rootfs`:
+# bookworm with python3-minimal and python3-numpy (docs, man pages and locales excluded),
+# plus a non-root user `app` (uid/gid 1000). The image tests boot it as the guest's root.
+#
+#   images/rootfs-debian.sh               build if missing; print the image path
+#   images/rootfs-debian.sh --print-path  print the path if built, else exit 1 (builds nothing)
+#   images/rootfs-debian.sh --force       rebuild
+#
+# Cached in ${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-~/.cache}/vm/rootfs}/<key>/rootfs.erofs, where
+# <key> hashes this script (its package list, hooks and mkfs options). A build happens in a
+# temporary directory next to it and is renamed into place only when complete, under a lock.
+# Needs root (mmdebstrap's root mode), mmdebstrap, erofs-utils and a Debian mirror.
+set -euo pipefail
+
+say() { echo "rootfs: $*" >&2; }
+die() { echo "rootfs: ERROR: $*" >&2; exit 1; }
+
+suite=bookworm
+packages=python3-minimal,python3-numpy
+mirror=${VM_ROOTFS_MIRROR:-}
+
+force=0 print_only=0
+for a in "$@"; do
+    case $a in
+        --force) force=1 ;;
+        --print-path) print_only=1 ;;
+        *) die "unknown argument $a (use --print-path or --force)" ;;
+    esac
+done
+
+cache=${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/rootfs}
+key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+dir=$cache/$key
+image=$dir/rootfs.erofs
+
+if ((!force)) && [[ -f $dir/manifest.json && -f $image ]]; then
+    echo "$image"
+    exit 0
+fi
+((print_only)) && exit 1
+
+((EUID == 0)) || die "needs root (mmdebstrap root mode, file owners in the image)"
+command -v mmdebstrap >/dev/null || die "mmdebstrap missing (apt-get install mmdebstrap)"
+command -v mkfs.erofs >/dev/null || die "mkfs.erofs missing (apt-get install erofs-utils)"
+
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+if ((!force)) && [[ -f $dir/manifest.json && -f $image ]]; then
+    echo "$image"
+    exit 0
+fi
+
+tmp=$(mktemp -d "$cache/.tmp.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+start=$SECONDS
+say "mmdebstrap $suite with $packages (about 1.5 min)"
+# Services must not start while packages install: a policy-rc.d that refuses, removed after.
+mmdebstrap --quiet --variant=essential --include="$packages" \
+    --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    --setup-hook='mkdir -p "$1/usr/sbin" && printf "#!/bin/sh\nexit 101\n" >"$1/usr/sbin/policy-rc.d" && chmod 755 "$1/usr/sbin/policy-rc.d"' \
+    --customize-hook='rm -f "$1/usr/sbin/policy-rc.d"' \
+    --customize-hook='echo "app:x:1000:1000:app:/home/app:/bin/sh" >>"$1/etc/passwd"' \
+    --customize-hook='echo "app:x:1000:" >>"$1/etc/group"' \
+    --customize-hook='mkdir -p "$1/home/app" && chown 1000:1000 "$1/home/app"' \
+    --customize-hook='rm -rf "$1/var/cache/apt"/*.bin "$1/var/lib/apt/lists"/*' \
+    "$suite" "$tmp/root" ${mirror:+"$mirror"} ||
+    die "mmdebstrap failed"
+
+mkdir -p "$tmp/out"
+# Uncompressed: the guest reads it without decompression work (slow under emulation).
+mkfs.erofs --quiet "$tmp/out/rootfs.erofs" "$tmp/root" >/dev/null || die "mkfs.erofs failed"
+sum=$(sha256sum "$tmp/out/rootfs.erofs" | cut -d' ' -f1)
+size=$(stat -c %s "$tmp/out/rootfs.erofs")
+cat >"$tmp/out/manifest.json" <<EOF
+{
+  "suite": "$suite",
+  "packages": "$packages",
+  "user": "app:1000:1000",
+  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "build_seconds": $((SECONDS - start)),
+  "mmdebstrap": "$(dpkg-query -W -f='${Version}' mmdebstrap 2>/dev/null || echo unknown)",
+  "erofs_utils": "$(dpkg-query -W -f='${Version}' erofs-utils 2>/dev/null || echo unknown)",
+  "file": {"name": "rootfs.erofs", "sha256": "$sum", "size": $size}
+}
+EOF
+rm -rf "$dir"
+mv "$tmp/out" "$dir"
+say "built $image ($((size / 1048576)) MiB, $((SECONDS - start)) s)"
+echo "$image"
