@@ -1,43 +1,24 @@
 #!/usr/bin/env bash
-# Installs what building and testing `vm` needs on a Debian 12 x86_64 machine,
-# then builds the guest images. Idempotent and quick when all is present:
-# apt-get runs (after `apt-get update`) only for missing packages, cargo
-# installs only what is missing or at the wrong version.
+# Installs what building and running `vm` needs on a Debian 12 x86_64 machine
+# (the main job's set-up), then builds the guest images. Test-only tooling
+# (rustfmt, clippy, the nightly toolchain, cargo-fuzz) is ci/setup-tests.sh's.
+# Idempotent and quick when all is present: apt-get runs (after `apt-get
+# update`) only for missing packages, cargo installs only what is missing or at
+# the wrong version.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=lib.sh
+source ci/lib.sh
 
 say() { echo "setup: $*" >&2; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
-packages=(qemu-system-x86 busybox-static erofs-utils e2fsprogs cpio lz4 linux-source-6.12 bc flex
-    bison libelf-dev libssl-dev file build-essential patch binutils)
+packages=(qemu-system-x86 busybox-static erofs-utils cpio lz4 linux-source-6.12 bc flex
+    bison libelf-dev libssl-dev build-essential patch binutils)
 vhost_vsock_version=0.3.0
 
-command -v dpkg-query >/dev/null || die "not a Debian machine (dpkg-query missing)"
-command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable, plus nightly for fuzzing)"
-
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    sudo=()
-    ((EUID == 0)) || sudo=(sudo)
-    say "apt-get install ${missing[*]}"
-    "${sudo[@]}" apt-get update -qq || die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" ||
-        die "apt-get install ${missing[*]} failed"
-else
-    say "apt packages present"
-fi
-
-# Lints run in ci/test.sh.
-for component in clippy rustfmt; do
-    if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
-        say "rustup component add $component"
-        rustup component add "$component" || die "rustup component add $component failed"
-    fi
-done
+command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable)"
+apt_install_missing setup "${packages[@]}" || die "cannot install the packages vm needs"
 
 # vhost-user vsock backend for the QEMU (TCG) driver.
 if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock $vhost_vsock_version" ]]; then
@@ -47,23 +28,5 @@ if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock
 else
     say "vhost-device-vsock $vhost_vsock_version present"
 fi
-
-# Fuzzing (only when the repository has fuzz targets): nightly + cargo-fuzz.
-if [[ -d fuzz ]]; then
-    if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
-        say "rustup toolchain install nightly"
-        # A toolchain comes from outside the package registries: where it cannot be fetched,
-        # ci/test.sh reports the fuzz smoke runs as skipped with this reason (counted).
-        timeout 300 rustup toolchain install nightly --profile minimal ||
-            say "WARNING: no nightly toolchain; the fuzz smoke runs will be skipped"
-    fi
-    if rustup toolchain list 2>/dev/null | grep -q '^nightly' &&
-        ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-        say "cargo install cargo-fuzz"
-        cargo install cargo-fuzz --locked || die "cargo install cargo-fuzz failed"
-    fi
-fi
-
-command -v cargo-nextest >/dev/null || say "note: cargo-nextest not installed; ci/test.sh falls back to cargo test"
 
 images/build.sh || die "images/build.sh failed"

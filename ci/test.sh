@@ -15,7 +15,8 @@
 # lines when cargo-nextest is missing), plus the checks above; a tier that
 # cannot run at all (build error) counts as one failure. skipped = lines that
 # tests appended to $VM_TEST_SKIP_LOG ("SKIP <test>: <reason>"), printed above
-# the summary. Exits 1 if anything failed. Expects ci/setup.sh to have run.
+# the summary. Exits 1 if anything failed. Expects ci/setup.sh and
+# ci/setup-tests.sh to have run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -114,7 +115,7 @@ elif [[ -d fuzz ]]; then
         done
     else
         cat "$work/fuzz-list.err" >&2
-        fail "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup.sh)"
+        fail "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup-tests.sh)"
     fi
 fi
 
