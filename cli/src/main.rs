@@ -18,6 +18,10 @@
 //!
 //! Data flows one way: CLI -> vm-sandbox (validate -> admit -> select -> boot, or attach)
 //! -> driver -> machine -> agent client -> agent.
+//!
+//! No `unsafe` here: process control (signals, sessions, uid) is `vm_sandbox::sys`.
+
+#![forbid(unsafe_code)]
 
 mod args;
 mod cmd;

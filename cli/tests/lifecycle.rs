@@ -115,8 +115,8 @@ fn ctrl_c_cancels_the_guest_command_and_exits_130() {
         .expect("the command's output was not streamed");
     assert_eq!(&buf, b"started\n");
     let sent = Instant::now();
-    // SAFETY: kill(2) on our own unreaped child.
-    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    // Our own unreaped child.
+    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
     let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(
@@ -356,8 +356,8 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
         }
     };
     assert!(reply.starts_with("HTTP/1."), "{reply}");
-    // SAFETY: kill(2) on our own unreaped child.
-    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    // Our own unreaped child.
+    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
     let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(

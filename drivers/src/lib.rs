@@ -72,6 +72,7 @@ mod machine;
 mod process;
 mod registry;
 mod ring;
+pub mod sys;
 pub mod tcg;
 #[cfg(test)]
 mod test_support;
