@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::boot::{self, BootInput};
@@ -29,9 +30,6 @@ use crate::memory::{self, GuestMemoryMmap};
 use crate::serial::{COM1_IRQ, COM1_PORT, ConsoleRing, Serial, SharedConsole};
 use crate::vcpu::{self, VcpuSetup, VcpuThread};
 use crate::virtio::{MmioDevice, VirtioError};
-
-/// Offset of QueueNotify in a virtio-mmio window.
-const VIRTIO_MMIO_QUEUE_NOTIFY: u64 = 0x50;
 
 /// Errors of creating or running a VM.
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +182,7 @@ fn virtio_devices(
         for (queue, evt) in dev.queue_notify_events() {
             vm.register_ioevent(
                 &evt,
-                &IoEventAddress::Mmio(base + VIRTIO_MMIO_QUEUE_NOTIFY),
+                &IoEventAddress::Mmio(base + u64::from(VIRTIO_MMIO_QUEUE_NOTIFY)),
                 queue,
             )
             .map_err(kvm_err("KVM_IOEVENTFD"))?;

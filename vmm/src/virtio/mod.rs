@@ -54,26 +54,6 @@ pub use mmio::MmioDevice;
 /// The guest memory type devices use.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 
-/// Size of the MMIO register window of one device.
-pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
-/// Offset of the queue-notify register (the VMM's ioeventfd address is `base + this`).
-pub const NOTIFY_REG_OFFSET: u64 = 0x50;
-
-/// `VIRTIO_F_VERSION_1`: the only transport version this implementation speaks.
-pub const VIRTIO_F_VERSION_1: u32 = 32;
-/// `VIRTIO_F_RING_EVENT_IDX`.
-pub const VIRTIO_F_RING_EVENT_IDX: u32 = 29;
-
-/// virtio device ids.
-pub mod device_id {
-    /// Block device.
-    pub const BLOCK: u32 = 2;
-    /// Entropy source.
-    pub const RNG: u32 = 4;
-    /// Socket device.
-    pub const VSOCK: u32 = 19;
-}
-
 /// What device to build.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceConfig {

@@ -5,7 +5,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Buf;
 use super::worker::{Ctx, Handler};
-use super::{GuestMemoryMmap, VirtioDevice, VirtioError, device_id};
+use super::{GuestMemoryMmap, VirtioDevice, VirtioError};
+use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 
 /// Most bytes served for one request (the rest of the guest's buffers stay untouched).
 pub const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
@@ -29,7 +30,7 @@ impl Default for Rng {
 
 impl VirtioDevice for Rng {
     fn device_type(&self) -> u32 {
-        device_id::RNG
+        VIRTIO_ID_RNG
     }
     fn queue_max_sizes(&self) -> &[u16] {
         QUEUE_SIZES
