@@ -29,6 +29,7 @@
 mod cases;
 mod guest;
 pub mod host;
+pub mod proof;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -52,16 +53,25 @@ pub struct DriverUnderTest {
     pub availability: Availability,
 }
 
-/// Every driver of the default registry, in preference order, with its `detect()` verdict.
+/// Every driver of the default registry, in preference order, with its `detect()` verdict;
+/// only those named in `VM_TEST_DRIVERS` (comma-separated) when it is set, as the kvm proof
+/// does to run the suite on kvm alone.
 pub fn drivers_to_test() -> Vec<DriverUnderTest> {
+    let only = std::env::var("VM_TEST_DRIVERS").ok();
     let registry = Registry::with_defaults();
     registry
         .drivers()
+        .filter(|d| selected(only.as_deref(), d.name()))
         .map(|d| DriverUnderTest {
             name: d.name(),
             availability: d.detect(),
         })
         .collect()
+}
+
+/// Whether `driver` is in the comma-separated `only` list (every driver when there is none).
+fn selected(only: Option<&str>, driver: &str) -> bool {
+    only.is_none_or(|list| list.split(',').any(|n| n.trim() == driver))
 }
 
 /// Reports a skipped scenario on one driver, the workspace's way
@@ -159,4 +169,34 @@ macro_rules! ensure {
             return Err(format!($($fmt)+));
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::selected;
+
+    #[test]
+    fn driver_selection() {
+        assert!(selected(None, "tcg"));
+        assert!(selected(Some("kvm"), "kvm"));
+        assert!(!selected(Some("kvm"), "tcg"));
+        assert!(selected(Some("tcg, kvm"), "kvm"));
+        assert!(!selected(Some(""), "kvm"));
+    }
+
+    /// `proof/all.rs` (the suite as one binary for the kvm proof pack) includes every
+    /// scenario file, so the proof never silently runs less than `cargo nextest` does.
+    #[test]
+    fn the_proof_binary_includes_every_scenario() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let all = std::fs::read_to_string(root.join("proof/all.rs")).unwrap();
+        let mut missing = Vec::new();
+        for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".rs") && !all.contains(&format!("#[path = \"../tests/{name}\"]")) {
+                missing.push(name);
+            }
+        }
+        assert!(missing.is_empty(), "tests/proof/all.rs lacks {missing:?}");
+    }
 }
