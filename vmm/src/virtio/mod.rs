@@ -29,14 +29,8 @@
 //! guest-chosen size, or make it spin.
 //!
 //! # API
-//!
-//! ```text
-//! MmioDevice::new(cfg: &DeviceConfig, mem: GuestMemoryMmap) -> Result<MmioDevice, VirtioError>
-//! MmioDevice::queue_notify_events(&self) -> Vec<(u32, EventFd)>   // ioeventfd at base+0x50, datamatch = index
-//! MmioDevice::interrupt_event(&self) -> Result<EventFd, VirtioError> // irqfd for the device's GSI (dup; Err only when out of fds)
-//! MmioDevice::request_transport_reset(&self)                      // vsock: send TRANSPORT_RESET (e.g. after restore)
-//! MmioDevice::shutdown(&self)                                     // stop the worker; also on Drop
-//! ```
+//! [`MmioDevice`]: `new`, `queue_notify_events` (ioeventfds at
+//! `base + VIRTIO_MMIO_QUEUE_NOTIFY`), `interrupt_event`, `request_transport_reset`, `shutdown`.
 
 use std::path::PathBuf;
 
