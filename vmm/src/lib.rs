@@ -34,6 +34,7 @@ pub mod legacy;
 pub mod memory;
 pub mod msr;
 pub mod serial;
+pub mod sys;
 pub mod vcpu;
 pub mod virtio;
 pub mod vm;

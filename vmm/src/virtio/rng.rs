@@ -54,14 +54,12 @@ fn fill(mem: &GuestMemoryMmap, addr: GuestAddress, len: u32) -> u32 {
     let mut done = 0u32;
     while done < len {
         let n = (len - done).min(chunk.len() as u32) as usize;
-        // SAFETY: the pointer and length describe `chunk`, a live local buffer of at least `n` bytes.
-        let got = unsafe { libc::getrandom(chunk.as_mut_ptr().cast(), n, 0) };
-        let Ok(got) = usize::try_from(got) else {
-            tracing::warn!(
-                "virtio-rng: getrandom failed: {}",
-                std::io::Error::last_os_error()
-            );
-            break;
+        let got = match crate::sys::getrandom(&mut chunk[..n]) {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!("virtio-rng: getrandom failed: {e}");
+                break;
+            }
         };
         let Some(dst) = addr.0.checked_add(u64::from(done)) else {
             break;
