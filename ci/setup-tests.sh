@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what only the tests need, on top of ci/setup.sh (the main job's
-# set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk) and
-# python3 (the sandbox tests serve from it), the rustfmt and clippy components for
+# set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
+# (the sandbox tests serve from it), docker-registry and skopeo (the OCI tests run a
+# registry on 127.0.0.1), the rustfmt and clippy components for
 # the lint checks, and, when the repository has fuzz targets, a nightly
 # toolchain with cargo-fuzz. Idempotent: installs only what is missing.
 set -euo pipefail
@@ -12,7 +13,7 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
-apt_install_missing setup-tests e2fsprogs python3 || die "cannot install the packages the tests need"
+apt_install_missing setup-tests e2fsprogs python3 docker-registry skopeo || die "cannot install the packages the tests need"
 
 # Lints run in ci/test.sh.
 for component in clippy rustfmt; do

@@ -87,6 +87,8 @@ pub use glob::{Glob, GlobError};
 pub use guest::{Guest, Run};
 pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
+/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
+pub use vm_oci as oci;
 pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
