@@ -58,6 +58,10 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter("vm_oci=info")
+        .with_target(false)
+        .init();
     if let Some(why) = cannot_convert().or_else(|| {
         (!have("docker-registry") || !have("skopeo"))
             .then(|| "docker-registry or skopeo missing".into())
@@ -100,6 +104,15 @@ async fn main() {
         "pull + convert: {first:.2?} -> erofs {:.1} MB ({})",
         img.size as f64 / 1e6,
         img.digest
+    );
+
+    // The same image from the layout on disk: unpack + mkfs.erofs without the registry.
+    let local = Store::open(tmp.path().join("store-import")).unwrap();
+    let t = Instant::now();
+    local.import(&layout).unwrap();
+    println!(
+        "import + convert of the same layout (no registry): {:.2?}",
+        t.elapsed()
     );
 
     let by_digest: Reference = format!("{}/bench@{}", reg.addr, img.digest)

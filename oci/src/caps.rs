@@ -6,6 +6,13 @@
 //! `CAP_FSETID`, `CAP_SETUID`, …) is gone from that thread for good. `mkfs.erofs` runs as a
 //! child whose bounding set keeps only `CAP_DAC_READ_SEARCH` (it must read every file) under
 //! `PR_SET_NO_NEW_PRIVS`.
+//!
+//! Why a thread and not a child process for unpacking: the callers are multi-threaded tokio
+//! programs, where a forked child may only make async-signal-safe calls until it execs (no
+//! allocation, no tar or gzip code), and exec'ing a helper would need a second binary
+//! installed next to every program that links this crate. The tree is written only through
+//! the confined calls of [`crate::confined`], so the kernel, not these capabilities, is what
+//! keeps writes inside it; dropping the rest limits what a bug in that code could reach.
 
 use std::io;
 

@@ -7,9 +7,11 @@
 //! repeated layers, become hardlinks when their target stays inside the archive). Every
 //! document and blob is then read with its size bounded and its digest checked.
 
+use std::cell::Cell;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
 
 use flate2::bufread::MultiGzDecoder;
 use serde::Deserialize;
@@ -263,7 +265,11 @@ impl Store {
     /// Unpacks an image tarball into `dest` (see the module docs).
     fn unpack_archive(&self, archive: &Path, dest: &Path) -> Result<(), Error> {
         let file = fs::File::open(archive).map_err(io_err("opening", archive))?;
-        let mut raw = BufReader::new(file);
+        let read = Rc::new(Cell::new(0u64));
+        let mut raw = BufReader::new(Counted {
+            inner: file,
+            read: read.clone(),
+        });
         let head = raw.fill_buf().map_err(io_err("reading", archive))?;
         let reader: Box<dyn Read> = if head.starts_with(&[0x1f, 0x8b]) {
             Box::new(MultiGzDecoder::new(raw))
@@ -273,6 +279,7 @@ impl Store {
         let bad = |why: String| not_image(archive, why);
         let max_bytes = self.limits().max_unpacked_bytes;
         let mut total = 0u64;
+        let mut written = 0u64;
         let mut links = Vec::new();
         fs::create_dir(dest).map_err(io_err("creating", dest))?;
         let mut tar = tar::Archive::new(reader);
@@ -315,7 +322,25 @@ impl Store {
                         fs::create_dir_all(p).map_err(io_err("creating", p))?;
                     }
                     let mut f = fs::File::create_new(&out).map_err(io_err("creating", &out))?;
-                    io::copy(&mut entry, &mut f).map_err(io_err("writing", &out))?;
+                    // Written in steps, so a gzip bomb stops at the ratio bound, not at the end.
+                    let limits = self.limits();
+                    let mut buf = vec![0u8; 1 << 20];
+                    loop {
+                        let n = entry.read(&mut buf).map_err(io_err("reading", archive))?;
+                        if n == 0 {
+                            break;
+                        }
+                        f.write_all(&buf[..n]).map_err(io_err("writing", &out))?;
+                        written += n as u64;
+                        if written > limits.ratio_floor
+                            && written > limits.max_ratio.saturating_mul(read.get().max(1))
+                        {
+                            return Err(bad(format!(
+                                "decompresses to more than {}x its size: refusing a decompression bomb",
+                                limits.max_ratio
+                            )));
+                        }
+                    }
                 }
                 tar::EntryType::Symlink | tar::EntryType::Link => {
                     let target = entry
@@ -359,5 +384,19 @@ impl Store {
             fs::hard_link(&src, &out).map_err(io_err("linking", &out))?;
         }
         Ok(())
+    }
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    read: Rc<Cell<u64>>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
     }
 }

@@ -22,6 +22,7 @@
 //! let image = store.pull(&r, &Auth::from_docker_config(&r)?).await?;
 //! println!("{} {} bytes at {}", image.digest, image.size, image.erofs.display());
 //! let again = store.get(image.digest.as_str())?; // no network
+//! let for_boot = store.get_or_pull("127.0.0.1:5000/python:3").await?; // stored, else pulled
 //! # let _ = again; Ok(()) }
 //! ```
 

@@ -186,6 +186,18 @@ impl Store {
         self.pull(reference, auth).await
     }
 
+    /// What `--image WHAT` needs: the stored image `what` names (a digest, a unique digest
+    /// prefix or a stored name) with no network; otherwise `what` is parsed as a reference and
+    /// pulled, with credentials from the docker config.
+    pub async fn get_or_pull(&self, what: &str) -> Result<Image, Error> {
+        if let Some(img) = self.get(what)? {
+            return Ok(img);
+        }
+        let reference: Reference = what.parse()?;
+        let auth = Auth::from_docker_config(&reference)?;
+        self.pull(&reference, &auth).await
+    }
+
     /// Fetches `reference` from its registry (see the module docs) and stores it; an image
     /// whose manifest digest is already stored is not fetched again.
     pub async fn pull(&self, reference: &Reference, auth: &Auth) -> Result<Image, Error> {

@@ -233,13 +233,8 @@ impl Store {
             return Ok(Some(d));
         }
         let refs = self.refs()?;
-        if let Some(d) = refs.get(what) {
-            return Ok(Some(d.clone()));
-        }
-        if let Ok(r) = what.parse::<oci_client::Reference>()
-            && let Some(d) = refs.get(&r.whole())
-        {
-            return Ok(Some(d.clone()));
+        if let Some(name) = self.stored_name(what, &refs) {
+            return Ok(Some(refs[&name].clone()));
         }
         let prefix = what.strip_prefix("sha256:").unwrap_or(what);
         if prefix.len() >= 6 && prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -254,6 +249,18 @@ impl Store {
             return Ok(hits.into_iter().next());
         }
         Ok(None)
+    }
+
+    /// `what` as a name in `refs` (as given, or normalized as a reference).
+    fn stored_name(&self, what: &str, refs: &BTreeMap<String, Digest>) -> Option<String> {
+        let parsed = what
+            .parse::<oci_client::Reference>()
+            .ok()
+            .map(|r| r.whole());
+        [Some(what.to_owned()), parsed]
+            .into_iter()
+            .flatten()
+            .find(|n| refs.contains_key(n))
     }
 
     fn digests(&self) -> Result<Vec<Digest>, Error> {
@@ -299,24 +306,11 @@ impl Store {
         let image = self
             .load(&digest, &refs)?
             .ok_or_else(|| Error::NotFound(what.into()))?;
-        let by_ref = Digest::parse(what).is_err() && !image.refs.is_empty() && {
-            let name = what
-                .parse::<oci_client::Reference>()
-                .map(|r| r.whole())
-                .unwrap_or_else(|_| what.to_owned());
-            image.refs.contains(&name) || image.refs.iter().any(|r| r == what)
-        };
-        let removed: Vec<String> = if by_ref {
-            let name = if image.refs.iter().any(|r| r == what) {
-                what.to_owned()
-            } else {
-                what.parse::<oci_client::Reference>()
-                    .map(|r| r.whole())
-                    .unwrap_or_else(|_| what.to_owned())
-            };
-            vec![name]
-        } else {
-            image.refs.clone()
+        // A stored name (as given, or normalized) removes that name; a digest or a digest
+        // prefix removes every name.
+        let removed: Vec<String> = match self.stored_name(what, &refs) {
+            Some(name) => vec![name],
+            None => image.refs.clone(),
         };
         refs.retain(|k, _| !removed.contains(k));
         self.write_refs(&refs)?;
@@ -409,8 +403,24 @@ impl Store {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&tree, fs::Permissions::from_mode(0o755))
             .map_err(io_err("chmod", &tree))?;
+        let t = std::time::Instant::now();
         let stats: UnpackStats = unpack::unpack(&tree, image.layers, &self.limits)?;
-        erofs::build(&tree, &out.join(EROFS))?;
+        let unpacked = t.elapsed();
+        let erofs_path = out.join(EROFS);
+        erofs::build(&tree, &erofs_path)?;
+        // Content-addressed: nothing may change it after this.
+        fs::set_permissions(&erofs_path, fs::Permissions::from_mode(0o444))
+            .map_err(io_err("chmod", &erofs_path))?;
+        tracing::info!(
+            digest = %image.digest,
+            entries = stats.entries,
+            bytes = stats.bytes,
+            dropped_devices = stats.dropped_devices,
+            cleared_setid = stats.cleared_setid,
+            unpack = ?unpacked,
+            mkfs = ?(t.elapsed() - unpacked),
+            "converted image"
+        );
         fs::remove_dir_all(&tree).map_err(io_err("removing", &tree))?;
         let meta = Meta {
             digest: image.digest.clone(),

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::Read as _;
 use std::path::Path;
 
 use common::*;
@@ -60,7 +61,7 @@ fn dotdot_entries_are_refused() {
     ] {
         let img = one_layer(Layer::new().dir("a/", 0o755).file(&path, b"x"));
         let (store, r) = import(tmp.path(), &img, Limits::default());
-        refused(&store, r, "escapes the image root");
+        refused(&store, r, "would escape the image root");
     }
     assert!(!tmp.path().join(&marker).exists());
     assert!(!tmp.path().join("store/tmp").join(&marker).exists());
@@ -153,7 +154,7 @@ fn hardlinks_out_are_refused() {
     refused(&store, r, "hardlink target /etc/shadow is not in the image");
     let img = one_layer(Layer::new().hardlink("shadow", "../../../etc/shadow"));
     let (store, r) = import(tmp.path(), &img, Limits::default());
-    refused(&store, r, "escapes the image root");
+    refused(&store, r, "would escape the image root");
     // Through a symlink planted first: resolved inside the image, where there is no shadow.
     let img = one_layer(
         Layer::new()
@@ -232,6 +233,27 @@ fn gzip_bomb_stops_early() {
     let (store, r) = import(tmp.path(), &img, Limits::default());
     refused(&store, r, "refusing a decompression bomb");
     eprintln!("gzip bomb refused after {:?}", t.elapsed());
+    // The same bomb as a gzipped docker-save archive holding the layer stops too, before
+    // the archive is unpacked to disk.
+    let saved = tmp.path().join("bomb.tar.gz");
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        std::fs::File::create(&saved).unwrap(),
+        flate2::Compression::fast(),
+    ));
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1 << 30);
+    h.set_mode(0o644);
+    h.set_cksum();
+    tar.append_data(&mut h, "layer.tar", std::io::repeat(0).take(1 << 30))
+        .unwrap();
+    tar.into_inner().unwrap().finish().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    refused(
+        &store,
+        store.import(&saved),
+        "refusing a decompression bomb",
+    );
+
     // The total-size and entry caps stop a plain (uncompressed-size) flood too.
     let big = one_layer(Layer::new().file("a", &vec![7u8; 64 << 10]));
     let small = Limits {
@@ -342,5 +364,30 @@ fn only_user_xattrs_are_kept() {
         xattr_size("/pinger"),
         0,
         "a capability or trusted xattr was kept"
+    );
+}
+
+/// What cannot be a linux/amd64 root is refused by name: a zstd layer, an arm64 config.
+#[test]
+fn unsupported_images_are_refused_by_name() {
+    if skip("unsupported_images_are_refused_by_name") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let zstd = vec![0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0];
+    let img = TestImage::from_blobs(vec![(zstd, Vec::new())], serde_json::json!({}));
+    let (store, r) = import(tmp.path(), &img, Limits::default());
+    refused(&store, r, "zstd-compressed layers are not supported");
+
+    let mut arm = one_layer(Layer::new().file("a", b"a"));
+    arm.config = String::from_utf8(arm.config)
+        .unwrap()
+        .replace("\"amd64\"", "\"arm64\"")
+        .into_bytes();
+    let (store, r) = import(tmp.path(), &arm, Limits::default());
+    refused(
+        &store,
+        r,
+        "image is for linux/arm64; only linux/amd64 images run here",
     );
 }

@@ -42,7 +42,14 @@ fn import_layout_flattens_layers_with_oci_semantics() {
     assert_eq!(got.config, sample_config());
     assert_eq!(got.refs, ["127.0.0.1:5000/sample:1"]);
     assert!(got.erofs.starts_with(store.dir()));
-    assert_eq!(got.size, std::fs::metadata(&got.erofs).unwrap().len());
+    let meta = std::fs::metadata(&got.erofs).unwrap();
+    assert_eq!(got.size, meta.len());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o444,
+        "the cached erofs is writable"
+    );
     assert_sample_tree(&got.erofs, tmp.path());
     // Nothing left in tmp/, and the image is found by digest, prefix and name.
     assert_eq!(

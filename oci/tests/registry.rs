@@ -73,10 +73,21 @@ async fn pull_by_tag_and_digest_oci_and_v2s2() {
     assert!(again.refs.contains(&by_digest.whole()) && again.refs.contains(&by_tag.whole()));
     assert_eq!(store.list().unwrap().len(), 2);
 
-    // Once stored, a digest resolves with the registry gone.
+    // Once stored, a digest or a name resolves with the registry gone.
     drop(reg);
     let cached = store.resolve(&by_digest, &Auth::Anonymous).await.unwrap();
     assert_eq!(cached.erofs, oci.erofs);
+    for what in [
+        by_tag.whole(),
+        oci.digest.to_string(),
+        oci.digest.hex()[..8].to_string(),
+    ] {
+        assert_eq!(
+            store.get_or_pull(&what).await.unwrap().erofs,
+            oci.erofs,
+            "{what}"
+        );
+    }
     let e = error_chain(&store.pull(&by_tag, &Auth::Anonymous).await.unwrap_err());
     assert!(e.contains("fetching manifest"), "{e}");
     assert_eq!(

@@ -64,13 +64,18 @@ pub(super) fn apply_all<R: Read>(
     Ok(())
 }
 
+/// Deepest path accepted: each entry resolves its parents one prefix at a time, so depth
+/// must not be the image's to choose.
+const MAX_DEPTH: usize = 128;
+
 /// The normal components of a tar path: `/` and `.` dropped, `..` refused.
 fn components(raw: &[u8]) -> Result<Vec<OsString>, &'static str> {
     let mut out = Vec::new();
     for c in raw.split(|&b| b == b'/') {
         match c {
             b"" | b"." => {}
-            b".." => return Err("it contains \"..\""),
+            b".." => return Err("\"..\" would escape the image root"),
+            _ if out.len() == MAX_DEPTH => return Err("more than 128 directories deep"),
             c => out.push(OsString::from_vec(c.to_vec())),
         }
     }
@@ -347,5 +352,7 @@ mod tests {
         assert_eq!(c("./").unwrap(), Vec::<OsString>::new());
         assert!(c("a/../../b").is_err());
         assert!(c("..").is_err());
+        assert_eq!(c(&"d/".repeat(128)).unwrap().len(), 128);
+        assert!(c(&"d/".repeat(129)).is_err());
     }
 }

@@ -48,7 +48,7 @@ pub struct UnpackStats {
 /// Why a layer could not be applied. Nothing of a failed unpack is kept.
 #[derive(Debug, Error)]
 pub enum UnpackError {
-    #[error("layer {layer}: entry {path:?} escapes the image root: {why}")]
+    #[error("layer {layer}: entry {path:?} refused: {why}")]
     Escape {
         layer: usize,
         path: String,

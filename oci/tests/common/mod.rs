@@ -356,13 +356,5 @@ pub fn assert_sample_tree(erofs: &Path, scratch: &Path) {
 }
 
 /// An error and its sources, joined by `: `.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+#[allow(unused_imports)] // not every test binary renders errors
+pub use vm_error_chain::error_chain;
