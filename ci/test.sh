@@ -21,7 +21,8 @@
 # found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
 # is skipped, visibly. A failed check fails the run.
 #
-# Exits 1 if any test or check failed. Expects ci/setup.sh to have run.
+# Exits 1 if any test or check failed. Expects ci/setup.sh and ci/setup-tests.sh to have
+# run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -156,7 +157,7 @@ elif [[ -d fuzz ]]; then
         done
     else
         cat "$work/fuzz-list.err" >&2
-        check "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup.sh)" false
+        check "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup-tests.sh)" false
     fi
 fi
 

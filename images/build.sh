@@ -29,7 +29,9 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 images_src=$repo/images
-images_dir=${VM_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/images}
+# shellcheck source=../ci/lib.sh
+source "$repo/ci/lib.sh"
+images_dir=$(vm_images_dir)
 agent_target=${VM_AGENT_TARGET_DIR:-$images_dir/agent-target}
 rust_target=x86_64-unknown-linux-gnu
 # Packages the build needs (Debian names).
@@ -90,19 +92,7 @@ trap 'exit 143' TERM HUP
 new_tmp() { tmp=$(mktemp -d "$images_dir/.tmp.XXXXXX"); }
 
 # --- host packages ----------------------------------------------------------
-command -v dpkg-query >/dev/null || die "dpkg-query not found: images/build.sh needs a Debian host"
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    say "installing ${missing[*]}"
-    sudo=()
-    ((EUID == 0)) || sudo=(sudo)
-    "${sudo[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >&2 ||
-        die "apt-get install ${missing[*]} failed"
-fi
+apt_install_missing images "${packages[@]}" || die "cannot install the packages the build needs"
 
 # --- kernel (cached by khash) -------------------------------------------------
 kernel_inputs() {

@@ -11,7 +11,9 @@
 # `verify: ok <dir>`. Needs only bash, coreutils, binutils and cpio.
 set -euo pipefail
 
-dir=${1:-${VM_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/images}/current}
+# shellcheck source=../ci/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../ci/lib.sh"
+dir=${1:-$(vm_images_dir)/current}
 [[ -d $dir ]] || { echo "verify: ERROR: $dir is not a directory" >&2; exit 1; }
 
 failures=0

@@ -12,7 +12,7 @@
 //!   a `SIGINT` sent to `vm` itself is forwarded as that byte too.
 //! - Otherwise `SIGINT`/`SIGTERM` cancel the guest command's whole tree and `vm` exits 130.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::os::fd::AsFd;
 use std::time::Duration;
 
@@ -22,10 +22,10 @@ use tokio::sync::mpsc;
 use vm_sandbox::agent::{
     ClientError, ExecEvent, Interactive, InteractiveInput, InteractiveOutput, TtySize,
 };
+use vm_sandbox::sys::term;
 
 use crate::exit;
 use crate::stream::{Outputs, Signals};
-use crate::sys;
 
 /// How long a cancelled session may take to report its end before `vm` stops waiting.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
@@ -53,8 +53,7 @@ impl Mode {
         if !self.tty {
             return Ok(None);
         }
-        let stdin = std::io::stdin();
-        if !sys::is_terminal(stdin.as_fd()) {
+        if !std::io::stdin().is_terminal() {
             return Err(exit::usage(
                 "-t: the input device is not a terminal (drop -t, or run vm from a terminal)",
             ));
@@ -73,7 +72,7 @@ impl Mode {
 
 /// Our terminal's size (80x24 when it cannot be read).
 fn size() -> TtySize {
-    match sys::window_size(std::io::stdin().as_fd()) {
+    match term::window_size(std::io::stdin().as_fd()) {
         Ok((rows, cols)) if rows > 0 && cols > 0 => TtySize { rows, cols },
         _ => TtySize { rows: 24, cols: 80 },
     }
@@ -185,7 +184,7 @@ pub async fn relay_interactive(
     // Dropped on every way out of this function, unwinding included: settings restored.
     let _raw = match raw_keys {
         true => Some(
-            sys::RawMode::enable(std::io::stdin().as_fd())
+            term::RawMode::enable(std::io::stdin().as_fd())
                 .context("putting the terminal in raw mode")?,
         ),
         false => None,

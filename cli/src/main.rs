@@ -19,6 +19,10 @@
 //!
 //! Data flows one way: CLI -> vm-sandbox (validate -> admit -> select -> boot, or attach)
 //! -> driver -> machine -> agent client -> agent.
+//!
+//! No `unsafe` here: process control (signals, sessions, uid) is `vm_sandbox::sys`.
+
+#![forbid(unsafe_code)]
 
 mod args;
 mod cmd;
@@ -31,7 +35,6 @@ mod resolve;
 mod state;
 mod stream;
 mod supervisor;
-mod sys;
 
 use std::io::Write;
 

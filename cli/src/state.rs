@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use vm_sandbox::sys::{self, Signal};
 
 /// Label keys stamped on every VM record (the record is the state store: a fact not
 /// recorded here is one no later command can recover).
@@ -231,8 +232,7 @@ fn mkdir_private(path: &Path) -> Result<(), StateError> {
 
 fn check_private(path: &Path) -> Result<(), StateError> {
     let md = fs::symlink_metadata(path).map_err(io_err(path))?;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = sys::uid();
     let unsafe_dir = |why: &str| StateError::Unsafe {
         path: path.to_path_buf(),
         why: why.into(),
@@ -262,8 +262,7 @@ impl Runtime {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        // SAFETY: getuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = sys::uid();
         let root = if let Some(dir) = env("VM_RUNTIME_DIR") {
             dir
         } else if let Some(xdg) = env("XDG_RUNTIME_DIR") {
@@ -406,8 +405,10 @@ pub fn kill_leftovers(record: &Record) {
     for p in &record.host_pids {
         if p.alive() {
             tracing::info!(pid = p.pid, "killing leftover VM process");
-            // SAFETY: kill(2) with a pid we verified (pid + start time) is the VM's process.
-            unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGKILL) };
+            // The pid was just verified (pid + start time) to be the VM's process.
+            if let Err(e) = sys::signal(p.pid, Signal::Kill) {
+                tracing::debug!(pid = p.pid, error = %e, "leftover VM process already gone");
+            }
         }
     }
 }

@@ -111,8 +111,8 @@ fn spawn_until_started(env: &Env, args: &[&str]) -> common::ChildGuard {
 /// SIGINT to `vm`, which must exit 130 within 30 s.
 fn interrupt_expecting_130(child: &mut common::ChildGuard) {
     let sent = Instant::now();
-    // SAFETY: kill(2) on our own unreaped child.
-    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    // Our own unreaped child.
+    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
     let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(
@@ -419,8 +419,8 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
         }
     };
     assert!(reply.starts_with("HTTP/1."), "{reply}");
-    // SAFETY: kill(2) on our own unreaped child.
-    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    // Our own unreaped child.
+    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
     let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(

@@ -286,8 +286,8 @@ async fn ctrl_c_cancels_the_tree(env: &Env, flags: &[&str]) {
         .parse()
         .unwrap();
     assert!(common::pid_alive(grandchild));
-    // SAFETY: kill(2) on our own child process.
-    unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
+    // Our own child process.
+    vm_sandbox::sys::signal(child.id().unwrap(), vm_sandbox::sys::Signal::Interrupt).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
         .await
         .unwrap()

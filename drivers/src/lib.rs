@@ -33,32 +33,8 @@
 //! Drivers create files only inside [`BootPlan::run_dir`] (`vhu.sock`, `vsock.sock`) and remove
 //! what they created when the machine is closed.
 //!
-//! # Public API (signatures)
-//!
-//! ```text
-//! pub struct Availability { pub ok: bool, pub detail: String }
-//! pub trait Driver: Send + Sync {
-//!     fn name(&self) -> &'static str;
-//!     fn containment(&self) -> vm_spec::Containment;
-//!     fn detect(&self) -> Availability;
-//!     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError>;
-//! }
-//! pub struct BootPlan { pub name, pub images: ImagePaths, pub vcpus: u32, pub mem_mib: u32,
-//!     pub pids_max: u32, pub disks: Vec<DiskPlan>, pub rootfs: Option<RootfsPlan>,
-//!     pub run_dir: PathBuf,
-//!     pub wall: Option<Duration>, pub boot_timeout: Duration }
-//! pub struct ImagePaths { pub vmlinux: PathBuf, pub bz_image: PathBuf, pub initramfs: PathBuf }
-//!     ImagePaths::in_dir(dir) ; default_images_dir() -> Option<PathBuf>
-//! pub struct DiskPlan { pub host_path: PathBuf, pub guest_path: String, pub fs: DiskFs }
-//! pub struct RootfsPlan { pub host_path: PathBuf, pub fs: DiskFs }  // serial "root"
-//! BootPlan::block_devices() -> Vec<BlockDevice { host_path, serial }>
-//! Registry::new(Vec<Box<dyn Driver>>), Registry::with_defaults(), .drivers(), .get(name),
-//!     .detect_all(), .select_first_available() -> Result<(&dyn Driver, Availability), NoDriverError>
-//! Machine: name(), driver(), containment(), info(), agent(), agent_socket() -> &Path,
-//!     exec/exec_stream/read_file/write_file/list/
-//!     serve_start/serve_status/serve_stop/forward (async, -> Result<_, MachineError>),
-//!     console_tail(), host_pids(), is_running(), wall_expired(), close() (async), close_now()
-//! ```
+//! The API is the items below ([`Driver`], [`BootPlan`], [`Registry`], [`Machine`], [`sys`]);
+//! their docs are the reference (no hand-written copy of the signatures to drift).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -75,6 +51,7 @@ mod machine;
 mod process;
 mod registry;
 mod ring;
+pub mod sys;
 pub mod tcg;
 #[cfg(test)]
 mod test_support;

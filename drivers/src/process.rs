@@ -24,6 +24,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::ring::SharedRing;
+use crate::sys::{self, Signal};
 
 /// A request to the spawner thread: the command and where to send the result.
 type SpawnJob = (Command, mpsc::Sender<io::Result<Child>>);
@@ -57,32 +58,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) fn arm(cmd: &mut Command) {
     let parent = std::process::id();
     cmd.process_group(0);
-    let hook = move || {
-        // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and unused zeros.
-        let rc = unsafe {
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The parent may have died between fork and prctl: then nobody would kill us.
-        // SAFETY: getppid has no preconditions.
-        if unsafe { libc::getppid() } as u32 != parent {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
-        Ok(())
-    };
-    // SAFETY: the hook runs in the forked child before exec and only calls the
-    // async-signal-safe functions prctl(2) and getppid(2); it allocates nothing.
-    unsafe {
-        cmd.pre_exec(hook);
-    }
+    sys::kill_with_parent(cmd, parent);
 }
 
 /// Spawns `cmd` (armed with [`arm`]) from the long-lived spawner thread.
@@ -166,22 +142,8 @@ impl Supervised {
         if st.status.is_some() {
             return false;
         }
-        // SAFETY: siginfo_t is plain data; an all-zero value is valid and waitid fills it.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: waitid on our own child's pid with WNOWAIT only inspects it; `info` is valid.
-        let rc = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                self.pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
-        };
-        if rc != 0 {
-            return false;
-        }
-        // SAFETY: after a successful waitid, si_pid is initialised (0 when nothing changed).
-        unsafe { info.si_pid() == 0 }
+        // Not running once it exited, and when it is not our unreaped child any more.
+        matches!(sys::exited_unreaped(self.pid), Ok(false))
     }
 
     /// Waits up to `timeout` for the child to exit on its own; true if it did.
@@ -206,13 +168,10 @@ impl Supervised {
             return Some(status);
         }
         // The leader is not reaped yet, so its pid (== pgid) still names our group.
-        // SAFETY: kill(2) with a negative pid signals the process group we created.
-        let rc = unsafe { libc::kill(-(self.pid as libc::pid_t), libc::SIGKILL) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                tracing::warn!(program = %self.program, error = %e, "killing the process group failed");
-            }
+        if let Err(e) = sys::signal_group(self.pid, Signal::Kill)
+            && e.raw_os_error() != Some(libc::ESRCH)
+        {
+            tracing::warn!(program = %self.program, error = %e, "killing the process group failed");
         }
         match st.child.wait() {
             Ok(status) => {
@@ -239,8 +198,7 @@ mod tests {
     use std::process::Stdio;
 
     fn alive(pid: u32) -> bool {
-        // SAFETY: signal 0 only checks for existence and permission.
-        unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+        sys::pid_exists(pid)
     }
 
     fn sleeper() -> Command {
@@ -282,11 +240,9 @@ mod tests {
     #[test]
     fn child_is_leader_of_its_own_process_group() {
         let child = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
-        // SAFETY: getpgid on a live child pid has no memory-safety preconditions.
-        let pgid = unsafe { libc::getpgid(child.pid() as libc::pid_t) };
-        assert_eq!(pgid as u32, child.pid());
-        // SAFETY: as above, for our own process.
-        assert_ne!(unsafe { libc::getpgid(0) }, pgid);
+        let pgid = sys::process_group(child.pid()).unwrap();
+        assert_eq!(pgid, child.pid());
+        assert_ne!(sys::process_group(std::process::id()).unwrap(), pgid);
     }
 
     #[test]

@@ -70,16 +70,8 @@
 //! every open goes through `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` on directory fds,
 //! so symlinks (or a directory swapped for a symlink mid-call) cannot lead outside the root.
 //!
-//! # Client API (see [`client`])
-//! ```text
-//! AgentClient::unix(path) / AgentClient::hybrid_vsock(uds_path, port) / .with_limits(ClientLimits)
-//! ping() -> AgentInfo;  wait_ready(Duration) -> AgentInfo
-//! exec(ExecRequest) -> ExecOutput;  exec_stream(ExecRequest) -> ExecStream { next() (cancel-safe), cancel() }
-//! exec_interactive(InteractiveRequest) -> Interactive { input: write/close_stdin/resize/cancel, output: next() }
-//! read_file(root, path) -> Vec<u8>;  write_file(root, path, &[u8]);  list(root, path) -> Vec<FileEntry>
-//! serve_start(ServeRequest) -> ServeId;  serve_status(ServeId) / serve_stop(ServeId) -> ServeStatus
-//! forward(port: u16) -> ForwardStream (a tokio UnixStream);  shutdown()
-//! ```
+//! # Client API
+//! [`AgentClient`] (see [`client`]): one method per request, each bounded in size and time.
 //!
 //! # Testing
 //! `tests/*.rs` run the real `vm-agent` binary on the host over a Unix socket inside a temp root

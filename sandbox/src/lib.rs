@@ -102,6 +102,9 @@ pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+/// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):
+/// `vm_drivers::sys`, the one place the host side calls them.
+pub use vm_drivers::sys;
 /// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
 pub use vm_oci as oci;
 

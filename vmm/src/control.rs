@@ -140,8 +140,7 @@ impl Control {
     /// Called by vCPU thread `index` when it starts.
     pub fn register_current(&self, index: usize) {
         let mut st = self.lock();
-        // SAFETY: pthread_self has no preconditions.
-        let me = unsafe { libc::pthread_self() };
+        let me = crate::sys::current_thread();
         if let Some(slot) = st.threads.get_mut(index) {
             *slot = Some(me);
         }

@@ -19,15 +19,8 @@
 //!   plain function; faults become a typed [`control::GuestFault`] with the RIP, never a panic.
 //!
 //! # API
-//! ```text
-//! Vm::create(VmConfig) -> Result<Vm, VmmError>
-//! Vm::add_pio_device / add_mmio_device(SharedDevice, base, len) -> Result<(), VmmError>
-//! Vm::memory(&self) -> &GuestMemoryMmap ; Vm::cmdline(&self) -> &str
-//! Vm::start(self) -> Result<RunningVm, VmmError>
-//! RunningVm::stop(&self) ; is_finished(&self) -> bool ; console(&self) -> String
-//! RunningVm::wait_timeout(&self, Duration) -> Option<Result<VmExit, GuestFault>>
-//! RunningVm::wait(self) -> Result<VmExit, VmmError>   // joins every vCPU thread, frees the VM
-//! ```
+//! [`Vm`] (`create`, `start`) and [`RunningVm`] (`stop`, `wait`, `wait_timeout`, `console`); see
+//! their docs.
 
 pub mod boot;
 pub mod bus;
@@ -41,6 +34,7 @@ pub mod legacy;
 pub mod memory;
 pub mod msr;
 pub mod serial;
+pub mod sys;
 pub mod vcpu;
 pub mod virtio;
 pub mod vm;

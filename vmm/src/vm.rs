@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::boot::{self, BootInput};
@@ -29,9 +30,6 @@ use crate::memory::{self, GuestMemoryMmap};
 use crate::serial::{COM1_IRQ, COM1_PORT, ConsoleRing, Serial, SharedConsole};
 use crate::vcpu::{self, VcpuSetup, VcpuThread};
 use crate::virtio::{MmioDevice, VirtioError};
-
-/// Offset of QueueNotify in a virtio-mmio window.
-const VIRTIO_MMIO_QUEUE_NOTIFY: u64 = 0x50;
 
 /// Errors of creating or running a VM.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +92,132 @@ fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> VmmError {
     move |source| VmmError::Host { what, source }
 }
 
+/// The limits a configuration must respect before anything is created.
+fn check_config(cfg: &VmConfig) -> Result<(), VmmError> {
+    if cfg.vcpus == 0 || cfg.vcpus > boot::mptable::MAX_CPUS {
+        return Err(VmmError::Config(format!(
+            "vcpus must be 1..={}, got {}",
+            boot::mptable::MAX_CPUS,
+            cfg.vcpus
+        )));
+    }
+    let max_devices = (MAX_GSI - VIRTIO_GSI_BASE + 1) as usize;
+    if cfg.devices.len() > max_devices {
+        return Err(VmmError::Config(format!(
+            "at most {max_devices} virtio devices, got {}",
+            cfg.devices.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The KVM VM with its TSS, identity map, in-kernel irqchip and PIT.
+fn create_kvm_vm() -> Result<(Kvm, VmFd), VmmError> {
+    let kvm = Kvm::new().map_err(kvm_err("opening /dev/kvm"))?;
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    vm.set_tss_address(TSS_ADDR as usize)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    vm.set_identity_map_address(IDENTITY_MAP_ADDR)
+        .map_err(kvm_err("KVM_SET_IDENTITY_MAP_ADDR"))?;
+    vm.create_irq_chip()
+        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    Ok((kvm, vm))
+}
+
+/// The port-I/O bus: the serial console (its interrupt registered, its eventfd kept in
+/// `irq_events`), the i8042 (a reset stops the VM) and the absorbed legacy ports.
+fn legacy_devices(
+    vm: &VmFd,
+    control: &Arc<Control>,
+    console: &SharedConsole,
+    cfg: &mut VmConfig,
+    irq_events: &mut Vec<EventFd>,
+) -> Result<Bus, VmmError> {
+    let mut pio = Bus::new();
+    let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("eventfd"))?;
+    vm.register_irqfd(&serial_irq, COM1_IRQ)
+        .map_err(kvm_err("KVM_IRQFD (serial)"))?;
+    let serial_trigger = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
+    irq_events.push(serial_irq);
+    let serial = Serial::new(
+        console.clone(),
+        cfg.console.sink.take(),
+        Some(serial_trigger),
+    );
+    pio.insert(Arc::new(Mutex::new(serial)), COM1_PORT, 8)
+        .map_err(VmmError::Bus)?;
+
+    let reset_control = control.clone();
+    let i8042 = I8042::new(Arc::new(move || {
+        reset_control.request_stop(Ok(VmExit::Reset))
+    }));
+    pio.insert(Arc::new(Mutex::new(i8042)), I8042_BASE, I8042_LEN)
+        .map_err(VmmError::Bus)?;
+    for (base, len, value) in ABSORBED_PORTS {
+        pio.insert(Arc::new(Mutex::new(Sink(*value))), *base, *len)
+            .map_err(VmmError::Bus)?;
+    }
+    Ok(pio)
+}
+
+/// The MMIO bus with one virtio-mmio device per configured device: its queue-notify
+/// ioeventfds and its irqfd registered (the eventfds kept in `irq_events`).
+fn virtio_devices(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    cfg: &VmConfig,
+    irq_events: &mut Vec<EventFd>,
+) -> Result<(Bus, Vec<SharedMmio>), VmmError> {
+    let mut mmio = Bus::new();
+    let mut virtio = Vec::new();
+    for (index, dev_cfg) in cfg.devices.iter().enumerate() {
+        let dev = MmioDevice::new(dev_cfg, mem.clone())
+            .map_err(|source| VmmError::Virtio { index, source })?;
+        let base = virtio_mmio_base(index);
+        for (queue, evt) in dev.queue_notify_events() {
+            vm.register_ioevent(
+                &evt,
+                &IoEventAddress::Mmio(base + u64::from(VIRTIO_MMIO_QUEUE_NOTIFY)),
+                queue,
+            )
+            .map_err(kvm_err("KVM_IOEVENTFD"))?;
+            irq_events.push(evt);
+        }
+        let irq = dev
+            .interrupt_event()
+            .map_err(|source| VmmError::Virtio { index, source })?;
+        vm.register_irqfd(&irq, VIRTIO_GSI_BASE + index as u32)
+            .map_err(kvm_err("KVM_IRQFD (virtio)"))?;
+        irq_events.push(irq);
+        let dev = Arc::new(Mutex::new(dev));
+        mmio.insert(dev.clone(), base, VIRTIO_MMIO_SIZE)
+            .map_err(VmmError::Bus)?;
+        virtio.push(dev);
+    }
+    Ok((mmio, virtio))
+}
+
+/// One configured vCPU per `setup.vcpus`.
+fn create_vcpus(vm: &VmFd, setup: &VcpuSetup<'_>) -> Result<Vec<VcpuFd>, VmmError> {
+    let mut vcpus = Vec::with_capacity(usize::from(setup.vcpus));
+    for index in 0..setup.vcpus {
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        vcpu::configure(&fd, index, setup)?;
+        vcpus.push(fd);
+    }
+    Ok(vcpus)
+}
+
+/// A virtio-mmio device shared by the MMIO bus and the VM.
+type SharedMmio = Arc<Mutex<MmioDevice>>;
+
 static VM_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// A created, not yet running VM.
@@ -101,7 +225,7 @@ pub struct Vm {
     seq: u64,
     // Field order is drop order: vCPUs and devices before the VM fd, memory last.
     vcpus: Vec<VcpuFd>,
-    virtio: Vec<Arc<Mutex<MmioDevice>>>,
+    virtio: Vec<SharedMmio>,
     pio: Bus,
     mmio: Bus,
     console: SharedConsole,
@@ -125,40 +249,14 @@ impl std::fmt::Debug for Vm {
 impl Vm {
     /// Create the VM: memory, kernel, boot structures, devices and vCPUs.
     pub fn create(mut cfg: VmConfig) -> Result<Vm, VmmError> {
-        if cfg.vcpus == 0 || cfg.vcpus > boot::mptable::MAX_CPUS {
-            return Err(VmmError::Config(format!(
-                "vcpus must be 1..={}, got {}",
-                boot::mptable::MAX_CPUS,
-                cfg.vcpus
-            )));
-        }
-        let max_devices = (MAX_GSI - VIRTIO_GSI_BASE + 1) as usize;
-        if cfg.devices.len() > max_devices {
-            return Err(VmmError::Config(format!(
-                "at most {max_devices} virtio devices, got {}",
-                cfg.devices.len()
-            )));
-        }
+        check_config(&cfg)?;
         install_kick_handler().map_err(|e| VmmError::Host {
             what: "installing the vCPU kick handler",
             source: e.into(),
         })?;
         let layout = MemoryLayout::new(cfg.mem_mib)?;
         let profile = cfg.cpu_profile.resolve();
-
-        let kvm = Kvm::new().map_err(kvm_err("opening /dev/kvm"))?;
-        let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-        vm.set_tss_address(TSS_ADDR as usize)
-            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
-        vm.set_identity_map_address(IDENTITY_MAP_ADDR)
-            .map_err(kvm_err("KVM_SET_IDENTITY_MAP_ADDR"))?;
-        vm.create_irq_chip()
-            .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+        let (kvm, vm) = create_kvm_vm()?;
 
         let mem = memory::allocate(&layout)?;
         memory::register(&vm, &mem)?;
@@ -179,58 +277,8 @@ impl Vm {
         let control = Arc::new(Control::new(usize::from(cfg.vcpus)));
         let console: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(cfg.console.ring_bytes)));
         let mut irq_events = Vec::new();
-        let mut pio = Bus::new();
-        let mut mmio = Bus::new();
-
-        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(host_err("eventfd"))?;
-        vm.register_irqfd(&serial_irq, COM1_IRQ)
-            .map_err(kvm_err("KVM_IRQFD (serial)"))?;
-        let serial_trigger = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
-        irq_events.push(serial_irq);
-        let serial = Serial::new(
-            console.clone(),
-            cfg.console.sink.take(),
-            Some(serial_trigger),
-        );
-        pio.insert(Arc::new(Mutex::new(serial)), COM1_PORT, 8)
-            .map_err(VmmError::Bus)?;
-
-        let reset_control = control.clone();
-        let i8042 = I8042::new(Arc::new(move || {
-            reset_control.request_stop(Ok(VmExit::Reset))
-        }));
-        pio.insert(Arc::new(Mutex::new(i8042)), I8042_BASE, I8042_LEN)
-            .map_err(VmmError::Bus)?;
-        for (base, len, value) in ABSORBED_PORTS {
-            pio.insert(Arc::new(Mutex::new(Sink(*value))), *base, *len)
-                .map_err(VmmError::Bus)?;
-        }
-
-        let mut virtio = Vec::new();
-        for (index, dev_cfg) in cfg.devices.iter().enumerate() {
-            let dev = MmioDevice::new(dev_cfg, mem.clone())
-                .map_err(|source| VmmError::Virtio { index, source })?;
-            let base = virtio_mmio_base(index);
-            for (queue, evt) in dev.queue_notify_events() {
-                vm.register_ioevent(
-                    &evt,
-                    &IoEventAddress::Mmio(base + VIRTIO_MMIO_QUEUE_NOTIFY),
-                    queue,
-                )
-                .map_err(kvm_err("KVM_IOEVENTFD"))?;
-                irq_events.push(evt);
-            }
-            let irq = dev
-                .interrupt_event()
-                .map_err(|source| VmmError::Virtio { index, source })?;
-            vm.register_irqfd(&irq, VIRTIO_GSI_BASE + index as u32)
-                .map_err(kvm_err("KVM_IRQFD (virtio)"))?;
-            irq_events.push(irq);
-            let dev = Arc::new(Mutex::new(dev));
-            mmio.insert(dev.clone(), base, VIRTIO_MMIO_SIZE)
-                .map_err(VmmError::Bus)?;
-            virtio.push(dev);
-        }
+        let pio = legacy_devices(&vm, &control, &console, &mut cfg, &mut irq_events)?;
+        let (mmio, virtio) = virtio_devices(&vm, &mem, &cfg, &mut irq_events)?;
 
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -241,14 +289,7 @@ impl Vm {
             baseline: profile == CpuProfile::Baseline,
             kernel: &kernel,
         };
-        let mut vcpus = Vec::with_capacity(usize::from(cfg.vcpus));
-        for index in 0..cfg.vcpus {
-            let fd = vm
-                .create_vcpu(u64::from(index))
-                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-            vcpu::configure(&fd, index, &setup)?;
-            vcpus.push(fd);
-        }
+        let vcpus = create_vcpus(&vm, &setup)?;
         Ok(Vm {
             seq: VM_SEQ.fetch_add(1, Ordering::Relaxed),
             vcpus,

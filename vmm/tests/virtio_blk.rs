@@ -4,9 +4,13 @@
 use std::path::Path;
 use std::time::Duration;
 
+use virtio_bindings::virtio_blk::VIRTIO_BLK_F_RO;
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
+    VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
+};
 use vmm::virtio::DeviceConfig;
-use vmm::virtio::block::VIRTIO_BLK_F_RO;
-use vmm::virtio::block::request::{req_type, status};
+use vmm::virtio::block::request::status;
 use vmm::virtio::test_utils::{Driver, Seg};
 
 const T: Duration = Duration::from_secs(5);
@@ -75,7 +79,7 @@ fn read_returns_file_contents() {
     let dir = tempfile::tempdir().unwrap();
     let (p, data) = image(dir.path());
     let mut d = disk(&p, true);
-    let (st, used, addr) = req(&mut d, req_type::IN, 3, Some((4096, true)));
+    let (st, used, addr) = req(&mut d, VIRTIO_BLK_T_IN, 3, Some((4096, true)));
     assert_eq!(st, status::OK);
     assert_eq!(used, 4097);
     assert_eq!(d.read_mem(addr, 4096), data[3 * 512..3 * 512 + 4096]);
@@ -86,7 +90,7 @@ fn get_id_answers_serial() {
     let dir = tempfile::tempdir().unwrap();
     let (p, _) = image(dir.path());
     let mut d = disk(&p, true);
-    let (st, _, addr) = req(&mut d, req_type::GET_ID, 0, Some((20, true)));
+    let (st, _, addr) = req(&mut d, VIRTIO_BLK_T_GET_ID, 0, Some((20, true)));
     assert_eq!(st, status::OK);
     assert_eq!(&d.read_mem(addr, 20)[..14], b"disk-serial-1\0");
 }
@@ -97,16 +101,16 @@ fn read_beyond_end_is_ioerr() {
     let (p, _) = image(dir.path());
     let mut d = disk(&p, true);
     assert_eq!(
-        req(&mut d, req_type::IN, SECTORS - 1, Some((1024, true))).0,
+        req(&mut d, VIRTIO_BLK_T_IN, SECTORS - 1, Some((1024, true))).0,
         status::IOERR
     );
     assert_eq!(
-        req(&mut d, req_type::IN, u64::MAX, Some((512, true))).0,
+        req(&mut d, VIRTIO_BLK_T_IN, u64::MAX, Some((512, true))).0,
         status::IOERR
     );
     // The device still serves a valid read afterwards.
     assert_eq!(
-        req(&mut d, req_type::IN, SECTORS - 1, Some((512, true))).0,
+        req(&mut d, VIRTIO_BLK_T_IN, SECTORS - 1, Some((512, true))).0,
         status::OK
     );
 }
@@ -129,7 +133,7 @@ fn chain_without_status_buffer_is_returned_and_device_continues() {
     d.notify(0);
     assert_eq!(d.wait_used(0, T).unwrap().1, 0);
     assert_eq!(
-        req(&mut d, req_type::IN, 0, Some((512, true))).0,
+        req(&mut d, VIRTIO_BLK_T_IN, 0, Some((512, true))).0,
         status::OK
     );
 }
@@ -146,22 +150,22 @@ fn assert_refused_on_read_only(kind: u32, data: Option<(u32, bool)>) {
 
 #[test]
 fn read_only_refuses_write() {
-    assert_refused_on_read_only(req_type::OUT, Some((512, false)));
+    assert_refused_on_read_only(VIRTIO_BLK_T_OUT, Some((512, false)));
 }
 
 #[test]
 fn read_only_refuses_discard() {
-    assert_refused_on_read_only(req_type::DISCARD, Some((16, false)));
+    assert_refused_on_read_only(VIRTIO_BLK_T_DISCARD, Some((16, false)));
 }
 
 #[test]
 fn read_only_refuses_write_zeroes() {
-    assert_refused_on_read_only(req_type::WRITE_ZEROES, Some((16, false)));
+    assert_refused_on_read_only(VIRTIO_BLK_T_WRITE_ZEROES, Some((16, false)));
 }
 
 #[test]
 fn read_only_refuses_flush_with_write_data() {
-    assert_refused_on_read_only(req_type::FLUSH, Some((512, false)));
+    assert_refused_on_read_only(VIRTIO_BLK_T_FLUSH, Some((512, false)));
 }
 
 #[test]
@@ -169,7 +173,7 @@ fn read_only_plain_flush_is_ok_noop() {
     let dir = tempfile::tempdir().unwrap();
     let (p, before) = image(dir.path());
     let mut d = disk(&p, true);
-    assert_eq!(req(&mut d, req_type::FLUSH, 0, None).0, status::OK);
+    assert_eq!(req(&mut d, VIRTIO_BLK_T_FLUSH, 0, None).0, status::OK);
     drop(d);
     assert!(std::fs::read(&p).unwrap() == before);
 }
@@ -180,11 +184,11 @@ fn read_write_disk_writes_and_reads_back() {
     let (p, _) = image(dir.path());
     let mut d = disk(&p, false);
     assert_eq!(
-        req(&mut d, req_type::OUT, 2, Some((1024, false))).0,
+        req(&mut d, VIRTIO_BLK_T_OUT, 2, Some((1024, false))).0,
         status::OK
     );
-    assert_eq!(req(&mut d, req_type::FLUSH, 0, None).0, status::OK);
-    let (st, _, addr) = req(&mut d, req_type::IN, 2, Some((1024, true)));
+    assert_eq!(req(&mut d, VIRTIO_BLK_T_FLUSH, 0, None).0, status::OK);
+    let (st, _, addr) = req(&mut d, VIRTIO_BLK_T_IN, 2, Some((1024, true)));
     assert_eq!(st, status::OK);
     assert!(d.read_mem(addr, 1024).iter().all(|&b| b == 0xAA));
     drop(d);
@@ -203,8 +207,8 @@ fn several_disks_are_independent() {
     std::fs::write(&p2, vec![0x55u8; 4096]).unwrap();
     let mut a = disk(&p, true);
     let mut b = disk(&p2, true);
-    let (_, _, x) = req(&mut a, req_type::IN, 0, Some((512, true)));
-    let (_, _, y) = req(&mut b, req_type::IN, 0, Some((512, true)));
+    let (_, _, x) = req(&mut a, VIRTIO_BLK_T_IN, 0, Some((512, true)));
+    let (_, _, y) = req(&mut b, VIRTIO_BLK_T_IN, 0, Some((512, true)));
     assert_eq!(a.read_mem(x, 512), data[..512]);
     assert!(b.read_mem(y, 512).iter().all(|&v| v == 0x55));
 }

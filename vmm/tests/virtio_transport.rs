@@ -3,9 +3,18 @@
 
 use std::time::Duration;
 
-use vmm::virtio::mmio::{reg, status};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
+};
+use virtio_bindings::virtio_mmio::{
+    VIRTIO_MMIO_DEVICE_ID, VIRTIO_MMIO_INTERRUPT_STATUS, VIRTIO_MMIO_MAGIC_VALUE,
+    VIRTIO_MMIO_QUEUE_NUM_MAX, VIRTIO_MMIO_QUEUE_READY, VIRTIO_MMIO_QUEUE_SEL,
+    VIRTIO_MMIO_QUEUE_USED_LOW, VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VERSION,
+};
+use vmm::virtio::DeviceConfig;
 use vmm::virtio::test_utils::{Driver, F_NEXT, MEM_SIZE, Seg};
-use vmm::virtio::{DeviceConfig, VIRTIO_F_VERSION_1};
 
 const V1: u64 = 1 << VIRTIO_F_VERSION_1;
 const T: Duration = Duration::from_secs(5);
@@ -24,21 +33,21 @@ fn request(d: &mut Driver, len: u32) -> (u16, u32) {
 #[test]
 fn identification_registers() {
     let mut d = rng();
-    assert_eq!(d.read_reg(reg::MAGIC), 0x7472_6976);
-    assert_eq!(d.read_reg(reg::VERSION), 2);
-    assert_eq!(d.read_reg(reg::DEVICE_ID), 4);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_MAGIC_VALUE), 0x7472_6976);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_VERSION), 2);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_DEVICE_ID), 4);
     assert!(d.device_features() & V1 != 0);
-    d.write_reg(reg::QUEUE_SEL, 0);
-    assert_eq!(d.read_reg(reg::QUEUE_NUM_MAX), 256);
-    d.write_reg(reg::QUEUE_SEL, 1);
-    assert_eq!(d.read_reg(reg::QUEUE_NUM_MAX), 0);
+    d.write_reg(VIRTIO_MMIO_QUEUE_SEL, 0);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_QUEUE_NUM_MAX), 256);
+    d.write_reg(VIRTIO_MMIO_QUEUE_SEL, 1);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_QUEUE_NUM_MAX), 0);
 }
 
 #[test]
 fn unoffered_feature_is_refused() {
     let mut d = rng();
     assert!(!d.negotiate(V1 | (1 << 3)));
-    assert_eq!(d.status() & status::FEATURES_OK, 0);
+    assert_eq!(d.status() & VIRTIO_CONFIG_S_FEATURES_OK, 0);
 }
 
 #[test]
@@ -51,30 +60,36 @@ fn version_1_is_required() {
 #[test]
 fn queue_registers_ignored_before_features_ok() {
     let mut d = rng();
-    d.write_reg(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
-    d.write_reg(reg::QUEUE_SEL, 0);
-    d.write_reg(reg::QUEUE_READY, 1);
-    assert_eq!(d.read_reg(reg::QUEUE_READY), 0);
+    d.write_reg(
+        VIRTIO_MMIO_STATUS,
+        VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
+    );
+    d.write_reg(VIRTIO_MMIO_QUEUE_SEL, 0);
+    d.write_reg(VIRTIO_MMIO_QUEUE_READY, 1);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_QUEUE_READY), 0);
 }
 
 #[test]
 fn queue_registers_ignored_after_driver_ok() {
     let mut d = rng();
     d.activate(0);
-    d.write_reg(reg::QUEUE_SEL, 0);
-    d.write_reg(reg::QUEUE_READY, 0);
-    assert_eq!(d.read_reg(reg::QUEUE_READY), 1);
+    d.write_reg(VIRTIO_MMIO_QUEUE_SEL, 0);
+    d.write_reg(VIRTIO_MMIO_QUEUE_READY, 0);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_QUEUE_READY), 1);
 }
 
 #[test]
 fn driver_ok_without_features_ok_is_ignored() {
     let mut d = rng();
-    d.write_reg(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
     d.write_reg(
-        reg::STATUS,
-        status::ACKNOWLEDGE | status::DRIVER | status::DRIVER_OK,
+        VIRTIO_MMIO_STATUS,
+        VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
     );
-    assert_eq!(d.status() & status::DRIVER_OK, 0);
+    d.write_reg(
+        VIRTIO_MMIO_STATUS,
+        VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_DRIVER_OK,
+    );
+    assert_eq!(d.status() & VIRTIO_CONFIG_S_DRIVER_OK, 0);
     assert!(!d.dev.is_active());
 }
 
@@ -89,21 +104,21 @@ fn activate_with_size(size: u16) -> Driver {
 #[test]
 fn queue_size_not_power_of_two_needs_reset() {
     let mut d = activate_with_size(100);
-    assert!(d.status() & status::DEVICE_NEEDS_RESET != 0);
+    assert!(d.status() & VIRTIO_CONFIG_S_NEEDS_RESET != 0);
     assert!(!d.dev.is_active());
 }
 
 #[test]
 fn queue_size_zero_needs_reset() {
     let mut d = activate_with_size(0);
-    assert!(d.status() & status::DEVICE_NEEDS_RESET != 0);
+    assert!(d.status() & VIRTIO_CONFIG_S_NEEDS_RESET != 0);
     assert!(!d.dev.is_active());
 }
 
 #[test]
 fn queue_larger_than_max_needs_reset() {
     let mut d = activate_with_size(512);
-    assert!(d.status() & status::DEVICE_NEEDS_RESET != 0);
+    assert!(d.status() & VIRTIO_CONFIG_S_NEEDS_RESET != 0);
 }
 
 #[test]
@@ -112,9 +127,9 @@ fn ring_outside_ram_needs_reset() {
     assert!(d.negotiate(V1));
     d.setup_queue(0, 256);
     let far = MEM_SIZE as u64 + 0x1000;
-    d.write_reg(reg::QUEUE_USED_LOW, far as u32);
+    d.write_reg(VIRTIO_MMIO_QUEUE_USED_LOW, far as u32);
     d.driver_ok();
-    assert!(d.status() & status::DEVICE_NEEDS_RESET != 0);
+    assert!(d.status() & VIRTIO_CONFIG_S_NEEDS_RESET != 0);
     assert!(!d.dev.is_active());
 }
 
@@ -124,12 +139,12 @@ fn reset_returns_to_initial_state_and_device_works_again() {
     d.activate(0);
     let (_, len) = request(&mut d, 64);
     assert_eq!(len, 64);
-    d.write_reg(reg::STATUS, 0);
+    d.write_reg(VIRTIO_MMIO_STATUS, 0);
     assert_eq!(d.status(), 0);
     assert!(!d.dev.is_active());
-    d.write_reg(reg::QUEUE_SEL, 0);
-    assert_eq!(d.read_reg(reg::QUEUE_READY), 0);
-    assert_eq!(d.read_reg(reg::INTERRUPT_STATUS), 0);
+    d.write_reg(VIRTIO_MMIO_QUEUE_SEL, 0);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_QUEUE_READY), 0);
+    assert_eq!(d.read_reg(VIRTIO_MMIO_INTERRUPT_STATUS), 0);
     // A fresh bring-up starts at ring index 0 again and is served.
     d.activate(0);
     let (_, len) = request(&mut d, 32);
@@ -143,7 +158,7 @@ fn avail_index_running_ahead_needs_reset() {
     d.set_avail_idx(0, 300);
     d.notify(0);
     assert!(d.wait_irq(T), "no config interrupt");
-    assert!(d.status() & status::DEVICE_NEEDS_RESET != 0);
+    assert!(d.status() & VIRTIO_CONFIG_S_NEEDS_RESET != 0);
 }
 
 #[test]
@@ -158,7 +173,7 @@ fn descriptor_loop_fails_request_and_device_keeps_serving() {
     d.notify(0);
     let (head, len) = d.wait_used(0, T).unwrap();
     assert_eq!((head, len), (10, 0));
-    assert_eq!(d.status() & status::DEVICE_NEEDS_RESET, 0);
+    assert_eq!(d.status() & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
     let (_, len) = request(&mut d, 8);
     assert_eq!(len, 8);
 }
@@ -193,7 +208,7 @@ fn head_index_out_of_range_needs_reset() {
     d.push_avail(0, 999);
     d.notify(0);
     assert!(d.wait_irq(T));
-    assert!(d.status() & status::DEVICE_NEEDS_RESET != 0);
+    assert!(d.status() & VIRTIO_CONFIG_S_NEEDS_RESET != 0);
 }
 
 #[test]

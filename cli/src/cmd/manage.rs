@@ -4,6 +4,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use vm_sandbox::sys::{self, Signal};
 
 use crate::args::{LogsArgs, PsArgs, RmArgs, StopArgs};
 use crate::exit;
@@ -89,8 +90,10 @@ pub async fn stop_one(rt: &Runtime, name: &str, grace: Duration) -> anyhow::Resu
         return Ok(false);
     };
     tracing::info!(pid = sup.pid, "asking the supervisor of {name} to stop");
-    // SAFETY: kill(2) on a pid whose identity (pid + start time) was just verified.
-    unsafe { libc::kill(sup.pid as libc::pid_t, libc::SIGTERM) };
+    // The supervisor's identity (pid + start time) was just verified.
+    if let Err(e) = sys::signal(sup.pid, Signal::Terminate) {
+        tracing::debug!(pid = sup.pid, error = %e, "the supervisor is already gone");
+    }
     let deadline = Instant::now() + grace;
     while sup.alive() && Instant::now() < deadline {
         tokio::time::sleep(POLL).await;
@@ -99,8 +102,9 @@ pub async fn stop_one(rt: &Runtime, name: &str, grace: Duration) -> anyhow::Resu
         tracing::warn!("{name}: supervisor did not stop within {grace:?}; killing it");
         // The supervisor leads its own session and process group (setsid); kill the group
         // so VM helper processes it started go too.
-        // SAFETY: kill(2) on the process group led by the verified supervisor pid.
-        unsafe { libc::kill(-(sup.pid as libc::pid_t), libc::SIGKILL) };
+        if let Err(e) = sys::signal_group(sup.pid, Signal::Kill) {
+            tracing::debug!(pid = sup.pid, error = %e, "the supervisor's group is already gone");
+        }
         let until = Instant::now() + Duration::from_secs(5);
         while sup.alive() && Instant::now() < until {
             tokio::time::sleep(POLL).await;

@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
 use vm_sandbox::Options;
+use vm_sandbox::sys::{self, Signal};
 
 use crate::args::RunArgs;
 use crate::dryrun;
@@ -125,17 +125,7 @@ async fn start(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    let new_session = || {
-        // SAFETY: setsid(2) has no preconditions; it is async-signal-safe, as required
-        // between fork and exec.
-        if unsafe { libc::setsid() } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    };
-    // SAFETY: the closure only calls setsid(2), which is async-signal-safe, and allocates
-    // nothing (last_os_error reads errno).
-    unsafe { cmd.pre_exec(new_session) };
+    sys::new_session(&mut cmd);
     let mut child = cmd.spawn().context("starting the supervisor")?;
     loop {
         let record = rt.load(name)?;
@@ -179,9 +169,11 @@ async fn start(
 
 /// SIGTERM to the supervisor, then SIGKILL to its process group after `grace`; reaps it.
 async fn terminate(child: &mut std::process::Child, grace: Duration) {
-    let pid = child.id() as libc::pid_t;
-    // SAFETY: kill(2) on our own unreaped child, so the pid cannot have been recycled.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let pid = child.id();
+    // Our own unreaped child: the pid cannot have been recycled.
+    if let Err(e) = sys::signal(pid, Signal::Terminate) {
+        tracing::debug!(pid, error = %e, "the supervisor is already gone");
+    }
     let deadline = std::time::Instant::now() + grace;
     while std::time::Instant::now() < deadline {
         if matches!(child.try_wait(), Ok(Some(_))) {
@@ -189,7 +181,9 @@ async fn terminate(child: &mut std::process::Child, grace: Duration) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // SAFETY: the child leads its own process group (setsid) and is not reaped yet.
-    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    // The child leads its own process group (setsid) and is not reaped yet.
+    if let Err(e) = sys::signal_group(pid, Signal::Kill) {
+        tracing::debug!(pid, error = %e, "the supervisor's group is already gone");
+    }
     let _ = child.wait();
 }

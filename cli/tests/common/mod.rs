@@ -168,8 +168,8 @@ impl Drop for ChildGuard {
         if !matches!(self.0.try_wait(), Ok(None)) {
             return;
         }
-        // SAFETY: kill(2) on our own unreaped child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
+        // Our own unreaped child.
+        let _ = vm_sandbox::sys::signal(self.0.id(), vm_sandbox::sys::Signal::Interrupt);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::time::Instant::now() < deadline {
             if !matches!(self.0.try_wait(), Ok(None)) {

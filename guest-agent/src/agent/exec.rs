@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::unix::pipe;
 
 use super::conn::{send, send_error};
@@ -71,6 +71,162 @@ impl<S: Stream> Sink<'_, S> {
     }
 }
 
+/// The command's output pipes and their read buffers.
+struct Pipes {
+    out: Option<pipe::Receiver>,
+    err: Option<pipe::Receiver>,
+    bo: Vec<u8>,
+    be: Vec<u8>,
+}
+
+/// What one read of the pipes got.
+enum Chunk {
+    Out(usize),
+    Err(usize),
+    /// A pipe reached EOF or failed; it is closed now.
+    Closed,
+}
+
+impl Pipes {
+    fn take(p: &mut process::Proc) -> Pipes {
+        Pipes {
+            out: p.out.take(),
+            err: p.err.take(),
+            bo: vec![0u8; READ_BUF],
+            be: vec![0u8; READ_BUF],
+        }
+    }
+
+    fn open(&self) -> bool {
+        self.out.is_some() || self.err.is_some()
+    }
+
+    /// The next chunk from either pipe. Cancel-safe (a pipe read), so it can race the exit,
+    /// the timeout and the host's cancel; forwarding happens outside the race.
+    async fn read(&mut self) -> Chunk {
+        tokio::select! {
+            r = read_opt(&mut self.out, &mut self.bo) => match r {
+                Ok(n) if n > 0 => Chunk::Out(n),
+                _ => { self.out = None; Chunk::Closed }
+            },
+            r = read_opt(&mut self.err, &mut self.be) => match r {
+                Ok(n) if n > 0 => Chunk::Err(n),
+                _ => { self.err = None; Chunk::Closed }
+            },
+        }
+    }
+
+    /// Forwards a chunk read by [`Pipes::read`]; `Err` means the host is gone.
+    async fn forward<S: Stream>(&self, c: Chunk, sink: &mut Sink<'_, S>) -> Result<(), FrameError> {
+        match c {
+            Chunk::Out(n) => sink.chunk(&self.bo[..n], false).await,
+            Chunk::Err(n) => sink.chunk(&self.be[..n], true).await,
+            Chunk::Closed => Ok(()),
+        }
+    }
+
+    /// After the process ended: forwards what is left in the pipes, for at most
+    /// [`DRAIN_LIMIT`].
+    async fn drain<S: Stream>(&mut self, sink: &mut Sink<'_, S>) {
+        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
+            while self.open() {
+                let c = self.read().await;
+                if self.forward(c, sink).await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// How the wait for the command ended.
+struct Outcome {
+    /// The exit status, when the process exited by itself.
+    status: Option<ExitStatus>,
+    timed_out: bool,
+    /// The host cancelled, went away or sent garbage.
+    cancelled: bool,
+}
+
+/// Forwards output until the process exits, the timeout fires or the host cancels (any
+/// frame, EOF or garbage from the host while the command runs means cancel).
+async fn wait<S: Stream>(
+    p: &mut process::Proc,
+    pipes: &mut Pipes,
+    sink: &mut Sink<'_, S>,
+    rd: &mut ReadHalf<S>,
+    timeout: Option<Duration>,
+) -> Outcome {
+    let mut o = Outcome {
+        status: None,
+        timed_out: false,
+        cancelled: false,
+    };
+    let cancel = read_frame::<_, ClientFrame>(rd, MAX_FRAME, None, sink.io_timeout);
+    tokio::pin!(cancel);
+    let sleep = async {
+        match timeout {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut cancel => { o.cancelled = true; break; }
+            _ = &mut sleep => { o.timed_out = true; break; }
+            st = &mut p.exit => { o.status = Some(st.unwrap_or_default()); break; }
+            c = pipes.read() => if pipes.forward(c, sink).await.is_err() { o.cancelled = true; break; },
+        }
+    }
+    o
+}
+
+/// Kills what is left of the tree and returns the final status: the process's own, else
+/// the one the kill produced (bounded wait), else SIGKILL.
+async fn reap(p: &mut process::Proc, o: &Outcome) -> ExitStatus {
+    p.kill_tree();
+    let mut status = match o.status {
+        Some(s) => s,
+        None => match tokio::time::timeout(EXIT_WAIT, &mut p.exit).await {
+            Ok(Ok(s)) => s,
+            _ => ExitStatus {
+                code: None,
+                signal: Some(libc::SIGKILL),
+                timed_out: false,
+            },
+        },
+    };
+    status.timed_out = o.timed_out;
+    status
+}
+
+/// Spawns the request's command: separate pipes when streaming, one combined pipe else.
+fn spawn(
+    agent: &Agent,
+    req: &ExecRequest,
+    streaming: bool,
+    name: &str,
+    user: Option<&super::user::Ids>,
+) -> Result<process::Proc, process::ProcessError> {
+    let spec = SpawnSpec {
+        command: &req.command,
+        env: &req.env,
+        cwd: req.cwd.as_deref(),
+        default_cwd: agent.root_path(),
+        with_stdin: !req.stdin.is_empty(),
+        output: if streaming {
+            OutputMode::Separate
+        } else {
+            OutputMode::Combined
+        },
+        name,
+        user,
+    };
+    process::spawn(agent.reaper(), agent.cgroups(), &spec)
+}
+
 /// Handle one `Exec`/`ExecStream` request; `conn` is positioned right after the request frame.
 pub(super) async fn run<S: Stream>(
     agent: &Agent,
@@ -94,21 +250,7 @@ pub(super) async fn run<S: Stream>(
         Err(e) => return send_error(&mut wr, ErrorKind::BadRequest, &e.to_string(), t).await,
     };
     let name = format!("exec-{}", agent.next_id());
-    let spec = SpawnSpec {
-        command: &req.command,
-        env: &req.env,
-        cwd: req.cwd.as_deref(),
-        default_cwd: agent.root_path(),
-        with_stdin: !req.stdin.is_empty(),
-        output: if streaming {
-            OutputMode::Separate
-        } else {
-            OutputMode::Combined
-        },
-        name: &name,
-        user: ids.as_ref(),
-    };
-    let mut p = match process::spawn(agent.reaper(), agent.cgroups(), &spec) {
+    let mut p = match spawn(agent, &req, streaming, &name, ids.as_ref()) {
         Ok(p) => p,
         Err(e) => return send_error(&mut wr, e.kind(), &error_chain(&e), t).await,
     };
@@ -134,71 +276,17 @@ pub(super) async fn run<S: Stream>(
         truncated: false,
         io_timeout: t,
     };
-    let (mut out, mut err) = (p.out.take(), p.err.take());
-    let (mut bo, mut be) = (vec![0u8; READ_BUF], vec![0u8; READ_BUF]);
-    let mut status: Option<ExitStatus> = None;
-    let (mut timed_out, mut cancelled) = (false, false);
-    {
-        // Any frame, EOF or garbage from the client while the command runs means cancel.
-        let cancel = read_frame::<_, ClientFrame>(&mut rd, MAX_FRAME, None, t);
-        tokio::pin!(cancel);
-        let sleep = async {
-            match req.timeout {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                _ = &mut cancel => { cancelled = true; break; }
-                _ = &mut sleep => { timed_out = true; break; }
-                st = &mut p.exit => { status = Some(st.unwrap_or_default()); break; }
-                r = read_opt(&mut out, &mut bo) => match r {
-                    Ok(n) if n > 0 => if sink.chunk(&bo[..n], false).await.is_err() { cancelled = true; break; },
-                    _ => out = None,
-                },
-                r = read_opt(&mut err, &mut be) => match r {
-                    Ok(n) if n > 0 => if sink.chunk(&be[..n], true).await.is_err() { cancelled = true; break; },
-                    _ => err = None,
-                },
-            }
-        }
-    }
-    p.kill_tree();
-    let mut status = match status {
-        Some(s) => s,
-        None => match tokio::time::timeout(EXIT_WAIT, &mut p.exit).await {
-            Ok(Ok(s)) => s,
-            _ => ExitStatus {
-                code: None,
-                signal: Some(libc::SIGKILL),
-                timed_out: false,
-            },
-        },
-    };
-    status.timed_out = timed_out;
-    if !cancelled {
-        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
-            while out.is_some() || err.is_some() {
-                tokio::select! {
-                    r = read_opt(&mut out, &mut bo) => match r {
-                        Ok(n) if n > 0 => if sink.chunk(&bo[..n], false).await.is_err() { break },
-                        _ => out = None,
-                    },
-                    r = read_opt(&mut err, &mut be) => match r {
-                        Ok(n) if n > 0 => if sink.chunk(&be[..n], true).await.is_err() { break },
-                        _ => err = None,
-                    },
-                }
-            }
-        })
-        .await;
+    let mut pipes = Pipes::take(&mut p);
+    let outcome = wait(&mut p, &mut pipes, &mut sink, &mut rd, req.timeout).await;
+    let status = reap(&mut p, &outcome).await;
+    if !outcome.cancelled {
+        pipes.drain(&mut sink).await;
     }
     let truncated = sink.truncated;
     if let Some(cg) = p.cgroup.take() {
         tokio::spawn(cg.remove());
     }
+    let cancelled = outcome.cancelled;
     tracing::debug!(name, ?status, cancelled, "exec finished");
     let last = if streaming {
         AgentFrame::Exit(status)

@@ -15,59 +15,30 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::queue::{clone_queue, queue_usable};
 use super::worker::{Interrupt, Worker, WorkerSetup};
-use super::{DeviceConfig, GuestMemoryMmap, VIRTIO_F_VERSION_1, VirtioDevice, VirtioError};
+use super::{DeviceConfig, GuestMemoryMmap, VirtioDevice, VirtioError};
 use crate::bus::BusDevice;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
+    VIRTIO_CONFIG_S_NEEDS_RESET,
+};
+use virtio_bindings::virtio_mmio::{
+    VIRTIO_MMIO_CONFIG, VIRTIO_MMIO_CONFIG_GENERATION, VIRTIO_MMIO_DEVICE_FEATURES,
+    VIRTIO_MMIO_DEVICE_FEATURES_SEL, VIRTIO_MMIO_DEVICE_ID, VIRTIO_MMIO_DRIVER_FEATURES,
+    VIRTIO_MMIO_DRIVER_FEATURES_SEL, VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INTERRUPT_STATUS,
+    VIRTIO_MMIO_MAGIC_VALUE, VIRTIO_MMIO_QUEUE_AVAIL_HIGH, VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+    VIRTIO_MMIO_QUEUE_DESC_HIGH, VIRTIO_MMIO_QUEUE_DESC_LOW, VIRTIO_MMIO_QUEUE_NOTIFY,
+    VIRTIO_MMIO_QUEUE_NUM, VIRTIO_MMIO_QUEUE_NUM_MAX, VIRTIO_MMIO_QUEUE_READY,
+    VIRTIO_MMIO_QUEUE_SEL, VIRTIO_MMIO_QUEUE_USED_HIGH, VIRTIO_MMIO_QUEUE_USED_LOW,
+    VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VENDOR_ID, VIRTIO_MMIO_VERSION,
+};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 const MAGIC: u32 = 0x7472_6976;
 const VERSION: u32 = 2;
 const VENDOR_ID: u32 = 0x554d_4551; // any constant; Linux does not check it
 
-/// Device status bits.
-pub mod status {
-    /// The guest noticed the device.
-    pub const ACKNOWLEDGE: u32 = 1;
-    /// The guest has a driver for it.
-    pub const DRIVER: u32 = 2;
-    /// The driver is ready.
-    pub const DRIVER_OK: u32 = 4;
-    /// Feature negotiation is complete.
-    pub const FEATURES_OK: u32 = 8;
-    /// The device hit an error it cannot recover from without a reset.
-    pub const DEVICE_NEEDS_RESET: u32 = 0x40;
-    /// The driver gave up.
-    pub const FAILED: u32 = 0x80;
-}
-
-/// Register offsets.
-#[allow(missing_docs)]
-pub mod reg {
-    pub const MAGIC: u64 = 0x00;
-    pub const VERSION: u64 = 0x04;
-    pub const DEVICE_ID: u64 = 0x08;
-    pub const VENDOR_ID: u64 = 0x0c;
-    pub const DEVICE_FEATURES: u64 = 0x10;
-    pub const DEVICE_FEATURES_SEL: u64 = 0x14;
-    pub const DRIVER_FEATURES: u64 = 0x20;
-    pub const DRIVER_FEATURES_SEL: u64 = 0x24;
-    pub const QUEUE_SEL: u64 = 0x30;
-    pub const QUEUE_NUM_MAX: u64 = 0x34;
-    pub const QUEUE_NUM: u64 = 0x38;
-    pub const QUEUE_READY: u64 = 0x44;
-    pub const QUEUE_NOTIFY: u64 = 0x50;
-    pub const INTERRUPT_STATUS: u64 = 0x60;
-    pub const INTERRUPT_ACK: u64 = 0x64;
-    pub const STATUS: u64 = 0x70;
-    pub const QUEUE_DESC_LOW: u64 = 0x80;
-    pub const QUEUE_DESC_HIGH: u64 = 0x84;
-    pub const QUEUE_AVAIL_LOW: u64 = 0x90;
-    pub const QUEUE_AVAIL_HIGH: u64 = 0x94;
-    pub const QUEUE_USED_LOW: u64 = 0xa0;
-    pub const QUEUE_USED_HIGH: u64 = 0xa4;
-    pub const CONFIG_GENERATION: u64 = 0xfc;
-    pub const CONFIG: u64 = 0x100;
-}
-
-/// A virtio device behind a 0x1000-byte MMIO register window.
+/// A virtio device behind one MMIO register window (`crate::layout::VIRTIO_MMIO_SIZE` bytes).
 pub struct MmioDevice {
     device: Box<dyn VirtioDevice>,
     mem: GuestMemoryMmap,
@@ -177,7 +148,7 @@ impl MmioDevice {
     /// The device status register as the guest reads it.
     pub fn device_status(&self) -> u32 {
         let nr = if self.irq.needs_reset() {
-            status::DEVICE_NEEDS_RESET
+            VIRTIO_CONFIG_S_NEEDS_RESET
         } else {
             0
         };
@@ -194,7 +165,8 @@ impl MmioDevice {
     }
 
     fn queue_config_allowed(&self) -> bool {
-        self.status & status::FEATURES_OK != 0 && self.status & status::DRIVER_OK == 0
+        self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0
+            && self.status & VIRTIO_CONFIG_S_DRIVER_OK == 0
     }
 
     fn reset(&mut self) {
@@ -229,23 +201,23 @@ impl MmioDevice {
             return;
         }
         let new = v & !self.status;
-        let mut v = v & !status::DEVICE_NEEDS_RESET;
-        if new & status::FEATURES_OK != 0 {
+        let mut v = v & !VIRTIO_CONFIG_S_NEEDS_RESET;
+        if new & VIRTIO_CONFIG_S_FEATURES_OK != 0 {
             let unoffered = self.acked_features & !self.offered_features();
             let has_v1 = self.acked_features & (1u64 << VIRTIO_F_VERSION_1) != 0;
-            if unoffered != 0 || !has_v1 || self.status & status::DRIVER == 0 {
+            if unoffered != 0 || !has_v1 || self.status & VIRTIO_CONFIG_S_DRIVER == 0 {
                 tracing::debug!(
                     "virtio: FEATURES_OK refused (acked {:#x})",
                     self.acked_features
                 );
-                v &= !status::FEATURES_OK;
+                v &= !VIRTIO_CONFIG_S_FEATURES_OK;
             }
         }
-        if new & status::DRIVER_OK != 0 && v & status::FEATURES_OK == 0 {
-            v &= !status::DRIVER_OK;
+        if new & VIRTIO_CONFIG_S_DRIVER_OK != 0 && v & VIRTIO_CONFIG_S_FEATURES_OK == 0 {
+            v &= !VIRTIO_CONFIG_S_DRIVER_OK;
         }
         self.status = v;
-        if new & status::DRIVER_OK != 0 && v & status::DRIVER_OK != 0 {
+        if new & VIRTIO_CONFIG_S_DRIVER_OK != 0 && v & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
             self.activate();
         }
     }
@@ -277,9 +249,7 @@ impl MmioDevice {
             .iter()
             .map(|q| {
                 let mut q = clone_queue(q).map_err(VirtioError::Queue)?;
-                q.set_event_idx(
-                    self.acked_features & (1u64 << super::VIRTIO_F_RING_EVENT_IDX) != 0,
-                );
+                q.set_event_idx(self.acked_features & (1u64 << VIRTIO_RING_F_EVENT_IDX) != 0);
                 Ok(q)
             })
             .collect::<Result<Vec<_>, VirtioError>>()?;
@@ -307,38 +277,38 @@ impl MmioDevice {
         Worker::spawn(setup, self.name.clone())
     }
 
-    fn read_u32(&self, offset: u64) -> u32 {
+    fn read_u32(&self, offset: u32) -> u32 {
         let q = usize::try_from(self.queue_sel)
             .ok()
             .and_then(|i| self.queues.get(i));
         match offset {
-            reg::MAGIC => MAGIC,
-            reg::VERSION => VERSION,
-            reg::DEVICE_ID => self.device.device_type(),
-            reg::VENDOR_ID => VENDOR_ID,
-            reg::DEVICE_FEATURES => match self.device_features_sel {
+            VIRTIO_MMIO_MAGIC_VALUE => MAGIC,
+            VIRTIO_MMIO_VERSION => VERSION,
+            VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
+            VIRTIO_MMIO_VENDOR_ID => VENDOR_ID,
+            VIRTIO_MMIO_DEVICE_FEATURES => match self.device_features_sel {
                 0 => self.offered_features() as u32,
                 1 => (self.offered_features() >> 32) as u32,
                 _ => 0,
             },
-            reg::QUEUE_NUM_MAX => q.map_or(0, |q| u32::from(q.max_size())),
-            reg::QUEUE_READY => q.map_or(0, |q| u32::from(q.ready())),
-            reg::INTERRUPT_STATUS => self.irq.status(),
-            reg::STATUS => self.device_status(),
-            reg::CONFIG_GENERATION => self.config_generation,
+            VIRTIO_MMIO_QUEUE_NUM_MAX => q.map_or(0, |q| u32::from(q.max_size())),
+            VIRTIO_MMIO_QUEUE_READY => q.map_or(0, |q| u32::from(q.ready())),
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.irq.status(),
+            VIRTIO_MMIO_STATUS => self.device_status(),
+            VIRTIO_MMIO_CONFIG_GENERATION => self.config_generation,
             // No shared memory regions: length and base read as all ones.
             0xb0..=0xbc => u32::MAX,
             _ => 0,
         }
     }
 
-    fn write_u32(&mut self, offset: u64, v: u32) {
+    fn write_u32(&mut self, offset: u32, v: u32) {
         match offset {
-            reg::DEVICE_FEATURES_SEL => self.device_features_sel = v,
-            reg::DRIVER_FEATURES_SEL => self.driver_features_sel = v,
-            reg::DRIVER_FEATURES => {
-                let negotiating =
-                    self.status & status::DRIVER != 0 && self.status & status::FEATURES_OK == 0;
+            VIRTIO_MMIO_DEVICE_FEATURES_SEL => self.device_features_sel = v,
+            VIRTIO_MMIO_DRIVER_FEATURES_SEL => self.driver_features_sel = v,
+            VIRTIO_MMIO_DRIVER_FEATURES => {
+                let negotiating = self.status & VIRTIO_CONFIG_S_DRIVER != 0
+                    && self.status & VIRTIO_CONFIG_S_FEATURES_OK == 0;
                 if !negotiating {
                     return;
                 }
@@ -351,27 +321,27 @@ impl MmioDevice {
                     _ => {}
                 }
             }
-            reg::QUEUE_SEL => self.queue_sel = v,
-            reg::QUEUE_NOTIFY => {
+            VIRTIO_MMIO_QUEUE_SEL => self.queue_sel = v,
+            VIRTIO_MMIO_QUEUE_NOTIFY => {
                 if let Some(e) = usize::try_from(v).ok().and_then(|i| self.notify.get(i)) {
                     let _ = e.write(1);
                 }
             }
-            reg::INTERRUPT_ACK => self.irq.ack(v),
-            reg::STATUS => self.set_status(v),
-            reg::QUEUE_NUM
-            | reg::QUEUE_READY
-            | reg::QUEUE_DESC_LOW
-            | reg::QUEUE_DESC_HIGH
-            | reg::QUEUE_AVAIL_LOW
-            | reg::QUEUE_AVAIL_HIGH
-            | reg::QUEUE_USED_LOW
-            | reg::QUEUE_USED_HIGH => self.write_queue_reg(offset, v),
+            VIRTIO_MMIO_INTERRUPT_ACK => self.irq.ack(v),
+            VIRTIO_MMIO_STATUS => self.set_status(v),
+            VIRTIO_MMIO_QUEUE_NUM
+            | VIRTIO_MMIO_QUEUE_READY
+            | VIRTIO_MMIO_QUEUE_DESC_LOW
+            | VIRTIO_MMIO_QUEUE_DESC_HIGH
+            | VIRTIO_MMIO_QUEUE_AVAIL_LOW
+            | VIRTIO_MMIO_QUEUE_AVAIL_HIGH
+            | VIRTIO_MMIO_QUEUE_USED_LOW
+            | VIRTIO_MMIO_QUEUE_USED_HIGH => self.write_queue_reg(offset, v),
             _ => tracing::trace!("virtio: write to unknown register {offset:#x}"),
         }
     }
 
-    fn write_queue_reg(&mut self, offset: u64, v: u32) {
+    fn write_queue_reg(&mut self, offset: u32, v: u32) {
         if !self.queue_config_allowed() {
             tracing::debug!(
                 "virtio: queue register {offset:#x} written outside FEATURES_OK..DRIVER_OK"
@@ -382,19 +352,19 @@ impl MmioDevice {
             return;
         };
         match offset {
-            reg::QUEUE_NUM => {
+            VIRTIO_MMIO_QUEUE_NUM => {
                 *requested = u16::try_from(v).unwrap_or(0);
                 if q.try_set_size(*requested).is_err() {
                     tracing::debug!("virtio: invalid queue size {v}");
                 }
             }
-            reg::QUEUE_READY => q.set_ready(v == 1),
-            reg::QUEUE_DESC_LOW => q.set_desc_table_address(Some(v), None),
-            reg::QUEUE_DESC_HIGH => q.set_desc_table_address(None, Some(v)),
-            reg::QUEUE_AVAIL_LOW => q.set_avail_ring_address(Some(v), None),
-            reg::QUEUE_AVAIL_HIGH => q.set_avail_ring_address(None, Some(v)),
-            reg::QUEUE_USED_LOW => q.set_used_ring_address(Some(v), None),
-            reg::QUEUE_USED_HIGH => q.set_used_ring_address(None, Some(v)),
+            VIRTIO_MMIO_QUEUE_READY => q.set_ready(v == 1),
+            VIRTIO_MMIO_QUEUE_DESC_LOW => q.set_desc_table_address(Some(v), None),
+            VIRTIO_MMIO_QUEUE_DESC_HIGH => q.set_desc_table_address(None, Some(v)),
+            VIRTIO_MMIO_QUEUE_AVAIL_LOW => q.set_avail_ring_address(Some(v), None),
+            VIRTIO_MMIO_QUEUE_AVAIL_HIGH => q.set_avail_ring_address(None, Some(v)),
+            VIRTIO_MMIO_QUEUE_USED_LOW => q.set_used_ring_address(Some(v), None),
+            VIRTIO_MMIO_QUEUE_USED_HIGH => q.set_used_ring_address(None, Some(v)),
             _ => {}
         }
     }
@@ -402,27 +372,35 @@ impl MmioDevice {
 
 impl BusDevice for MmioDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
-        if offset >= reg::CONFIG {
-            self.device.read_config(offset - reg::CONFIG, data);
+        let config = u64::from(VIRTIO_MMIO_CONFIG);
+        if offset >= config {
+            self.device.read_config(offset - config, data);
             return;
         }
         data.fill(0);
-        if data.len() != 4 || !offset.is_multiple_of(4) {
+        // Below the configuration space, so the offset fits a register number.
+        let Ok(reg) = u32::try_from(offset) else {
+            return;
+        };
+        if data.len() != 4 || !reg.is_multiple_of(4) {
             return;
         }
-        data.copy_from_slice(&self.read_u32(offset).to_le_bytes());
+        data.copy_from_slice(&self.read_u32(reg).to_le_bytes());
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        if offset >= reg::CONFIG {
-            // Device configuration is read-only for every device here.
+        // Device configuration (from VIRTIO_MMIO_CONFIG up) is read-only for every device here.
+        let Ok(reg) = u32::try_from(offset) else {
+            return;
+        };
+        if reg >= VIRTIO_MMIO_CONFIG {
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             return;
         };
-        if offset.is_multiple_of(4) {
-            self.write_u32(offset, u32::from_le_bytes(bytes));
+        if reg.is_multiple_of(4) {
+            self.write_u32(reg, u32::from_le_bytes(bytes));
         }
     }
 }

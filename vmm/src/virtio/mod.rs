@@ -29,14 +29,8 @@
 //! guest-chosen size, or make it spin.
 //!
 //! # API
-//!
-//! ```text
-//! MmioDevice::new(cfg: &DeviceConfig, mem: GuestMemoryMmap) -> Result<MmioDevice, VirtioError>
-//! MmioDevice::queue_notify_events(&self) -> Vec<(u32, EventFd)>   // ioeventfd at base+0x50, datamatch = index
-//! MmioDevice::interrupt_event(&self) -> Result<EventFd, VirtioError> // irqfd for the device's GSI (dup; Err only when out of fds)
-//! MmioDevice::request_transport_reset(&self)                      // vsock: send TRANSPORT_RESET (e.g. after restore)
-//! MmioDevice::shutdown(&self)                                     // stop the worker; also on Drop
-//! ```
+//! [`MmioDevice`]: `new`, `queue_notify_events` (ioeventfds at
+//! `base + VIRTIO_MMIO_QUEUE_NOTIFY`), `interrupt_event`, `request_transport_reset`, `shutdown`.
 
 use std::path::PathBuf;
 
@@ -53,26 +47,6 @@ pub use mmio::MmioDevice;
 
 /// The guest memory type devices use.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
-
-/// Size of the MMIO register window of one device.
-pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
-/// Offset of the queue-notify register (the VMM's ioeventfd address is `base + this`).
-pub const NOTIFY_REG_OFFSET: u64 = 0x50;
-
-/// `VIRTIO_F_VERSION_1`: the only transport version this implementation speaks.
-pub const VIRTIO_F_VERSION_1: u32 = 32;
-/// `VIRTIO_F_RING_EVENT_IDX`.
-pub const VIRTIO_F_RING_EVENT_IDX: u32 = 29;
-
-/// virtio device ids.
-pub mod device_id {
-    /// Block device.
-    pub const BLOCK: u32 = 2;
-    /// Entropy source.
-    pub const RNG: u32 = 4;
-    /// Socket device.
-    pub const VSOCK: u32 = 19;
-}
 
 /// What device to build.
 #[derive(Debug, Clone, PartialEq, Eq)]

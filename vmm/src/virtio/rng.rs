@@ -5,7 +5,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Buf;
 use super::worker::{Ctx, Handler};
-use super::{GuestMemoryMmap, VirtioDevice, VirtioError, device_id};
+use super::{GuestMemoryMmap, VirtioDevice, VirtioError};
+use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 
 /// Most bytes served for one request (the rest of the guest's buffers stay untouched).
 pub const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
@@ -29,7 +30,7 @@ impl Default for Rng {
 
 impl VirtioDevice for Rng {
     fn device_type(&self) -> u32 {
-        device_id::RNG
+        VIRTIO_ID_RNG
     }
     fn queue_max_sizes(&self) -> &[u16] {
         QUEUE_SIZES
@@ -53,14 +54,12 @@ fn fill(mem: &GuestMemoryMmap, addr: GuestAddress, len: u32) -> u32 {
     let mut done = 0u32;
     while done < len {
         let n = (len - done).min(chunk.len() as u32) as usize;
-        // SAFETY: the pointer and length describe `chunk`, a live local buffer of at least `n` bytes.
-        let got = unsafe { libc::getrandom(chunk.as_mut_ptr().cast(), n, 0) };
-        let Ok(got) = usize::try_from(got) else {
-            tracing::warn!(
-                "virtio-rng: getrandom failed: {}",
-                std::io::Error::last_os_error()
-            );
-            break;
+        let got = match crate::sys::getrandom(&mut chunk[..n]) {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::warn!("virtio-rng: getrandom failed: {e}");
+                break;
+            }
         };
         let Some(dst) = addr.0.checked_add(u64::from(done)) else {
             break;

@@ -14,11 +14,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::queue::{self, Buf};
 use super::{GuestMemoryMmap, VirtioError};
-
-/// Interrupt status bit: a used buffer was added.
-pub const INT_VRING: u32 = 1;
-/// Interrupt status bit: the configuration (or the device status) changed.
-pub const INT_CONFIG: u32 = 2;
+use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 
 /// Token of the stop event.
 const TOKEN_STOP: u64 = u64::MAX;
@@ -53,14 +49,14 @@ impl Interrupt {
 
     /// Signal that used buffers were added.
     pub fn signal_used(&self) {
-        self.raise(INT_VRING);
+        self.raise(VIRTIO_MMIO_INT_VRING);
     }
 
     /// Enter DEVICE_NEEDS_RESET (the guest drove the device wrongly) and tell the driver.
     pub fn set_needs_reset(&self) {
         if !self.needs_reset.swap(true, Ordering::SeqCst) {
             tracing::warn!("virtio: device needs reset (invalid guest input)");
-            self.raise(INT_CONFIG);
+            self.raise(VIRTIO_MMIO_INT_CONFIG);
         }
     }
 

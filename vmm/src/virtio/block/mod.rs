@@ -16,17 +16,12 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Buf;
 use super::worker::{Ctx, Handler};
-use super::{GuestMemoryMmap, VirtioDevice, VirtioError, device_id, read_config_bytes};
+use super::{GuestMemoryMmap, VirtioDevice, VirtioError, read_config_bytes};
 use request::{DiskInfo, HEADER_SIZE, ID_BYTES, Op, Request, parse_request, status};
-
-/// `VIRTIO_BLK_F_SEG_MAX`.
-pub const VIRTIO_BLK_F_SEG_MAX: u32 = 2;
-/// `VIRTIO_BLK_F_RO`.
-pub const VIRTIO_BLK_F_RO: u32 = 5;
-/// `VIRTIO_BLK_F_BLK_SIZE`.
-pub const VIRTIO_BLK_F_BLK_SIZE: u32 = 6;
-/// `VIRTIO_BLK_F_FLUSH`.
-pub const VIRTIO_BLK_F_FLUSH: u32 = 9;
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+};
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 
 const QUEUE_SIZE: u16 = 256;
 const QUEUE_SIZES: &[u16] = &[QUEUE_SIZE];
@@ -88,7 +83,7 @@ impl Block {
 
 impl VirtioDevice for Block {
     fn device_type(&self) -> u32 {
-        device_id::BLOCK
+        VIRTIO_ID_BLOCK
     }
     fn queue_max_sizes(&self) -> &[u16] {
         QUEUE_SIZES

@@ -3,38 +3,27 @@
 //! to answer with. Fuzzed by `fuzz/fuzz_targets/block_request.rs`.
 
 use crate::virtio::queue::Buf;
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID,
+    VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
+};
 
 /// Sector size in bytes.
 pub const SECTOR_SIZE: u64 = 512;
 /// Size of the request header (`type`, `reserved`, `sector`).
 pub const HEADER_SIZE: usize = 16;
-/// Length of the device id answered to GET_ID.
-pub const ID_BYTES: usize = 20;
+/// Length of the device id answered to GET_ID (`VIRTIO_BLK_ID_BYTES`).
+pub const ID_BYTES: usize = VIRTIO_BLK_ID_BYTES as usize;
 
-/// Request types (`VIRTIO_BLK_T_*`).
-pub mod req_type {
-    /// Read.
-    pub const IN: u32 = 0;
-    /// Write.
-    pub const OUT: u32 = 1;
-    /// Flush.
-    pub const FLUSH: u32 = 4;
-    /// Get the device id.
-    pub const GET_ID: u32 = 8;
-    /// Discard.
-    pub const DISCARD: u32 = 11;
-    /// Write zeroes.
-    pub const WRITE_ZEROES: u32 = 13;
-}
-
-/// Status bytes (`VIRTIO_BLK_S_*`).
+/// Status bytes: the `VIRTIO_BLK_S_*` values as the one byte the device writes.
 pub mod status {
+    use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
     /// Success.
-    pub const OK: u8 = 0;
+    pub const OK: u8 = VIRTIO_BLK_S_OK as u8;
     /// I/O error (also every refused request).
-    pub const IOERR: u8 = 1;
+    pub const IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
     /// Unsupported request.
-    pub const UNSUPP: u8 = 2;
+    pub const UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 }
 
 /// A parsed request header.
@@ -134,7 +123,7 @@ pub fn parse_request<'a>(
     };
     let offset = hdr.sector.checked_mul(SECTOR_SIZE);
     let op = match hdr.kind {
-        req_type::IN => {
+        VIRTIO_BLK_T_IN => {
             let offset = offset
                 .filter(|&o| in_range(o))
                 .ok_or(refuse(status::IOERR))?;
@@ -143,7 +132,7 @@ pub fn parse_request<'a>(
             }
             Op::Read { offset }
         }
-        req_type::OUT => {
+        VIRTIO_BLK_T_OUT => {
             if disk.read_only {
                 return Err(refuse(status::IOERR));
             }
@@ -155,20 +144,20 @@ pub fn parse_request<'a>(
             }
             Op::Write { offset }
         }
-        req_type::FLUSH => {
+        VIRTIO_BLK_T_FLUSH => {
             // A flush carries no data; one that does is refused (never treated as a write).
             if !data.is_empty() {
                 return Err(refuse(status::IOERR));
             }
             Op::Flush
         }
-        req_type::GET_ID => {
+        VIRTIO_BLK_T_GET_ID => {
             if data.is_empty() || !all_write {
                 return Err(refuse(status::IOERR));
             }
             Op::GetId
         }
-        req_type::DISCARD | req_type::WRITE_ZEROES if disk.read_only => {
+        VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES if disk.read_only => {
             return Err(refuse(status::IOERR));
         }
         _ => return Err(refuse(status::UNSUPP)),
@@ -207,7 +196,7 @@ mod tests {
     #[test]
     fn read_inside_disk_is_accepted() {
         let bufs = [buf(16, false), buf(1024, true), buf(1, true)];
-        let r = parse_request(&hdr(req_type::IN, 6), &bufs, DISK).unwrap();
+        let r = parse_request(&hdr(VIRTIO_BLK_T_IN, 6), &bufs, DISK).unwrap();
         assert_eq!(r.op, Op::Read { offset: 3072 });
         assert_eq!(r.data_len, 1024);
     }
@@ -216,13 +205,13 @@ mod tests {
     fn read_past_end_and_overflowing_sector_are_ioerr() {
         let bufs = [buf(16, false), buf(1024, true), buf(1, true)];
         assert_eq!(
-            parse_request(&hdr(req_type::IN, 7), &bufs, DISK)
+            parse_request(&hdr(VIRTIO_BLK_T_IN, 7), &bufs, DISK)
                 .unwrap_err()
                 .status,
             status::IOERR
         );
         assert_eq!(
-            parse_request(&hdr(req_type::IN, u64::MAX / 256), &bufs, DISK)
+            parse_request(&hdr(VIRTIO_BLK_T_IN, u64::MAX / 256), &bufs, DISK)
                 .unwrap_err()
                 .status,
             status::IOERR
@@ -233,10 +222,10 @@ mod tests {
     fn writes_on_read_only_disk_are_ioerr() {
         let bufs = [buf(16, false), buf(512, false), buf(1, true)];
         for kind in [
-            req_type::OUT,
-            req_type::DISCARD,
-            req_type::WRITE_ZEROES,
-            req_type::FLUSH,
+            VIRTIO_BLK_T_OUT,
+            VIRTIO_BLK_T_DISCARD,
+            VIRTIO_BLK_T_WRITE_ZEROES,
+            VIRTIO_BLK_T_FLUSH,
         ] {
             let e = parse_request(&hdr(kind, 0), &bufs, DISK).unwrap_err();
             assert_eq!(e.status, status::IOERR, "kind {kind}");
@@ -247,7 +236,7 @@ mod tests {
     fn chain_without_status_buffer_is_refused_without_target() {
         let bufs = [buf(16, false)];
         assert_eq!(
-            parse_request(&hdr(req_type::IN, 0), &bufs, DISK)
+            parse_request(&hdr(VIRTIO_BLK_T_IN, 0), &bufs, DISK)
                 .unwrap_err()
                 .status_buf,
             None

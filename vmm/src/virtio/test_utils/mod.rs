@@ -8,9 +8,22 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::mmio::{reg, status};
-use super::{DeviceConfig, GuestMemoryMmap, MmioDevice, VIRTIO_F_VERSION_1, VirtioError};
+use super::{DeviceConfig, GuestMemoryMmap, MmioDevice, VirtioError};
 use crate::bus::BusDevice;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FEATURES_OK,
+};
+use virtio_bindings::virtio_mmio::{
+    VIRTIO_MMIO_CONFIG, VIRTIO_MMIO_DEVICE_FEATURES, VIRTIO_MMIO_DEVICE_FEATURES_SEL,
+    VIRTIO_MMIO_DRIVER_FEATURES, VIRTIO_MMIO_DRIVER_FEATURES_SEL, VIRTIO_MMIO_INTERRUPT_ACK,
+    VIRTIO_MMIO_INTERRUPT_STATUS, VIRTIO_MMIO_QUEUE_AVAIL_HIGH, VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+    VIRTIO_MMIO_QUEUE_DESC_HIGH, VIRTIO_MMIO_QUEUE_DESC_LOW, VIRTIO_MMIO_QUEUE_NOTIFY,
+    VIRTIO_MMIO_QUEUE_NUM, VIRTIO_MMIO_QUEUE_NUM_MAX, VIRTIO_MMIO_QUEUE_READY,
+    VIRTIO_MMIO_QUEUE_SEL, VIRTIO_MMIO_QUEUE_USED_HIGH, VIRTIO_MMIO_QUEUE_USED_LOW,
+    VIRTIO_MMIO_STATUS,
+};
 
 /// `VRING_DESC_F_NEXT`.
 pub const F_NEXT: u16 = 1;
@@ -105,52 +118,56 @@ impl Driver {
     }
 
     /// Read a 32-bit register.
-    pub fn read_reg(&mut self, offset: u64) -> u32 {
+    pub fn read_reg(&mut self, offset: u32) -> u32 {
         let mut b = [0u8; 4];
-        self.dev.read(offset, &mut b);
+        self.dev.read(u64::from(offset), &mut b);
         u32::from_le_bytes(b)
     }
 
     /// Write a 32-bit register.
-    pub fn write_reg(&mut self, offset: u64, v: u32) {
-        self.dev.write(offset, &v.to_le_bytes());
+    pub fn write_reg(&mut self, offset: u32, v: u32) {
+        self.dev.write(u64::from(offset), &v.to_le_bytes());
     }
 
     /// Read `len` bytes of device config space.
     pub fn read_config(&mut self, offset: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
-        self.dev.read(reg::CONFIG + offset, &mut v);
+        self.dev
+            .read(u64::from(VIRTIO_MMIO_CONFIG) + offset, &mut v);
         v
     }
 
     /// The device status register.
     pub fn status(&mut self) -> u32 {
-        self.read_reg(reg::STATUS)
+        self.read_reg(VIRTIO_MMIO_STATUS)
     }
 
     /// The features the device offers.
     pub fn device_features(&mut self) -> u64 {
-        self.write_reg(reg::DEVICE_FEATURES_SEL, 0);
-        let lo = self.read_reg(reg::DEVICE_FEATURES);
-        self.write_reg(reg::DEVICE_FEATURES_SEL, 1);
-        let hi = self.read_reg(reg::DEVICE_FEATURES);
+        self.write_reg(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
+        let lo = self.read_reg(VIRTIO_MMIO_DEVICE_FEATURES);
+        self.write_reg(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+        let hi = self.read_reg(VIRTIO_MMIO_DEVICE_FEATURES);
         (u64::from(hi) << 32) | u64::from(lo)
     }
 
     /// ACKNOWLEDGE, DRIVER, write `features`, FEATURES_OK; returns whether FEATURES_OK stuck.
     pub fn negotiate(&mut self, features: u64) -> bool {
-        self.write_reg(reg::STATUS, 0);
-        self.write_reg(reg::STATUS, status::ACKNOWLEDGE);
-        self.write_reg(reg::STATUS, status::ACKNOWLEDGE | status::DRIVER);
-        self.write_reg(reg::DRIVER_FEATURES_SEL, 0);
-        self.write_reg(reg::DRIVER_FEATURES, features as u32);
-        self.write_reg(reg::DRIVER_FEATURES_SEL, 1);
-        self.write_reg(reg::DRIVER_FEATURES, (features >> 32) as u32);
+        self.write_reg(VIRTIO_MMIO_STATUS, 0);
+        self.write_reg(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
         self.write_reg(
-            reg::STATUS,
-            status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+            VIRTIO_MMIO_STATUS,
+            VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
         );
-        self.status() & status::FEATURES_OK != 0
+        self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
+        self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES, features as u32);
+        self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+        self.write_reg(VIRTIO_MMIO_DRIVER_FEATURES, (features >> 32) as u32);
+        self.write_reg(
+            VIRTIO_MMIO_STATUS,
+            VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK,
+        );
+        self.status() & VIRTIO_CONFIG_S_FEATURES_OK != 0
     }
 
     /// Program queue `i` with `size` entries at the harness's fixed ring addresses.
@@ -169,17 +186,29 @@ impl Driver {
         let _ = self
             .mem
             .write_slice(&vec![0u8; RING_STRIDE as usize], GuestAddress(base));
-        self.write_reg(reg::QUEUE_SEL, i);
-        self.write_reg(reg::QUEUE_NUM, u32::from(size));
+        self.write_reg(VIRTIO_MMIO_QUEUE_SEL, i);
+        self.write_reg(VIRTIO_MMIO_QUEUE_NUM, u32::from(size));
         for (lo, hi, addr) in [
-            (reg::QUEUE_DESC_LOW, reg::QUEUE_DESC_HIGH, q.desc),
-            (reg::QUEUE_AVAIL_LOW, reg::QUEUE_AVAIL_HIGH, q.avail),
-            (reg::QUEUE_USED_LOW, reg::QUEUE_USED_HIGH, q.used),
+            (
+                VIRTIO_MMIO_QUEUE_DESC_LOW,
+                VIRTIO_MMIO_QUEUE_DESC_HIGH,
+                q.desc,
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_AVAIL_LOW,
+                VIRTIO_MMIO_QUEUE_AVAIL_HIGH,
+                q.avail,
+            ),
+            (
+                VIRTIO_MMIO_QUEUE_USED_LOW,
+                VIRTIO_MMIO_QUEUE_USED_HIGH,
+                q.used,
+            ),
         ] {
             self.write_reg(lo, addr as u32);
             self.write_reg(hi, (addr >> 32) as u32);
         }
-        self.write_reg(reg::QUEUE_READY, 1);
+        self.write_reg(VIRTIO_MMIO_QUEUE_READY, 1);
         let idx = i as usize;
         if self.queues.len() <= idx {
             self.queues.resize(idx + 1, q.clone());
@@ -191,8 +220,8 @@ impl Driver {
     pub fn setup_queues(&mut self) {
         let mut i = 0;
         loop {
-            self.write_reg(reg::QUEUE_SEL, i);
-            let max = self.read_reg(reg::QUEUE_NUM_MAX);
+            self.write_reg(VIRTIO_MMIO_QUEUE_SEL, i);
+            let max = self.read_reg(VIRTIO_MMIO_QUEUE_NUM_MAX);
             if max == 0 {
                 break;
             }
@@ -204,7 +233,7 @@ impl Driver {
     /// Set DRIVER_OK.
     pub fn driver_ok(&mut self) {
         let s = self.status();
-        self.write_reg(reg::STATUS, s | status::DRIVER_OK);
+        self.write_reg(VIRTIO_MMIO_STATUS, s | VIRTIO_CONFIG_S_DRIVER_OK);
     }
 
     /// The usual bring-up: negotiate `VERSION_1 | extra`, set up all queues, DRIVER_OK.
@@ -296,7 +325,7 @@ impl Driver {
 
     /// Notify queue `q` through the notify register.
     pub fn notify(&mut self, q: u32) {
-        self.write_reg(reg::QUEUE_NOTIFY, q);
+        self.write_reg(VIRTIO_MMIO_QUEUE_NOTIFY, q);
     }
 
     /// The next used element of `q` if one is there: (head, len). Reclaims its descriptors.
@@ -359,8 +388,8 @@ impl Driver {
             return false;
         }
         let _ = self.irq.read();
-        let st = self.read_reg(reg::INTERRUPT_STATUS);
-        self.write_reg(reg::INTERRUPT_ACK, st);
+        let st = self.read_reg(VIRTIO_MMIO_INTERRUPT_STATUS);
+        self.write_reg(VIRTIO_MMIO_INTERRUPT_ACK, st);
         true
     }
 

@@ -20,7 +20,8 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use super::worker::Handler;
-use super::{VirtioDevice, VirtioError, device_id, read_config_bytes};
+use super::{VirtioDevice, VirtioError, read_config_bytes};
+use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 
 const QUEUE_SIZES: &[u16] = &[256, 256, 256];
 
@@ -50,7 +51,7 @@ impl Vsock {
 
 impl VirtioDevice for Vsock {
     fn device_type(&self) -> u32 {
-        device_id::VSOCK
+        VIRTIO_ID_VSOCK
     }
     fn queue_max_sizes(&self) -> &[u16] {
         QUEUE_SIZES

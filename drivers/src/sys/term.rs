@@ -1,14 +1,8 @@
-//! Small safe wrappers over the terminal calls of `vm exec -t`: is a descriptor a terminal,
-//! its window size, and raw mode with a guard that restores the saved settings when dropped
-//! (normal return, error, unwinding panic). Every terminal `unsafe` block of the CLI is here.
+//! Safe wrappers over the terminal calls of `vm exec -t`: a terminal's window size, and raw
+//! mode with a guard that restores the saved settings when dropped (normal return, error,
+//! unwinding panic). Whether a descriptor is a terminal is `std::io::IsTerminal`.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
-
-/// `fd` is a terminal.
-pub fn is_terminal(fd: BorrowedFd<'_>) -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(fd.as_raw_fd()) == 1 }
-}
 
 /// The window size `(rows, cols)` of the terminal `fd`.
 pub fn window_size(fd: BorrowedFd<'_>) -> std::io::Result<(u16, u16)> {

@@ -1,0 +1,48 @@
+# Shell helpers shared by ci/ and images/ (source it; it defines functions only):
+#
+#   vm_images_dir                 the images directory: $VM_IMAGES_DIR, else
+#                                 ${XDG_CACHE_HOME:-$HOME/.cache}/vm/images
+#   apt_install_missing TAG PKG…  apt-get install (after apt-get update) only the
+#                                 packages dpkg does not list as installed; sudo when
+#                                 not root; services the packages would start are
+#                                 refused (policy-rc.d); progress on stderr, prefixed TAG.
+#                                 Returns 1 when the install fails.
+
+vm_images_dir() {
+    echo "${VM_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/images}"
+}
+
+apt_install_missing() {
+    local tag=$1 p
+    shift
+    if ! command -v dpkg-query >/dev/null; then
+        echo "$tag: ERROR: not a Debian machine (dpkg-query missing)" >&2
+        return 1
+    fi
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    if ((${#missing[@]} == 0)); then
+        echo "$tag: apt packages present" >&2
+        return 0
+    fi
+    local sudo=()
+    ((EUID == 0)) || sudo=(sudo)
+    echo "$tag: apt-get install ${missing[*]}" >&2
+    "${sudo[@]}" apt-get update -qq >&2 || { echo "$tag: ERROR: apt-get update failed" >&2; return 1; }
+    # Some packages (docker-registry) start a service when installed; the tests start their
+    # own on a free port, so installs run under a policy-rc.d that refuses (exit 101).
+    local policy=/usr/sbin/policy-rc.d own_policy=0 rc=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+        "${sudo[@]}" chmod 755 "$policy"
+        own_policy=1
+    fi
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >&2 || rc=$?
+    ((own_policy == 0)) || "${sudo[@]}" rm -f "$policy"
+    if ((rc != 0)); then
+        echo "$tag: ERROR: apt-get install ${missing[*]} failed" >&2
+        return 1
+    fi
+}

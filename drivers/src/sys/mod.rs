@@ -1,0 +1,192 @@
+//! Safe wrappers over the host system calls this workspace's host side uses for process
+//! control; every `unsafe` block of that work is here, each behind a function whose doc
+//! states its contract. `vm-sandbox` re-exports this module so the CLI needs none of its own.
+//!
+//! Pids are `u32` as `std::process` gives them. A pid of 0 or one above `i32::MAX` is
+//! refused with `EINVAL` before any call: `kill(0, …)` and `kill(-1, …)` would signal our
+//! own process group or every process we may signal, never what a caller means.
+
+pub mod term;
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// The signals the host side sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// `SIGINT`: what Ctrl-C sends.
+    Interrupt,
+    /// `SIGTERM`: a polite stop.
+    Terminate,
+    /// `SIGKILL`.
+    Kill,
+}
+
+impl Signal {
+    fn number(self) -> libc::c_int {
+        match self {
+            Signal::Interrupt => libc::SIGINT,
+            Signal::Terminate => libc::SIGTERM,
+            Signal::Kill => libc::SIGKILL,
+        }
+    }
+}
+
+fn pid_t(pid: u32) -> io::Result<libc::pid_t> {
+    match libc::pid_t::try_from(pid) {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+    }
+}
+
+fn kill(target: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill(2) takes two integers and touches no memory of ours; `target` is never
+    // 0 or -1 (see `pid_t`), so it names one process or one process group.
+    if unsafe { libc::kill(target, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sends `sig` to the process `pid`. The caller makes sure `pid` still names the process it
+/// means (its own unreaped child, or a pid checked with its start time just before).
+pub fn signal(pid: u32, sig: Signal) -> io::Result<()> {
+    kill(pid_t(pid)?, sig.number())
+}
+
+/// Sends `sig` to every process of the process group `pgid` (a group leader's pid), with
+/// the same care about `pgid` as [`signal`].
+pub fn signal_group(pgid: u32, sig: Signal) -> io::Result<()> {
+    kill(-pid_t(pgid)?, sig.number())
+}
+
+/// True when a process `pid` exists (a zombie included) and we may signal it.
+pub fn pid_exists(pid: u32) -> bool {
+    pid_t(pid).is_ok_and(|p| kill(p, 0).is_ok())
+}
+
+/// The process group of `pid`.
+pub fn process_group(pid: u32) -> io::Result<u32> {
+    let p = pid_t(pid)?;
+    // SAFETY: getpgid(2) takes an integer and touches no memory of ours.
+    let pgid = unsafe { libc::getpgid(p) };
+    if pgid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(pgid as u32)
+}
+
+/// The real user id of this process.
+pub fn uid() -> u32 {
+    // SAFETY: getuid(2) has no arguments and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Makes the child `cmd` spawns lead a new session (and process group), detached from our
+/// terminal: `setsid(2)` between fork and exec.
+pub fn new_session(cmd: &mut Command) {
+    let hook = || {
+        // SAFETY: setsid(2) has no arguments and touches no memory of ours.
+        if unsafe { libc::setsid() } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls setsid(2),
+    // which is async-signal-safe, and reads errno; it allocates nothing.
+    unsafe { cmd.pre_exec(hook) };
+}
+
+/// Makes the child `cmd` spawns get `SIGKILL` when the thread that forked it exits
+/// (`PR_SET_PDEATHSIG`); the child refuses to start (`ESRCH`) when this process, `parent`,
+/// is already gone by then.
+pub fn kill_with_parent(cmd: &mut Command, parent: u32) {
+    let hook = move || {
+        // SAFETY: prctl(2) with PR_SET_PDEATHSIG takes a signal number and unused zeros.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The parent may have died between fork and prctl: then nobody would kill us.
+        // SAFETY: getppid(2) has no arguments and cannot fail.
+        if unsafe { libc::getppid() } as u32 != parent {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls the
+    // async-signal-safe functions prctl(2) and getppid(2); it allocates nothing.
+    unsafe { cmd.pre_exec(hook) };
+}
+
+/// Whether our child `pid` has exited but is not reaped yet (`waitid` with `WNOWAIT`: it
+/// only looks): `Ok(false)` while it runs; an error when `pid` is not an unreaped child.
+pub fn exited_unreaped(pid: u32) -> io::Result<bool> {
+    let p = pid_t(pid)?;
+    // SAFETY: siginfo_t is plain data; an all-zero value is valid and waitid fills it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid(2) on a pid with WNOWAIT only inspects it; `info` is a valid, owned
+    // siginfo_t for the call to fill.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            p as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: after a successful waitid, si_pid is initialised (0 when nothing changed).
+    Ok(unsafe { info.si_pid() } != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pids_that_mean_more_than_one_process_are_refused() {
+        for pid in [0, u32::MAX, i32::MAX as u32 + 1] {
+            let e = signal(pid, Signal::Kill).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{pid}");
+            assert!(signal_group(pid, Signal::Kill).is_err(), "{pid}");
+            assert!(!pid_exists(pid));
+        }
+        assert!(pid_exists(std::process::id()));
+    }
+
+    #[test]
+    fn signals_reach_a_child_and_its_group() {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("300");
+        new_session(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id();
+        assert_eq!(process_group(pid).unwrap(), pid);
+        assert_ne!(process_group(std::process::id()).unwrap(), pid);
+        assert!(!exited_unreaped(pid).unwrap());
+        signal_group(pid, Signal::Terminate).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !exited_unreaped(pid).unwrap() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(exited_unreaped(pid).unwrap());
+        assert!(pid_exists(pid), "an unreaped child still exists");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
+        assert!(!pid_exists(pid));
+        assert!(exited_unreaped(pid).is_err(), "reaped: no longer our child");
+    }
+}

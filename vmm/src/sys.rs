@@ -1,0 +1,90 @@
+//! Safe wrappers over the host system calls the VMM makes outside KVM and its signal
+//! handling: each `unsafe` block is here, behind a function whose doc states its contract.
+//! (Still where their invariant lives: the vCPU kick — the signal handler's store into the
+//! thread's `kvm_run` and `pthread_kill` of registered threads, in [`crate::control`] — and
+//! the guest memory registration, in [`crate::memory::register`].)
+
+use std::io::{self, ErrorKind};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// Fills the start of `buf` from the kernel's random source (`getrandom(2)`, blocking only
+/// until the pool is initialised); returns how many bytes were written.
+pub fn getrandom(buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the pointer and length describe `buf`, a live, exclusively borrowed buffer.
+    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    usize::try_from(got).map_err(|_| io::Error::last_os_error())
+}
+
+/// Connects a non-blocking Unix stream socket to `path` without ever blocking: a listener
+/// whose accept backlog is full refuses (`WouldBlock`) instead of stalling the caller. A path
+/// too long for `sockaddr_un` is `InvalidInput`.
+pub fn connect_unix_nonblocking(path: &Path) -> io::Result<UnixStream> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::from(ErrorKind::InvalidInput));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let flags = libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, flags, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket we exclusively own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes living across the call.
+    let r = unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(UnixStream::from(fd))
+}
+
+/// The calling thread's pthread handle.
+pub fn current_thread() -> libc::pthread_t {
+    // SAFETY: pthread_self(3) has no arguments and cannot fail.
+    unsafe { libc::pthread_self() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn getrandom_fills_the_buffer() {
+        let mut a = [0u8; 64];
+        assert_eq!(getrandom(&mut a).unwrap(), 64);
+        let mut b = [0u8; 64];
+        getrandom(&mut b).unwrap();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn nonblocking_connect() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        assert!(
+            connect_unix_nonblocking(&path).is_err(),
+            "nobody listens yet"
+        );
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let s = connect_unix_nonblocking(&path).unwrap();
+        // Non-blocking: a read with nothing sent is WouldBlock, not a hang.
+        use std::io::Read;
+        let err = (&s).read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::WouldBlock);
+        drop(listener);
+        let long = dir.path().join("x".repeat(200));
+        let err = connect_unix_nonblocking(&long).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
+}
