@@ -40,6 +40,7 @@ pub mod layout;
 pub mod legacy;
 pub mod memory;
 pub mod msr;
+pub mod process;
 pub mod serial;
 pub mod vcpu;
 pub mod virtio;

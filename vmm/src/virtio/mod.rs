@@ -75,7 +75,7 @@ pub mod device_id {
 }
 
 /// What device to build.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DeviceConfig {
     /// A virtio-blk disk backed by a raw image file.
     Block {

@@ -1,0 +1,137 @@
+//! Runs a VM in its own `vm-vmm` process, as the kvm driver does: the configuration on the
+//! control channel, the console (and diagnostics) collected from its pipes into a bounded
+//! buffer, `stop` on the control channel, the exit status classified.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::process::{Child, ChildStdin};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vmm::VmConfig;
+use vmm::process::{ProcessConfig, ProcessExit};
+
+/// The newest bytes kept from the console.
+const KEEP: usize = 1 << 20;
+
+/// One `vm-vmm` process.
+pub struct VmProc {
+    child: Child,
+    control: Option<ChildStdin>,
+    console: Arc<Mutex<Vec<u8>>>,
+    exit: Option<ProcessExit>,
+}
+
+fn collect(mut src: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = src.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let mut c = into.lock().unwrap();
+            c.extend_from_slice(&buf[..n]);
+            let extra = c.len().saturating_sub(KEEP);
+            c.drain(..extra);
+        }
+    });
+}
+
+impl VmProc {
+    /// Starts `vm-vmm` for `cfg` (its console settings are ignored: the console is the pipe).
+    pub fn start(cfg: &VmConfig) -> VmProc {
+        let bin = env!("CARGO_BIN_EXE_vm-vmm");
+        let mut child = vmm::process::command(bin.as_ref())
+            .spawn()
+            .expect("spawn vm-vmm");
+        let mut control = child.stdin.take().expect("piped stdin");
+        vmm::process::write_config(&mut control, &ProcessConfig::from_vm_config(cfg))
+            .expect("send the configuration");
+        let console = Arc::new(Mutex::new(Vec::new()));
+        collect(child.stdout.take().expect("piped stdout"), console.clone());
+        collect(child.stderr.take().expect("piped stderr"), console.clone());
+        VmProc {
+            child,
+            control: Some(control),
+            console,
+            exit: None,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The console so far.
+    pub fn console(&self) -> String {
+        String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+    }
+
+    /// Asks the VMM to stop the VM.
+    pub fn stop(&mut self) {
+        if let Some(c) = self.control.as_mut() {
+            let _ = vmm::process::send_stop(c);
+        }
+    }
+
+    /// How the process ended, once it has (reaps it).
+    pub fn try_exit(&mut self) -> Option<ProcessExit> {
+        if self.exit.is_none() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.exit = Some(ProcessExit::from_status(status));
+            }
+        }
+        self.exit
+    }
+
+    /// Waits up to `timeout` for the process to end.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ProcessExit> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.try_exit() {
+                return Some(e);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until the console holds every string of `what` (false on timeout or exit).
+    pub fn wait_console(&mut self, timeout: Duration, what: &[&str]) -> bool {
+        let end = Instant::now() + timeout;
+        loop {
+            let c = self.console();
+            if what.iter().all(|w| c.contains(w)) {
+                return true;
+            }
+            if Instant::now() >= end || self.try_exit().is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The names of the process's threads (empty once it is gone).
+    pub fn thread_names(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .map(|c| c.trim().to_string())
+            .collect()
+    }
+}
+
+impl Drop for VmProc {
+    fn drop(&mut self) {
+        if self.try_exit().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
