@@ -10,7 +10,7 @@ use std::time::Duration;
 use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
 use vm_spec::Containment;
-use vmm::process::{ProcessConfig, ProcessExit};
+use vmm::process::{JailConfig, ProcessConfig, ProcessExit};
 use vmm::virtio::DeviceConfig;
 use vmm::{ConsoleConfig, CpuProfile, KernelFormat, VmConfig};
 
@@ -23,6 +23,10 @@ use super::locate;
 
 /// The bounded tail of console and diagnostics kept per VM.
 const CONSOLE_RING_BYTES: usize = 64 * 1024;
+
+/// The directory in the run dir the VM's jail root is mounted on (only in its own mount
+/// namespace: on the host it stays empty).
+const JAIL_ROOT: &str = "root";
 
 /// How long a stopped VM process gets to exit by itself before it is killed.
 const STOP_GRACE: Duration = Duration::from_millis(500);
@@ -64,6 +68,14 @@ pub(crate) fn vm_config(
     })
 }
 
+/// The jail of a VM: its root tmpfs on `<run_dir>/root`, the run dir (sockets) bound inside.
+fn jail_config(run: &mut RunDir) -> Result<JailConfig, DriverError> {
+    Ok(JailConfig {
+        root: run.make_dir(JAIL_ROOT)?,
+        binds: vec![run.dir().to_path_buf()],
+    })
+}
+
 /// Starts `vm-vmm` and hands it `cfg`.
 fn spawn_vmm(cfg: &ProcessConfig) -> Result<Supervised, DriverError> {
     let bin = locate::vmm_binary()?;
@@ -93,9 +105,10 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     let cmdline = boot::agent_cmdline(&plan)?;
-    let run = RunDir::prepare(&plan.run_dir, &[VSOCK_SOCKET])?;
+    let mut run = RunDir::prepare(&plan.run_dir, &[VSOCK_SOCKET])?;
     let uds = run.path(VSOCK_SOCKET);
-    let cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone())?);
+    let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone())?);
+    cfg.jail = Some(jail_config(&mut run)?);
     let child = spawn_vmm(&cfg)?;
     tracing::info!(name = %plan.name, pid = child.pid(), "kvm vm process started");
     let handle = KvmHandle {
@@ -138,7 +151,7 @@ impl VmHandle for KvmHandle {
     fn kill(&self) {
         if self.child.is_running() {
             // Ask first (the VMM stops its vCPUs and exits 0), then make sure.
-            let _ = self.child.with_stdin(|w| vmm::process::send_stop(w));
+            let _ = self.child.with_stdin(vmm::process::send_stop);
             self.child.wait_exit(STOP_GRACE);
         }
         if let Some(status) = self.child.kill_and_reap() {

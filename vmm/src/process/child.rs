@@ -9,7 +9,7 @@ use std::time::Duration;
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
 
-use super::{ExitKind, MAX_CONFIG_BYTES, ProcessConfig, STOP};
+use super::{ExitKind, MAX_CONFIG_BYTES, ProcessConfig, STOP, jail};
 use crate::config::ConsoleConfig;
 use crate::control::GuestFault;
 use crate::exit::VmExit;
@@ -48,6 +48,9 @@ pub enum ChildError {
     /// Building or starting the VM failed.
     #[error("vm setup")]
     Vmm(#[source] VmmError),
+    /// The jail could not be built.
+    #[error("jail")]
+    Jail(#[source] super::jail::JailError),
     /// The control thread could not be started.
     #[error("starting the control thread")]
     Thread(#[source] io::Error),
@@ -57,6 +60,7 @@ impl ChildError {
     fn exit_kind(&self) -> ExitKind {
         match self {
             ChildError::ParentGone { .. } => ExitKind::ParentGone,
+            ChildError::Jail(_) => ExitKind::JailFailed,
             _ => ExitKind::SetupFailed,
         }
     }
@@ -103,14 +107,23 @@ fn guard_parent(launcher: u32) -> Result<(), ChildError> {
 }
 
 fn run() -> Result<ExitKind, ChildError> {
+    jail::close_inherited_fds();
     let mut control = BufReader::new(io::stdin());
-    let cfg = read_config(&mut control)?;
+    let mut cfg = read_config(&mut control)?;
     guard_parent(cfg.parent_pid)?;
+    let jail_cfg = cfg.jail.take();
+    if let Some(j) = &jail_cfg {
+        // Still one thread here: the reaper side of the fork never returns.
+        jail::enter(j).map_err(ChildError::Jail)?;
+    }
     let console = ConsoleConfig {
         ring_bytes: CHILD_RING_BYTES,
         sink: Some(Box::new(io::stdout())),
     };
     let vm = Vm::create(cfg.into_vm_config(console)).map_err(ChildError::Vmm)?;
+    if let Some(j) = &jail_cfg {
+        jail::confine(j).map_err(ChildError::Jail)?;
+    }
     let running = Arc::new(vm.start().map_err(ChildError::Vmm)?);
     let for_control = running.clone();
     std::thread::Builder::new()

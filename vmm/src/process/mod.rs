@@ -24,6 +24,7 @@
 //! test executables in `target/<profile>/deps`).
 
 pub mod child;
+pub mod jail;
 
 use std::io::{self, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -35,6 +36,8 @@ use serde::{Deserialize, Serialize};
 use crate::boot::KernelFormat;
 use crate::config::{ConsoleConfig, CpuProfile, VmConfig};
 use crate::virtio::DeviceConfig;
+
+pub use jail::JailConfig;
 
 /// The control-channel line that asks the VMM to stop the VM.
 pub const STOP: &str = "stop";
@@ -67,6 +70,9 @@ pub struct ProcessConfig {
     pub devices: Vec<DeviceConfig>,
     /// The launcher's pid: `vm-vmm` refuses to start when its parent is not this process.
     pub parent_pid: u32,
+    /// The jail to build around the VM ([`jail`]); `None` runs it bare (benchmarks, tests of
+    /// the bare path, hosts where the caller accepted a weaker jail).
+    pub jail: Option<JailConfig>,
 }
 
 impl ProcessConfig {
@@ -83,6 +89,7 @@ impl ProcessConfig {
             cpu_profile: cfg.cpu_profile,
             devices: cfg.devices.clone(),
             parent_pid: std::process::id(),
+            jail: None,
         }
     }
 
@@ -142,16 +149,19 @@ pub enum ExitKind {
     GuestFault,
     /// The parent died before the VMM could arm its parent-death signal.
     ParentGone,
+    /// The jail could not be built (the step is on stderr); the guest never ran.
+    JailFailed,
 }
 
 impl ExitKind {
-    const ALL: [ExitKind; 6] = [
+    const ALL: [ExitKind; 7] = [
         ExitKind::Ended,
         ExitKind::SetupFailed,
         ExitKind::TripleFault,
         ExitKind::Halted,
         ExitKind::GuestFault,
         ExitKind::ParentGone,
+        ExitKind::JailFailed,
     ];
 
     /// The process exit code.
@@ -163,6 +173,7 @@ impl ExitKind {
             ExitKind::Halted => 3,
             ExitKind::GuestFault => 4,
             ExitKind::ParentGone => 5,
+            ExitKind::JailFailed => 6,
         }
     }
 

@@ -41,13 +41,17 @@ fn collect(mut src: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) {
 impl VmProc {
     /// Starts `vm-vmm` for `cfg` (its console settings are ignored: the console is the pipe).
     pub fn start(cfg: &VmConfig) -> VmProc {
+        Self::start_process(&ProcessConfig::from_vm_config(cfg))
+    }
+
+    /// Starts `vm-vmm` for `cfg`.
+    pub fn start_process(cfg: &ProcessConfig) -> VmProc {
         let bin = env!("CARGO_BIN_EXE_vm-vmm");
         let mut child = vmm::process::command(bin.as_ref())
             .spawn()
             .expect("spawn vm-vmm");
         let mut control = child.stdin.take().expect("piped stdin");
-        vmm::process::write_config(&mut control, &ProcessConfig::from_vm_config(cfg))
-            .expect("send the configuration");
+        vmm::process::write_config(&mut control, cfg).expect("send the configuration");
         let console = Arc::new(Mutex::new(Vec::new()));
         collect(child.stdout.take().expect("piped stdout"), console.clone());
         collect(child.stderr.take().expect("piped stderr"), console.clone());
@@ -78,10 +82,10 @@ impl VmProc {
 
     /// How the process ended, once it has (reaps it).
     pub fn try_exit(&mut self) -> Option<ProcessExit> {
-        if self.exit.is_none() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.exit = Some(ProcessExit::from_status(status));
-            }
+        if self.exit.is_none()
+            && let Ok(Some(status)) = self.child.try_wait()
+        {
+            self.exit = Some(ProcessExit::from_status(status));
         }
         self.exit
     }
