@@ -41,6 +41,7 @@ pub mod legacy;
 pub mod memory;
 pub mod msr;
 pub mod process;
+pub mod seccomp;
 pub mod serial;
 pub mod vcpu;
 pub mod virtio;

@@ -1,7 +1,9 @@
 //! The jail `vm-vmm` builds around a VM (`vmm::process::jail`), seen from the host through
 //! `/proc` while a tiny guest sleeps in `cli; hlt`: every thread of both VM processes (the
-//! reaper and PID 1 of the VM's PID namespace) has no capabilities and `no_new_privs`, runs as
-//! the VM's own uid, has namespaces of its own, and sees a root holding only the run directory.
+//! reaper and PID 1 of the VM's PID namespace) has a seccomp filter, no capabilities and
+//! `no_new_privs`, runs as the VM's own uid, has namespaces of its own, and sees a root holding
+//! only the run directory. A thread that makes a system call outside its allowlist takes the
+//! process down with `SIGSYS`.
 
 mod proc_harness;
 mod tiny_harness;
@@ -42,6 +44,7 @@ fn jailed_config(dir: &Path) -> ProcessConfig {
         root: run.join("root"),
         binds: vec![run],
     });
+    cfg.seccomp = true;
     cfg
 }
 
@@ -129,6 +132,7 @@ fn every_vm_thread_is_jailed() {
             let name = status_field(&st, "Name");
             threads += 1;
             assert_eq!(status_field(&st, "NoNewPrivs"), "1", "{pid}/{name}");
+            assert_eq!(status_field(&st, "Seccomp"), "2", "{pid}/{name}");
             assert_eq!(
                 status_field(&st, "CapEff"),
                 "0000000000000000",
@@ -226,4 +230,35 @@ fn a_jail_that_cannot_be_built_is_a_typed_exit_naming_the_step() {
         out.contains("mounting the root tmpfs on") && out.contains("missing"),
         "{out}"
     );
+}
+
+#[test]
+fn a_forbidden_system_call_kills_the_vm_process_with_sigsys() {
+    let test = "a_forbidden_system_call_kills_the_vm_process_with_sigsys";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = jailed_config(tmp.path());
+    let mut vm = VmProc::start_process(&cfg);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vm.thread_names().iter().any(|t| t == "vmm-control") {
+        assert!(
+            Instant::now() < deadline && vm.try_exit().is_none(),
+            "{}",
+            vm.console()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids = vm.pids();
+    vm.send_line(vmm::process::TEST_FORBIDDEN_SYSCALL);
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(10)),
+        Some(ProcessExit::Seccomp),
+        "output:\n{}",
+        vm.console()
+    );
+    for pid in pids {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{pid} left");
+    }
 }

@@ -109,6 +109,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     let uds = run.path(VSOCK_SOCKET);
     let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone())?);
     cfg.jail = Some(jail_config(&mut run)?);
+    cfg.seccomp = true;
     let child = spawn_vmm(&cfg)?;
     tracing::info!(name = %plan.name, pid = child.pid(), "kvm vm process started");
     let handle = KvmHandle {

@@ -13,6 +13,7 @@ use super::{ExitKind, MAX_CONFIG_BYTES, ProcessConfig, STOP, jail};
 use crate::config::ConsoleConfig;
 use crate::control::GuestFault;
 use crate::exit::VmExit;
+use crate::seccomp::{self, ThreadKind};
 use crate::vm::{RunningVm, Vm, VmmError};
 
 /// The longest control line read at once; longer ones are unknown commands.
@@ -51,6 +52,9 @@ pub enum ChildError {
     /// The jail could not be built.
     #[error("jail")]
     Jail(#[source] super::jail::JailError),
+    /// A seccomp filter could not be installed.
+    #[error("seccomp")]
+    Seccomp(#[source] crate::seccomp::SeccompError),
     /// The control thread could not be started.
     #[error("starting the control thread")]
     Thread(#[source] io::Error),
@@ -111,6 +115,9 @@ fn run() -> Result<ExitKind, ChildError> {
     let mut control = BufReader::new(io::stdin());
     let mut cfg = read_config(&mut control)?;
     guard_parent(cfg.parent_pid)?;
+    if cfg.seccomp {
+        seccomp::enable();
+    }
     let jail_cfg = cfg.jail.take();
     if let Some(j) = &jail_cfg {
         // Still one thread here: the reaper side of the fork never returns.
@@ -130,6 +137,7 @@ fn run() -> Result<ExitKind, ChildError> {
         .name("vmm-control".into())
         .spawn(move || obey(control, &for_control))
         .map_err(ChildError::Thread)?;
+    seccomp::apply(ThreadKind::Main).map_err(ChildError::Seccomp)?;
     let outcome = loop {
         if let Some(o) = running.wait_timeout(Duration::from_secs(1)) {
             break o;
@@ -140,6 +148,7 @@ fn run() -> Result<ExitKind, ChildError> {
 
 /// Reads control lines until [`STOP`] or end of file, then stops the VM.
 fn obey(mut control: impl BufRead, vm: &RunningVm) {
+    seccomp::apply_or_exit(ThreadKind::Control);
     let mut warned = false;
     loop {
         let mut line = Vec::new();
@@ -150,6 +159,11 @@ fn obey(mut control: impl BufRead, vm: &RunningVm) {
         {
             Ok(0) | Err(_) => break,
             Ok(_) if line.trim_ascii() == STOP.as_bytes() => break,
+            #[cfg(feature = "test-hooks")]
+            Ok(_) if line.trim_ascii() == super::TEST_FORBIDDEN_SYSCALL.as_bytes() => {
+                // SAFETY: getppid has no preconditions; the filter kills the process here.
+                unsafe { libc::getppid() };
+            }
             Ok(_) => {
                 if !warned {
                     eprintln!("vm-vmm: ignoring unknown control commands");

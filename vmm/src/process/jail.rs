@@ -141,6 +141,7 @@ fn reap(child: nix::unistd::Pid, id: u32) -> ! {
         // Without its restrictions the reaper must not outlive the VM: take it down.
         let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
     }
+    crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Reaper);
     loop {
         match waitpid(child, None) {
             Ok(WaitStatus::Exited(_, code)) => std::process::exit(code),

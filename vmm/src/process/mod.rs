@@ -42,6 +42,12 @@ pub use jail::JailConfig;
 /// The control-channel line that asks the VMM to stop the VM.
 pub const STOP: &str = "stop";
 
+/// A control-channel line that makes the control thread call `getppid`, which its seccomp
+/// filter does not allow (builds with the `test-hooks` feature only: the tests' way to prove a
+/// forbidden system call kills the VM process).
+#[cfg(feature = "test-hooks")]
+pub const TEST_FORBIDDEN_SYSCALL: &str = "test-forbidden-syscall";
+
 /// Upper bound of the configuration line (a handful of paths and a command line).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -73,6 +79,8 @@ pub struct ProcessConfig {
     /// The jail to build around the VM ([`jail`]); `None` runs it bare (benchmarks, tests of
     /// the bare path, hosts where the caller accepted a weaker jail).
     pub jail: Option<JailConfig>,
+    /// Install the seccomp filters of [`crate::seccomp`] on every thread.
+    pub seccomp: bool,
 }
 
 impl ProcessConfig {
@@ -90,6 +98,7 @@ impl ProcessConfig {
             devices: cfg.devices.clone(),
             parent_pid: std::process::id(),
             jail: None,
+            seccomp: false,
         }
     }
 

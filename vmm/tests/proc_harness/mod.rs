@@ -1,6 +1,8 @@
-//! Runs a VM in its own `vm-vmm` process, as the kvm driver does: the configuration on the
-//! control channel, the console (and diagnostics) collected from its pipes into a bounded
-//! buffer, `stop` on the control channel, the exit status classified.
+//! Runs a VM in its own `vm-vmm` process, as the kvm driver does: jailed (its root a tmpfs in a
+//! private temporary directory, the directories of its vsock sockets bound inside) with seccomp
+//! filters on, the configuration on the control channel, the console (and diagnostics)
+//! collected from its pipes into a bounded buffer, `stop` on the control channel, the exit
+//! status classified.
 
 #![allow(dead_code)]
 
@@ -10,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vmm::VmConfig;
-use vmm::process::{ProcessConfig, ProcessExit};
+use vmm::process::{JailConfig, ProcessConfig, ProcessExit};
+use vmm::virtio::DeviceConfig;
 
 /// The newest bytes kept from the console.
 const KEEP: usize = 1 << 20;
@@ -21,6 +24,7 @@ pub struct VmProc {
     control: Option<ChildStdin>,
     console: Arc<Mutex<Vec<u8>>>,
     exit: Option<ProcessExit>,
+    _jail_dir: Option<tempfile::TempDir>,
 }
 
 fn collect(mut src: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) {
@@ -41,7 +45,32 @@ fn collect(mut src: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) {
 impl VmProc {
     /// Starts `vm-vmm` for `cfg` (its console settings are ignored: the console is the pipe).
     pub fn start(cfg: &VmConfig) -> VmProc {
-        Self::start_process(&ProcessConfig::from_vm_config(cfg))
+        let dir = tempfile::tempdir().expect("jail dir");
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).expect("jail root");
+        let mut binds: Vec<_> = cfg
+            .devices
+            .iter()
+            .filter_map(|d| match d {
+                DeviceConfig::Vsock { uds_path, .. } => uds_path.parent().map(|p| p.to_path_buf()),
+                _ => None,
+            })
+            .collect();
+        binds.dedup();
+        let mut pc = ProcessConfig::from_vm_config(cfg);
+        pc.jail = Some(JailConfig { root, binds });
+        pc.seccomp = true;
+        let mut vm = Self::start_process(&pc);
+        vm._jail_dir = Some(dir);
+        vm
+    }
+
+    /// Sends a raw control line.
+    pub fn send_line(&mut self, line: &str) {
+        use std::io::Write;
+        if let Some(c) = self.control.as_mut() {
+            let _ = writeln!(c, "{line}").and_then(|_| c.flush());
+        }
     }
 
     /// Starts `vm-vmm` for `cfg`.
@@ -60,6 +89,7 @@ impl VmProc {
             control: Some(control),
             console,
             exit: None,
+            _jail_dir: None,
         }
     }
 
@@ -119,12 +149,24 @@ impl VmProc {
         }
     }
 
-    /// The names of the process's threads (empty once it is gone).
+    /// The VM's processes: `vm-vmm` and (when jailed) its child, PID 1 of the VM's namespace.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.pid()];
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid()));
+        pids.extend(
+            kids.unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+        pids
+    }
+
+    /// The names of the threads of every VM process (empty once they are gone).
     pub fn thread_names(&self) -> Vec<String> {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
-            return Vec::new();
-        };
-        dir.flatten()
+        self.pids()
+            .into_iter()
+            .filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/task")).ok())
+            .flat_map(|dir| dir.flatten())
             .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
             .map(|c| c.trim().to_string())
             .collect()
