@@ -99,24 +99,30 @@ fn every_vm_thread_is_jailed() {
     let run = cfg.jail.as_ref().unwrap().binds[0].clone();
     let mut vm = VmProc::start_process(&cfg);
     let reaper = vm.pid();
-    // The VM process is the reaper's only child, with a vCPU thread once the guest runs.
+    // The VM process is the reaper's only child. Wait for its vCPU and control threads and
+    // for its main thread to have installed its filter (it does so right after starting them).
     let deadline = Instant::now() + Duration::from_secs(30);
     let inner = loop {
         if let Some(&c) = children(reaper).first() {
-            let names: Vec<String> = std::fs::read_dir(format!("/proc/{c}/task"))
+            let tasks: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{c}/task"))
                 .map(|d| {
                     d.flatten()
-                        .map(|t| std::fs::read_to_string(t.path().join("comm")).unwrap_or_default())
+                        .map(|t| {
+                            let st = t.path().join("status");
+                            (status_field(&st, "Name"), status_field(&st, "Seccomp"))
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
-            if names.iter().any(|n| n.trim() == "vm0-vcpu0") {
+            let has = |n: &str| tasks.iter().any(|(name, _)| name == n);
+            let main_filtered = tasks.iter().any(|(n, s)| n == "vm-vmm" && s == "2");
+            if has("vm0-vcpu0") && has("vmm-control") && main_filtered {
                 break c;
             }
         }
         assert!(
             Instant::now() < deadline && vm.try_exit().is_none(),
-            "no running vCPU in a jailed child; exit {:?}; output:\n{}",
+            "no running, filtered vm process in the jail; exit {:?}; output:\n{}",
             vm.try_exit(),
             vm.console()
         );
@@ -181,7 +187,9 @@ fn every_vm_thread_is_jailed() {
         Some("1")
     );
     let limits = std::fs::read_to_string(format!("/proc/{inner}/limits")).unwrap();
+    let data = vmm::process::jail::data_limit(64).to_string();
     for (what, value) in [
+        ("Max data size", data.as_str()),
         ("Max file size", "0"),
         ("Max core file size", "0"),
         ("Max open files", "4096"),
@@ -261,4 +269,39 @@ fn a_forbidden_system_call_kills_the_vm_process_with_sigsys() {
     for pid in pids {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{pid} left");
     }
+}
+
+#[test]
+fn a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host() {
+    let test = "a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = jailed_config(tmp.path());
+    let mut vm = VmProc::start_process(&cfg);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vm.thread_names().iter().any(|t| t == "vmm-control") {
+        assert!(
+            Instant::now() < deadline && vm.try_exit().is_none(),
+            "{}",
+            vm.console()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    vm.send_line(vmm::process::TEST_LEAK);
+    let exit = vm.wait_timeout(Duration::from_secs(10));
+    assert!(
+        matches!(
+            exit,
+            Some(ProcessExit::Signaled(libc::SIGABRT) | ProcessExit::Seccomp)
+        ),
+        "{exit:?}; output:\n{}",
+        vm.console()
+    );
+    assert!(
+        vm.console().contains("memory allocation"),
+        "{}",
+        vm.console()
+    );
 }

@@ -127,9 +127,10 @@ fn run() -> Result<ExitKind, ChildError> {
         ring_bytes: CHILD_RING_BYTES,
         sink: Some(Box::new(io::stdout())),
     };
+    let guest_mib = cfg.mem_mib;
     let vm = Vm::create(cfg.into_vm_config(console)).map_err(ChildError::Vmm)?;
     if let Some(j) = &jail_cfg {
-        jail::confine(j).map_err(ChildError::Jail)?;
+        jail::confine(j, guest_mib).map_err(ChildError::Jail)?;
     }
     let running = Arc::new(vm.start().map_err(ChildError::Vmm)?);
     let for_control = running.clone();
@@ -163,6 +164,11 @@ fn obey(mut control: impl BufRead, vm: &RunningVm) {
             Ok(_) if line.trim_ascii() == super::TEST_FORBIDDEN_SYSCALL.as_bytes() => {
                 // SAFETY: getppid has no preconditions; the filter kills the process here.
                 unsafe { libc::getppid() };
+            }
+            #[cfg(feature = "test-hooks")]
+            Ok(_) if line.trim_ascii() == super::TEST_LEAK.as_bytes() => {
+                let leak = vec![1u8; ((super::jail::VMM_OVERHEAD_MIB + 16) << 20) as usize];
+                std::hint::black_box(&leak);
             }
             Ok(_) => {
                 if !warned {

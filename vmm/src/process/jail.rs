@@ -14,7 +14,10 @@
 //!    path inside, then `pivot_root`, the old root detached, and the tmpfs made read-only. The
 //!    kernel, initrd, disks and `/dev/kvm` are already open, so the root holds nothing else.
 //! 3. Limits and identity: hostname `vm`, `RLIMIT_NOFILE`, `RLIMIT_FSIZE=0` (the VMM writes no
-//!    files), `RLIMIT_CORE=0`, `RLIMIT_NPROC`; every capability dropped from the bounding set,
+//!    files), `RLIMIT_CORE=0`, `RLIMIT_NPROC`, and the memory cap: `RLIMIT_DATA` = guest RAM +
+//!    [`VMM_OVERHEAD_MIB`] (the host's cgroups are v1 and the VMM drops the privileges it would
+//!    need to manage one, so the cap is an rlimit; guest RAM is private anonymous memory, which
+//!    `RLIMIT_DATA` counts); every capability dropped from the bounding set,
 //!    then a uid/gid of the VM's own (`JAIL_ID_BASE + pid`, no supplementary groups), which
 //!    empties the permitted and effective sets; the inheritable and ambient sets cleared;
 //!    `no_new_privs`.
@@ -44,6 +47,14 @@ pub const NOFILE_LIMIT: u64 = 4096;
 
 /// Processes (threads) the VM's uid may have: vCPUs, device workers, control, reaper.
 pub const NPROC_LIMIT: u64 = 256;
+
+/// What the VMM process may allocate beyond the guest's RAM (`RLIMIT_DATA`): device queues,
+/// vsock buffers, thread stacks, the allocator's arenas. A device-model leak ends the VM
+/// instead of eating the host.
+pub const VMM_OVERHEAD_MIB: u64 = 64;
+
+/// `RLIMIT_DATA` of the reaper, which allocates next to nothing.
+const REAPER_DATA_MIB: u64 = 16;
 
 /// Size of the root tmpfs (it holds only the directories leading to the bind mounts).
 const ROOT_TMPFS_OPTIONS: &str = "size=64k,nr_inodes=64,mode=0755";
@@ -136,7 +147,7 @@ fn reap(child: nix::unistd::Pid, id: u32) -> ! {
     // The control channel and the console belong to the child.
     // SAFETY: closes our copies of stdin and stdout; the reaper never uses them again.
     unsafe { libc::close_range(0, 1, 0) };
-    if let Err(e) = restrict(id) {
+    if let Err(e) = restrict(id, REAPER_DATA_MIB << 20) {
         eprintln!("vm-vmm: reaper: {}", vm_error_chain::error_chain(&e));
         // Without its restrictions the reaper must not outlive the VM: take it down.
         let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
@@ -157,14 +168,20 @@ fn reap(child: nix::unistd::Pid, id: u32) -> ! {
     }
 }
 
-/// Steps 2 and 3, in the child, once every file the VM needs is open.
-pub fn confine(cfg: &JailConfig) -> Result<(), JailError> {
+/// Steps 2 and 3, in the child, once every file the VM needs is open (its guest RAM of
+/// `guest_mib` included, which counts against the data limit).
+pub fn confine(cfg: &JailConfig, guest_mib: u32) -> Result<(), JailError> {
     build_root(cfg)?;
     nix::unistd::sethostname("vm").map_err(sys("sethostname"))?;
     let id = *JAIL_ID
         .get()
         .unwrap_or(&(JAIL_ID_BASE + getpid().as_raw() as u32));
-    restrict(id)
+    restrict(id, data_limit(guest_mib))
+}
+
+/// The `RLIMIT_DATA` of a VM process with `guest_mib` of guest RAM.
+pub fn data_limit(guest_mib: u32) -> u64 {
+    (u64::from(guest_mib) + VMM_OVERHEAD_MIB) << 20
 }
 
 fn build_root(cfg: &JailConfig) -> Result<(), JailError> {
@@ -225,9 +242,10 @@ fn inside(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
-/// Rlimits, capabilities, uid/gid and `no_new_privs` (step 3).
-fn restrict(id: u32) -> Result<(), JailError> {
+/// Rlimits (`data` bytes of `RLIMIT_DATA`), capabilities, uid/gid and `no_new_privs`.
+fn restrict(id: u32, data: u64) -> Result<(), JailError> {
     for (res, limit, what) in [
+        (Resource::RLIMIT_DATA, data, "RLIMIT_DATA"),
         (Resource::RLIMIT_NOFILE, NOFILE_LIMIT, "RLIMIT_NOFILE"),
         (Resource::RLIMIT_FSIZE, 0, "RLIMIT_FSIZE"),
         (Resource::RLIMIT_CORE, 0, "RLIMIT_CORE"),

@@ -48,6 +48,12 @@ pub const STOP: &str = "stop";
 #[cfg(feature = "test-hooks")]
 pub const TEST_FORBIDDEN_SYSCALL: &str = "test-forbidden-syscall";
 
+/// A control-channel line that makes the control thread allocate and touch more than
+/// [`jail::VMM_OVERHEAD_MIB`] (builds with the `test-hooks` feature only: the tests' way to
+/// prove the memory cap ends a leaking VMM).
+#[cfg(feature = "test-hooks")]
+pub const TEST_LEAK: &str = "test-leak";
+
 /// Upper bound of the configuration line (a handful of paths and a command line).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
