@@ -42,6 +42,7 @@
 //!     fn containment(&self) -> vm_spec::Containment;
 //!     fn detect(&self) -> Availability;
 //!     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError>;
+//!     fn jail(&self) -> Option<JailReport>;   // default None
 //! }
 //! pub struct BootPlan { pub name, pub images: ImagePaths, pub vcpus: u32, pub mem_mib: u32,
 //!     pub pids_max: u32, pub disks: Vec<DiskPlan>, pub run_dir: PathBuf,
@@ -67,6 +68,7 @@ mod boot;
 mod error;
 pub mod hvf;
 pub mod hyperv;
+pub mod jail;
 pub mod kvm;
 mod machine;
 mod process;
@@ -79,6 +81,7 @@ mod test_support;
 pub use error::DriverError;
 pub use hvf::HvfDriver;
 pub use hyperv::HypervDriver;
+pub use jail::JailReport;
 pub use kvm::KvmDriver;
 pub use machine::{Machine, MachineError, MachineInfo, VmHandle};
 pub use registry::{NoDriverError, Registry};
@@ -122,6 +125,10 @@ pub trait Driver: Send + Sync {
     fn detect(&self) -> Availability;
     /// Boots a guest and waits for its agent. An error means no guest is left running.
     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError>;
+    /// The jail this driver builds around each VM's host processes (`None`: it boots nothing).
+    fn jail(&self) -> Option<JailReport> {
+        None
+    }
 }
 
 impl std::fmt::Debug for dyn Driver + '_ {

@@ -49,4 +49,8 @@ impl Driver for KvmDriver {
     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError> {
         vm::boot(plan)
     }
+
+    fn jail(&self) -> Option<crate::JailReport> {
+        Some(crate::jail::kvm_report())
+    }
 }
