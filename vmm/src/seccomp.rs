@@ -10,15 +10,24 @@
 //! Filters stack: a thread inherits the filter of the thread that created it. Device workers
 //! are started by a vCPU thread (when the guest activates the device), so the vCPU list also
 //! holds what a worker needs to start and run; the worker then adds its own, narrower list.
-//! Every thread kind may use the syscalls of [`COMMON`] (memory, futexes, signals, exit).
+//! Every thread kind may use the syscalls of [`COMMON`] (memory, futexes, signals, exit), and
+//! gets `EACCES` for those of [`REFUSED`] (opening files: the C library tries on its own).
 //!
 //! `ioctl` is allowed without argument checks on vCPU threads (they issue `KVM_RUN` and
-//! register reads on their own vCPU fd); narrowing it to the KVM request numbers is future work.
+//! register reads on their own vCPU fd; narrowing it to the KVM request numbers is future
+//! work); a worker may only issue the requests of `DEVICE_IOCTLS`.
+//!
+//! The device lists are exercised by every virtio test: the guest-driver harness
+//! (`virtio::test_utils`, feature `test-utils`) turns the filters on, so each device's workers
+//! run under the production filter through every happy path and malformed input there.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 
 /// The kinds of thread a `vm-vmm` process has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +72,31 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
     if !enabled() {
         return Ok(());
     }
+    let refuse = refusals(kind)?;
     let prog = program(kind)?;
+    seccompiler::apply_filter(&refuse).map_err(|e| SeccompError::Install(kind, e))?;
     seccompiler::apply_filter(&prog).map_err(|e| SeccompError::Install(kind, e))
+}
+
+/// The calls every thread gets `EACCES` for instead of being killed: the C library makes them
+/// on its own and copes with the failure. A second filter, stacked with the allowlist (which
+/// lists them, so the kernel's most restrictive answer is this one's errno).
+const REFUSED: &[Entry] = &[(
+    libc::SYS_openat,
+    "glibc's malloc reads /proc/sys/vm/overcommit_memory when it trims a thread's heap",
+)];
+
+fn refusals(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+    let rules = REFUSED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
+    SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        TargetArch::x86_64,
+    )
+    .map_err(|e| SeccompError::Build(kind, e))?
+    .try_into()
+    .map_err(|e| SeccompError::Build(kind, e))
 }
 
 /// Like [`apply`] for threads that cannot return an error: a thread that cannot be filtered
@@ -78,10 +110,22 @@ pub fn apply_or_exit(kind: ThreadKind) {
 
 /// The BPF program of `kind`.
 pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = allowlist(kind)
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowlist(kind)
         .iter()
         .map(|(nr, _why)| (*nr, Vec::new()))
         .collect();
+    if kind == ThreadKind::Device {
+        // Workers may issue only these ioctl requests (an empty rule list allows any).
+        let only = DEVICE_IOCTLS
+            .iter()
+            .map(|req| {
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *req)
+                    .and_then(|c| SeccompRule::new(vec![c]))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| SeccompError::Build(kind, e))?;
+        rules.insert(libc::SYS_ioctl, only);
+    }
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::KillProcess,
@@ -174,8 +218,14 @@ const VCPU: &[Entry] = &[
     ),
 ];
 
+/// The only `ioctl` requests a device worker may make.
+const DEVICE_IOCTLS: &[u64] = &[
+    libc::FIONBIO as u64, // vsock: set_nonblocking on accepted and connected host sockets
+];
+
 /// A device worker (its filter stacks on its vCPU's, see the module docs).
 const DEVICE: &[Entry] = &[
+    (libc::SYS_ioctl, "vsock: FIONBIO only (DEVICE_IOCTLS)"),
     (libc::SYS_epoll_wait, "the worker loop"),
     (libc::SYS_epoll_pwait, "the worker loop"),
     (
@@ -224,16 +274,22 @@ const REAPER: &[Entry] = &[
     (libc::SYS_tgkill, "re-raising the VM's fatal signal"),
 ];
 
-/// The allowlist of `kind`: [`COMMON`] plus its own.
+/// The allowlist of `kind`: [`COMMON`] plus its own (for a vCPU, plus [`DEVICE`]).
 pub fn allowlist(kind: ThreadKind) -> Vec<Entry> {
-    let own = match kind {
-        ThreadKind::Main => MAIN,
-        ThreadKind::Control => CONTROL,
-        ThreadKind::Vcpu => VCPU,
-        ThreadKind::Device => DEVICE,
-        ThreadKind::Reaper => REAPER,
+    let own: &[&[Entry]] = match kind {
+        ThreadKind::Main => &[MAIN],
+        ThreadKind::Control => &[CONTROL],
+        // A worker inherits its vCPU's filter: the vCPU list must let the worker's calls pass.
+        ThreadKind::Vcpu => &[VCPU, DEVICE],
+        ThreadKind::Device => &[DEVICE],
+        ThreadKind::Reaper => &[REAPER],
     };
-    COMMON.iter().chain(own).copied().collect()
+    COMMON
+        .iter()
+        .chain(REFUSED)
+        .chain(own.iter().flat_map(|l| l.iter()))
+        .copied()
+        .collect()
 }
 
 #[cfg(test)]
@@ -262,7 +318,6 @@ mod tests {
             let list = allowlist(kind);
             for nr in [
                 libc::SYS_execve,
-                libc::SYS_openat,
                 libc::SYS_open,
                 libc::SYS_ptrace,
                 libc::SYS_mount,
@@ -274,12 +329,36 @@ mod tests {
                 assert!(list.iter().all(|(n, _)| *n != nr), "{kind:?} allows {nr}");
             }
         }
-        // Only vCPU threads issue ioctls; only they start threads.
+        // A worker runs under its vCPU's filter too: everything it may do, the vCPU allows.
+        let vcpu = allowlist(ThreadKind::Vcpu);
+        for (nr, why) in allowlist(ThreadKind::Device) {
+            assert!(
+                vcpu.iter().any(|(n, _)| *n == nr),
+                "vCPU filter blocks {nr} ({why})"
+            );
+        }
+        // Only vCPU threads issue any ioctl (workers: FIONBIO only); only they start threads.
         for kind in KINDS {
             let has = |nr| allowlist(kind).iter().any(|(n, _)| *n == nr);
-            assert_eq!(has(libc::SYS_ioctl), kind == ThreadKind::Vcpu, "{kind:?}");
+            let ioctl = matches!(kind, ThreadKind::Vcpu | ThreadKind::Device);
+            assert_eq!(has(libc::SYS_ioctl), ioctl, "{kind:?}");
             assert_eq!(has(libc::SYS_clone3), kind == ThreadKind::Vcpu, "{kind:?}");
         }
+    }
+
+    /// The refusal filter, installed on a thread of its own: `openat` fails with EACCES and
+    /// the thread lives on.
+    #[test]
+    fn refused_calls_fail_with_eacces_instead_of_killing() {
+        let prog = refusals(ThreadKind::Device).unwrap();
+        let r = std::thread::spawn(move || {
+            seccompiler::apply_filter(&prog).unwrap();
+            std::fs::File::open("/proc/sys/vm/overcommit_memory").map(|_| ())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EACCES));
+        assert!(std::fs::File::open("/proc/sys/vm/overcommit_memory").is_ok());
     }
 
     #[test]
