@@ -220,7 +220,7 @@ const VCPU: &[Entry] = &[
 
 /// The only `ioctl` requests a device worker may make.
 const DEVICE_IOCTLS: &[u64] = &[
-    libc::FIONBIO as u64, // vsock: set_nonblocking on accepted and connected host sockets
+    libc::FIONBIO, // vsock: set_nonblocking on accepted and connected host sockets
 ];
 
 /// A device worker (its filter stacks on its vCPU's, see the module docs).
