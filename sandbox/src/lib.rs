@@ -91,6 +91,8 @@ pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
+pub use vm_oci as oci;
 
 /// The guest agent's types a caller of this API handles: the command, its output and exit
 /// status, the streaming events, and the client error that carries the agent's verdict.
