@@ -305,3 +305,68 @@ fn a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host() {
         vm.console()
     );
 }
+
+/// `kill -9` of the launcher: within 2 s neither VM process is left (parent-death signals on
+/// the reaper and on the VM process). The test re-runs itself as the launcher (selected by an
+/// environment variable), which starts a jailed VM, reports its pids and waits to be killed.
+#[test]
+fn killing_the_launcher_ends_both_vm_processes() {
+    const ROLE: &str = "VMM_JAIL_LAUNCHER";
+    let test = "killing_the_launcher_ends_both_vm_processes";
+    if std::env::var_os(ROLE).is_some() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vm = VmProc::start_process(&jailed_config(tmp.path()));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while vm.pids().len() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        println!("VM_PIDS {:?}", vm.pids());
+        std::mem::forget(vm);
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    if skip_without_kvm(test) {
+        return;
+    }
+    use std::io::BufRead;
+    let mut launcher = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(ROLE, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(launcher.stdout.take().unwrap());
+    let pids: Vec<u32> = out
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix("VM_PIDS [").map(|rest| {
+                rest.trim_end_matches(']')
+                    .split(", ")
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+        })
+        .expect("the launcher reported its vm pids");
+    assert_eq!(pids.len(), 2, "reaper and vm process: {pids:?}");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let gone = |pid: u32| match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !pids.iter().all(|p| gone(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in pids {
+        assert!(
+            gone(pid),
+            "vm process {pid} outlived its killed launcher by 2 s"
+        );
+    }
+}
