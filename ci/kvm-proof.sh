@@ -28,8 +28,8 @@ pack() {
     local images
     images=$("$repo/images/build.sh" --print-dir) || die "no guest images: run images/build.sh"
     cd "$repo"
-    say "building the release binaries (vm, vm-kvm-proof, the e2e-all suite)"
-    cargo build --release --locked -p vm-cli --bin vm -p vm-tests --bin vm-kvm-proof >&2
+    say "building the release binaries (vm, vm-vmm, vm-kvm-proof, the e2e-all suite)"
+    cargo build --release --locked -p vm-cli --bin vm -p vmm --bin vm-vmm -p vm-tests --bin vm-kvm-proof >&2
     local json e2e
     json=$(cargo test --release --locked -p vm-tests --test e2e-all --no-run --message-format=json)
     e2e=$(grep -o '"executable":"[^"]*e2e_all-[^"]*"' <<<"$json" | tail -n1 | cut -d'"' -f4)
@@ -37,7 +37,8 @@ pack() {
     local target=${CARGO_TARGET_DIR:-$repo/target}/release
     rm -rf "$dir"
     mkdir -p "$dir/bin" "$dir/images/current" "$dir/tools/bin" "$dir/tools/lib" "$dir/tools/libexec"
-    cp "$target/vm" "$target/vm-kvm-proof" "$dir/bin/"
+    # The kvm driver runs each VM in vm-vmm, found next to the running executable.
+    cp "$target/vm" "$target/vm-vmm" "$target/vm-kvm-proof" "$dir/bin/"
     cp "$e2e" "$dir/bin/e2e-all"
     strip "$dir/bin/"*
     local f

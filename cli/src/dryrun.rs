@@ -67,7 +67,12 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     };
     let driver_json = match &selection {
         Ok(d) => {
-            json!({ "ok": true, "name": d.name(), "containment": d.containment().to_string() })
+            json!({
+                "ok": true,
+                "name": d.name(),
+                "containment": d.containment().to_string(),
+                "jail": d.jail(),
+            })
         }
         Err(e) => json!({ "ok": false, "error": e.to_string() }),
     };

@@ -118,6 +118,16 @@ fn dry_run_json_has_the_resolved_spec_and_verdict() {
             assert_eq!(doc["verdict"], "ok", "{doc}");
             assert_eq!(doc["exit_code"], 0);
             assert_eq!(doc["driver"]["name"], name.as_str(), "{doc}");
+            // The jail the chosen driver builds is shown (tcg: QEMU's own seccomp sandbox).
+            let jail = &doc["driver"]["jail"];
+            assert!(jail["granted"].is_boolean(), "{jail}");
+            if name == "tcg" {
+                assert_eq!(jail["namespaces"], serde_json::json!([]), "{jail}");
+                assert!(
+                    jail["seccomp"].as_str().unwrap().contains("-sandbox"),
+                    "{jail}"
+                );
+            }
             assert_eq!(out.code, 0, "{}", out.stderr);
         }
         None => {
@@ -398,7 +408,7 @@ fn drivers_table_on_this_host() {
     let text = env.run(&["drivers"]);
     assert_eq!(text.code, 0);
     assert!(text.stdout.starts_with("NAME"), "{}", text.stdout);
-    for col in ["AVAILABLE", "CONTAINMENT", "REASON"] {
+    for col in ["AVAILABLE", "CONTAINMENT", "JAIL", "REASON"] {
         assert!(text.stdout.lines().next().unwrap().contains(col));
     }
     let get = |n: &str| list.iter().find(|d| d.0 == n).unwrap().clone();
@@ -436,6 +446,26 @@ fn drivers_table_on_a_pvm_native_host() {
     let kvm_line = text.stdout.lines().find(|l| l.starts_with("kvm")).unwrap();
     assert!(
         kvm_line.contains(" no ") && kvm_line.contains("native"),
+        "{kvm_line}"
+    );
+    // The jail each driver builds: kvm's full jail (granted to root, as tests run here).
+    let json = env.run(&["drivers", "--json"]);
+    let doc: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let kvm_jail = &doc[0]["jail"];
+    assert_eq!(
+        kvm_jail["namespaces"],
+        serde_json::json!(["mnt", "pid", "ipc", "uts", "net"]),
+        "{kvm_jail}"
+    );
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert_eq!(kvm_jail["granted"], root, "{kvm_jail}");
+    assert!(
+        kvm_line.contains(if root {
+            "mnt,pid,ipc,uts,net+seccomp"
+        } else {
+            "not granted"
+        }),
         "{kvm_line}"
     );
     let (_, tcg_ok, tcg_c, tcg_reason) = get("tcg");

@@ -116,12 +116,20 @@ pub(crate) struct RunDir {
     dir: PathBuf,
     created_dir: bool,
     files: Vec<PathBuf>,
+    dirs: Vec<PathBuf>,
 }
 
 impl RunDir {
     /// Creates `dir` if needed and claims `names` inside it. Refuses if any of them already
     /// exists (it may belong to another VM).
     pub(crate) fn prepare(dir: &Path, names: &[&str]) -> Result<RunDir, DriverError> {
+        // Absolute, so the paths still name the same files for a process whose working
+        // directory differs (a jailed VMM's is its own root).
+        let dir = &std::path::absolute(dir).map_err(|source| DriverError::Io {
+            what: "resolving run dir",
+            path: dir.to_path_buf(),
+            source,
+        })?;
         let created_dir = !dir.exists();
         fs::create_dir_all(dir).map_err(|source| DriverError::Io {
             what: "creating run dir",
@@ -132,6 +140,7 @@ impl RunDir {
             dir: dir.to_path_buf(),
             created_dir,
             files: Vec::new(),
+            dirs: Vec::new(),
         };
         for name in names {
             let p = dir.join(name);
@@ -141,6 +150,23 @@ impl RunDir {
             run.files.push(p);
         }
         Ok(run)
+    }
+
+    /// Creates the empty directory `name` inside (refused if it exists); removed on cleanup.
+    pub(crate) fn make_dir(&mut self, name: &str) -> Result<PathBuf, DriverError> {
+        let p = self.dir.join(name);
+        fs::create_dir(&p).map_err(|source| DriverError::Io {
+            what: "creating",
+            path: p.clone(),
+            source,
+        })?;
+        self.dirs.push(p.clone());
+        Ok(p)
+    }
+
+    /// The run directory (absolute).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub(crate) fn path(&self, name: &str) -> PathBuf {
@@ -156,6 +182,11 @@ impl RunDir {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => tracing::warn!(path = %f.display(), error = %e, "cannot remove run file"),
+            }
+        }
+        for d in self.dirs.drain(..) {
+            if let Err(e) = fs::remove_dir(&d) {
+                tracing::warn!(path = %d.display(), error = %e, "cannot remove run dir entry");
             }
         }
         if self.created_dir {
@@ -481,6 +512,9 @@ mod tests {
         let mut run = RunDir::prepare(&dir, &["a.sock"]).unwrap();
         fs::write(run.path("a.sock"), b"").unwrap();
         assert!(RunDir::prepare(&dir, &["a.sock"]).is_err());
+        let sub = run.make_dir("root").unwrap();
+        assert!(sub.is_dir());
+        assert!(run.make_dir("root").is_err());
         run.cleanup();
         assert!(!dir.exists(), "created run dir was not removed");
         // A pre-existing dir is kept.

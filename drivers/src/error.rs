@@ -54,12 +54,24 @@ pub enum DriverError {
         /// The tail of its stdout/stderr.
         output: String,
     },
-    /// The in-process VMM refused the configuration or failed to start.
-    #[error("vmm failed")]
-    Vmm {
-        /// The cause.
+    /// A program the driver runs is not installed where it looks.
+    #[error(
+        "{program} not found (looked at {searched}); build it (`cargo build -p vmm --bin vm-vmm`) or set VM_VMM_BIN"
+    )]
+    MissingBinary {
+        /// The program.
+        program: &'static str,
+        /// Every place looked at.
+        searched: String,
+    },
+    /// The VM process ended before the guest agent answered.
+    #[error("the vm process ended before the guest agent answered")]
+    VmProcess {
+        /// How it ended.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        exit: vmm::process::ProcessExit,
+        /// The tail of the guest console and the VMM's diagnostics.
+        console_tail: String,
     },
     /// The guest agent did not answer in time, or the VM stopped before it did.
     #[error("guest agent not ready after {waited:?}: {reason}")]

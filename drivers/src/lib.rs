@@ -9,7 +9,7 @@
 //!
 //! | driver   | containment  | what it is |
 //! |----------|--------------|------------|
-//! | `kvm`    | `MicroVm`    | the in-process `vmm` crate on `/dev/kvm` backed by VT-x/AMD-V |
+//! | `kvm`    | `MicroVm`    | our `vmm`, one `vm-vmm` process per VM, on `/dev/kvm` backed by VT-x/AMD-V |
 //! | `tcg`    | `UserKernel` | QEMU with software CPU emulation plus `vhost-device-vsock` |
 //! | `hvf`    | `MicroVm`    | macOS Hypervisor.framework: detection only, boot is `Unsupported` |
 //! | `hyperv` | `MicroVm`    | Windows Hypervisor Platform: not probed, boot is `Unsupported` |
@@ -23,7 +23,7 @@
 //! is not "available" in the policy sense (kvm on a PVM host).
 //!
 //! A [`Machine`] is driver-neutral: it owns a backend handle ([`VmHandle`]: the QEMU and
-//! vhost-device-vsock child processes for tcg, the in-process VMM threads for kvm) and a
+//! vhost-device-vsock child processes for tcg, the `vm-vmm` process for kvm) and a
 //! [`guest_agent::client::AgentClient`] over the VM's hybrid-vsock Unix socket. Everything a
 //! caller does inside the guest goes through that client. The Machine enforces the wall-clock
 //! lifetime itself: a watchdog thread tears the VM down at expiry whatever is happening, and
@@ -46,6 +46,7 @@ mod boot;
 mod error;
 pub mod hvf;
 pub mod hyperv;
+pub mod jail;
 pub mod kvm;
 mod machine;
 mod process;
@@ -75,6 +76,7 @@ impl BootPlan {
 }
 pub use hvf::HvfDriver;
 pub use hyperv::HypervDriver;
+pub use jail::JailReport;
 pub use kvm::KvmDriver;
 pub use machine::{Machine, MachineError, MachineInfo, VmHandle};
 pub use registry::{NoDriverError, Registry};
@@ -118,6 +120,10 @@ pub trait Driver: Send + Sync {
     fn detect(&self) -> Availability;
     /// Boots a guest and waits for its agent. An error means no guest is left running.
     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError>;
+    /// The jail this driver builds around each VM's host processes (`None`: it boots nothing).
+    fn jail(&self) -> Option<JailReport> {
+        None
+    }
 }
 
 impl std::fmt::Debug for dyn Driver + '_ {

@@ -29,7 +29,7 @@ use vm_spec::Containment;
 use crate::DriverError;
 
 /// A backend's handle on one running VM. Implemented by the drivers (child processes for
-/// `tcg`, in-process VMM threads for `kvm`); public so test doubles can build a [`Machine`].
+/// `tcg`, the `vm-vmm` process for `kvm`); public so test doubles can build a [`Machine`].
 /// Every method may be called from several threads at once.
 pub trait VmHandle: Send + Sync {
     /// True while the VM has not stopped.
@@ -41,7 +41,7 @@ pub trait VmHandle: Send + Sync {
     fn wait(&self, timeout: Duration) -> bool;
     /// The tail of the guest console (bounded).
     fn console_tail(&self) -> String;
-    /// Host processes that make up this VM (for kvm: this process).
+    /// Host processes that make up this VM.
     fn host_pids(&self) -> Vec<u32>;
 }
 

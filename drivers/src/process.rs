@@ -17,7 +17,7 @@
 
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, ChildStdin, Command, ExitStatus};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::thread;
@@ -83,9 +83,11 @@ pub(crate) fn spawn_supervised(
     if let Some(err) = child.stderr.take() {
         pump(format!("{program}-stderr"), err, output.clone());
     }
+    let stdin = Mutex::new(child.stdin.take());
     Ok(Supervised {
         program: program.to_string(),
         pid: child.id(),
+        stdin,
         state: Mutex::new(ChildState {
             child,
             status: None,
@@ -112,6 +114,14 @@ pub(crate) fn pump(name: String, mut src: impl Read + Send + 'static, ring: Shar
     }
 }
 
+/// What a non-reaping look at the child found.
+enum Peek {
+    Running,
+    Exited(ExitStatus),
+    /// waitid failed (the child was reaped elsewhere): treated as not running.
+    Unknown,
+}
+
 struct ChildState {
     child: Child,
     /// Set once the leader has been reaped; afterwards its pid may be reused, so no more signals.
@@ -122,6 +132,8 @@ struct ChildState {
 pub(crate) struct Supervised {
     program: String,
     pid: u32,
+    /// The child's stdin when it was piped (dropping it closes the pipe).
+    stdin: Mutex<Option<ChildStdin>>,
     state: Mutex<ChildState>,
     output: SharedRing,
 }
@@ -136,14 +148,36 @@ impl Supervised {
         self.output.tail_string()
     }
 
+    /// Runs `f` on the child's stdin; `None` when it was not piped or has been closed.
+    pub(crate) fn with_stdin<T>(&self, f: impl FnOnce(&mut ChildStdin) -> T) -> Option<T> {
+        lock(&self.stdin).as_mut().map(f)
+    }
+
     /// True while the child has not exited. Never reaps (see the module docs).
     pub(crate) fn is_running(&self) -> bool {
+        matches!(self.peek(), Peek::Running)
+    }
+
+    /// How the child ended, once it has; `None` while it runs or when that cannot be known.
+    /// Never reaps (see the module docs).
+    pub(crate) fn exit_status(&self) -> Option<ExitStatus> {
+        match self.peek() {
+            Peek::Exited(s) => Some(s),
+            Peek::Running | Peek::Unknown => None,
+        }
+    }
+
+    fn peek(&self) -> Peek {
         let st = lock(&self.state);
-        if st.status.is_some() {
-            return false;
+        if let Some(status) = st.status {
+            return Peek::Exited(status);
         }
         // Not running once it exited, and when it is not our unreaped child any more.
-        matches!(sys::exited_unreaped(self.pid), Ok(false))
+        match sys::exited_unreaped(self.pid) {
+            Ok(None) => Peek::Running,
+            Ok(Some(status)) => Peek::Exited(status),
+            Err(_) => Peek::Unknown,
+        }
     }
 
     /// Waits up to `timeout` for the child to exit on its own; true if it did.
@@ -163,6 +197,7 @@ impl Supervised {
 
     /// Kills the whole process group with SIGKILL and reaps the leader. Idempotent.
     pub(crate) fn kill_and_reap(&self) -> Option<ExitStatus> {
+        lock(&self.stdin).take();
         let mut st = lock(&self.state);
         if let Some(status) = st.status {
             return Some(status);
@@ -227,6 +262,46 @@ mod tests {
         assert!(!alive(pid), "pid {pid} still exists after kill_and_reap");
         // Idempotent.
         assert!(child.kill_and_reap().is_some());
+    }
+
+    #[test]
+    fn exit_status_is_seen_without_reaping() {
+        for (script, code, signal) in [
+            ("exit 3", Some(3), None),
+            ("kill -SYS $$", None, Some(libc::SIGSYS)),
+        ] {
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", script]).stdin(Stdio::null());
+            let child = spawn_supervised("sh", cmd, 1024).expect("spawn sh");
+            assert!(child.wait_exit(Duration::from_secs(10)));
+            let status = child.exit_status().expect("exited");
+            assert_eq!((status.code(), status.signal()), (code, signal), "{script}");
+            // Not reaped: the pid still names a zombie until teardown.
+            assert!(std::fs::metadata(format!("/proc/{}", child.pid())).is_ok());
+            assert_eq!(child.kill_and_reap(), Some(status));
+        }
+    }
+
+    #[test]
+    fn stdin_is_the_childs_and_closes_on_teardown() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "read line; echo got $line"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let child = spawn_supervised("sh", cmd, 1024).expect("spawn sh");
+        use std::io::Write;
+        child
+            .with_stdin(|w| w.write_all(b"hello\n"))
+            .expect("piped")
+            .unwrap();
+        assert!(child.wait_exit(Duration::from_secs(10)));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while child.output_tail() != "got hello\n" && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(child.output_tail(), "got hello\n");
+        child.kill_and_reap();
+        assert!(child.with_stdin(|_| ()).is_none());
     }
 
     #[test]

@@ -185,6 +185,18 @@ fn boot_exec_uname_and_close() {
     assert_eq!(machine.driver(), "tcg");
     let pids = machine.host_pids();
     assert_eq!(pids.len(), 2);
+    // QEMU (the first) runs every thread under its own seccomp sandbox.
+    for t in std::fs::read_dir(format!("/proc/{}/task", pids[0]))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        assert!(
+            status.lines().any(|l| l == "Seccomp:\t2"),
+            "qemu thread {:?} has no seccomp filter",
+            t.file_name()
+        );
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -11,7 +11,7 @@ use crate::serial::DEFAULT_RING_BYTES;
 use crate::virtio::DeviceConfig;
 
 /// Which CPU model the guest sees.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CpuProfile {
     /// [`CpuProfile::Baseline`] on a PVM-native host, [`CpuProfile::Host`] otherwise.
     #[default]

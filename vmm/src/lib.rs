@@ -33,6 +33,8 @@ pub mod layout;
 pub mod legacy;
 pub mod memory;
 pub mod msr;
+pub mod process;
+pub mod seccomp;
 pub mod serial;
 pub mod sys;
 pub mod vcpu;

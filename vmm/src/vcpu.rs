@@ -113,6 +113,7 @@ pub struct VcpuThread {
 impl VcpuThread {
     /// Thread body: run until the VM stops, record the outcome, deregister.
     pub fn run(mut self) {
+        crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Vcpu);
         set_thread_kvm_run(self.fd.get_kvm_run());
         self.control.register_current(usize::from(self.index));
         let outcome = self.run_loop();

@@ -11,29 +11,37 @@ pub fn run(a: DriversArgs) -> anyhow::Result<u8> {
     let registry = Registry::with_defaults();
     let rows: Vec<_> = registry
         .drivers()
-        .map(|d| (d.name(), d.containment(), d.detect()))
+        .map(|d| (d.name(), d.containment(), d.detect(), d.jail()))
         .collect();
     if a.json {
         let list: Vec<_> = rows
             .iter()
-            .map(|(name, containment, avail)| {
+            .map(|(name, containment, avail, jail)| {
                 json!({
                     "name": name,
                     "available": avail.ok,
                     "containment": containment.to_string(),
                     "reason": avail.detail,
+                    "jail": jail,
                 })
             })
             .collect();
         print_json(&serde_json::Value::Array(list))?;
     } else {
-        let mut t = Table::new(&["NAME", "AVAILABLE", "CONTAINMENT", "REASON"]);
-        for (name, containment, avail) in &rows {
+        let mut t = Table::new(&["NAME", "AVAILABLE", "CONTAINMENT", "JAIL", "REASON"]);
+        for (name, containment, avail, jail) in &rows {
             let yes = if avail.ok { "yes" } else { "no" };
+            let jail = match jail {
+                Some(j) if !j.granted => "not granted".to_string(),
+                Some(j) if j.namespaces.is_empty() => "seccomp only".to_string(),
+                Some(j) => format!("{}+seccomp", j.namespaces.join(",")),
+                None => "-".to_string(),
+            };
             t.row(vec![
                 name.to_string(),
                 yes.into(),
                 containment.to_string(),
+                jail,
                 avail.detail.clone(),
             ]);
         }

@@ -1,4 +1,4 @@
-//! `kvm`: the in-process `vmm` crate on `/dev/kvm`.
+//! `kvm`: our VMM on `/dev/kvm`, one `vm-vmm` process per VM.
 //!
 //! Detection ([`detect`]) is a pure verdict over [`HostFacts`] gathered from the host. Only
 //! `/dev/kvm` backed by hardware virtualization (VT-x/AMD-V) is OK; a PVM host in native mode
@@ -8,14 +8,17 @@
 //! [`KvmDriver::boot`] does not consult detection (selection does): it builds a
 //! `vmm::VmConfig` (the ELF `vmlinux`, the initramfs, one read-only virtio-blk per disk with
 //! serial `disk<N>`, a hybrid vsock at `<run_dir>/vsock.sock` for guest CID 3, and an rng),
-//! starts the VM on threads of this process and waits for the agent.
+//! starts the VM in its own `vm-vmm` process (found by [`locate`]: `$VM_VMM_BIN`, next to the
+//! running executable, or one directory up) and waits for the agent.
 
 pub mod detect;
+mod locate;
 mod vm;
 
 use vm_spec::Containment;
 
 pub use detect::{HostFacts, KVM_API_VERSION, KvmDevice, classify};
+pub use locate::VMM_BIN_ENV;
 
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
 
@@ -45,5 +48,9 @@ impl Driver for KvmDriver {
 
     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError> {
         vm::boot(plan)
+    }
+
+    fn jail(&self) -> Option<crate::JailReport> {
+        Some(crate::jail::kvm_report())
     }
 }

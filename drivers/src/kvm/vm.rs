@@ -1,17 +1,35 @@
-//! Booting on the in-process VMM (`vmm::Vm`), and its [`VmHandle`].
+//! Booting a VM in its own `vm-vmm` process, and its [`VmHandle`].
+//!
+//! The process is started through the driver's long-lived spawner thread (its own process
+//! group, `PR_SET_PDEATHSIG(SIGKILL)` armed before `exec`); the configuration is the first line
+//! of its control channel (stdin), its console and diagnostics stream into one bounded ring,
+//! and its exit status says how the VM ended (`vmm::process`).
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
 use vm_spec::Containment;
+use vmm::process::{JailConfig, ProcessConfig, ProcessExit};
 use vmm::virtio::DeviceConfig;
-use vmm::{ConsoleConfig, CpuProfile, KernelFormat, RunningVm, Vm, VmConfig};
+use vmm::{ConsoleConfig, CpuProfile, KernelFormat, VmConfig};
 
 use crate::boot::{self, GUEST_CID, RunDir, VSOCK_SOCKET};
 use crate::machine::{MachineInfo, VmHandle};
+use crate::process::{Supervised, spawn_supervised};
 use crate::{BootPlan, DriverError, Machine};
+
+use super::locate;
+
+/// The bounded tail of console and diagnostics kept per VM.
+const CONSOLE_RING_BYTES: usize = 64 * 1024;
+
+/// The directory in the run dir the VM's jail root is mounted on (only in its own mount
+/// namespace: on the host it stays empty).
+const JAIL_ROOT: &str = "root";
+
+/// How long a stopped VM process gets to exit by itself before it is killed.
+const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// The `vmm` configuration for a plan (pure apart from reading nothing; paths are not opened).
 pub(crate) fn vm_config(
@@ -49,27 +67,65 @@ pub(crate) fn vm_config(
     })
 }
 
+/// The jail of a VM: its root tmpfs on `<run_dir>/root`, the run dir (sockets) bound inside.
+fn jail_config(run: &mut RunDir) -> Result<JailConfig, DriverError> {
+    Ok(JailConfig {
+        root: run.make_dir(JAIL_ROOT)?,
+        binds: vec![run.dir().to_path_buf()],
+    })
+}
+
+/// Starts `vm-vmm` and hands it `cfg`.
+fn spawn_vmm(cfg: &ProcessConfig) -> Result<Supervised, DriverError> {
+    let bin = locate::vmm_binary()?;
+    let program = vmm::process::BINARY;
+    let child = spawn_supervised(program, vmm::process::command(&bin), CONSOLE_RING_BYTES)
+        .map_err(|source| DriverError::Spawn {
+            program: bin.display().to_string(),
+            source,
+        })?;
+    let sent = child.with_stdin(|w| vmm::process::write_config(w, cfg));
+    match sent {
+        Some(Ok(())) => Ok(child),
+        Some(Err(e)) => Err(DriverError::Helper {
+            program: program.into(),
+            reason: format!("cannot send the configuration: {e}"),
+            output: child.output_tail(),
+        }),
+        None => Err(DriverError::Helper {
+            program: program.into(),
+            reason: "no control channel".into(),
+            output: child.output_tail(),
+        }),
+    }
+}
+
 pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     let cmdline = boot::agent_cmdline(&plan)?;
-    let run = RunDir::prepare(&plan.run_dir, &[VSOCK_SOCKET])?;
+    let mut run = RunDir::prepare(&plan.run_dir, &[VSOCK_SOCKET])?;
     let uds = run.path(VSOCK_SOCKET);
-    let cfg = vm_config(&plan, cmdline, uds.clone())?;
-    let vmm_err = |e: vmm::VmmError| DriverError::Vmm {
-        source: Box::new(e),
-    };
-    let running = Vm::create(cfg).and_then(Vm::start).map_err(vmm_err)?;
-    tracing::info!(name = %plan.name, "kvm vm started");
+    let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone())?);
+    cfg.jail = Some(jail_config(&mut run)?);
+    cfg.seccomp = true;
+    let child = spawn_vmm(&cfg)?;
+    tracing::info!(name = %plan.name, pid = child.pid(), "kvm vm process started");
     let handle = KvmHandle {
-        vm: Mutex::new(Some(running)),
-        last_console: Mutex::new(String::new()),
-        run: Mutex::new(run),
+        child,
+        run: std::sync::Mutex::new(run),
     };
     let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
     if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
+        let exit = handle.child.exit_status().map(ProcessExit::from_status);
         handle.kill();
-        return Err(e);
+        return Err(match exit {
+            Some(exit) => DriverError::VmProcess {
+                exit,
+                console_tail: handle.console_tail(),
+            },
+            None => e,
+        });
     }
     let info = MachineInfo {
         name: plan.name,
@@ -81,51 +137,39 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     Machine::new(info, Box::new(handle), client)
 }
 
-/// One in-process VM: its vCPU threads and devices live in `vm` until killed.
+/// One VM in its own `vm-vmm` process.
 struct KvmHandle {
-    vm: Mutex<Option<RunningVm>>,
-    /// The console as it was when the VM was torn down.
-    last_console: Mutex<String>,
-    run: Mutex<RunDir>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    child: Supervised,
+    run: std::sync::Mutex<RunDir>,
 }
 
 impl VmHandle for KvmHandle {
     fn is_running(&self) -> bool {
-        lock(&self.vm).as_ref().is_some_and(|vm| !vm.is_finished())
+        self.child.is_running()
     }
 
     fn kill(&self) {
-        let taken = lock(&self.vm).take();
-        if let Some(vm) = taken {
-            *lock(&self.last_console) = vm.console();
-            vm.stop();
-            if let Err(e) = vm.wait() {
-                tracing::info!(error = %e, "kvm vm ended with a guest fault");
-            }
+        if self.child.is_running() {
+            // Ask first (the VMM stops its vCPUs and exits 0), then make sure.
+            let _ = self.child.with_stdin(vmm::process::send_stop);
+            self.child.wait_exit(STOP_GRACE);
         }
-        lock(&self.run).cleanup();
+        if let Some(status) = self.child.kill_and_reap() {
+            tracing::info!(exit = %ProcessExit::from_status(status), "kvm vm process reaped");
+        }
+        self.run.lock().unwrap_or_else(|p| p.into_inner()).cleanup();
     }
 
     fn wait(&self, timeout: Duration) -> bool {
-        match lock(&self.vm).as_ref() {
-            Some(vm) => vm.wait_timeout(timeout).is_some(),
-            None => true,
-        }
+        self.child.wait_exit(timeout)
     }
 
     fn console_tail(&self) -> String {
-        match lock(&self.vm).as_ref() {
-            Some(vm) => vm.console(),
-            None => lock(&self.last_console).clone(),
-        }
+        self.child.output_tail()
     }
 
     fn host_pids(&self) -> Vec<u32> {
-        vec![std::process::id()]
+        vec![self.child.pid()]
     }
 }
 

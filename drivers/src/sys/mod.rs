@@ -9,8 +9,9 @@
 pub mod term;
 
 use std::io;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
+use std::process::ExitStatus;
 
 /// The signals the host side sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,9 +130,9 @@ pub fn kill_with_parent(cmd: &mut Command, parent: u32) {
     unsafe { cmd.pre_exec(hook) };
 }
 
-/// Whether our child `pid` has exited but is not reaped yet (`waitid` with `WNOWAIT`: it
-/// only looks): `Ok(false)` while it runs; an error when `pid` is not an unreaped child.
-pub fn exited_unreaped(pid: u32) -> io::Result<bool> {
+/// How our child `pid` ended, if it has, without reaping it (`waitid` with `WNOWAIT`: it
+/// only looks): `Ok(None)` while it runs; an error when `pid` is not an unreaped child.
+pub fn exited_unreaped(pid: u32) -> io::Result<Option<ExitStatus>> {
     let p = pid_t(pid)?;
     // SAFETY: siginfo_t is plain data; an all-zero value is valid and waitid fills it.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -149,7 +150,16 @@ pub fn exited_unreaped(pid: u32) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: after a successful waitid, si_pid is initialised (0 when nothing changed).
-    Ok(unsafe { info.si_pid() } != 0)
+    if unsafe { info.si_pid() } == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the child changed state, so si_status is initialised.
+    let value = unsafe { info.si_status() };
+    Ok(Some(match info.si_code {
+        libc::CLD_EXITED => ExitStatus::from_raw((value & 0xff) << 8),
+        libc::CLD_DUMPED => ExitStatus::from_raw((value & 0x7f) | 0x80),
+        _ => ExitStatus::from_raw(value & 0x7f),
+    }))
 }
 
 #[cfg(test)]
@@ -176,13 +186,13 @@ mod tests {
         let pid = child.id();
         assert_eq!(process_group(pid).unwrap(), pid);
         assert_ne!(process_group(std::process::id()).unwrap(), pid);
-        assert!(!exited_unreaped(pid).unwrap());
+        assert!(exited_unreaped(pid).unwrap().is_none());
         signal_group(pid, Signal::Terminate).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !exited_unreaped(pid).unwrap() && std::time::Instant::now() < deadline {
+        while exited_unreaped(pid).unwrap().is_none() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert!(exited_unreaped(pid).unwrap());
+        assert!(exited_unreaped(pid).unwrap().is_some());
         assert!(pid_exists(pid), "an unreaped child still exists");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));

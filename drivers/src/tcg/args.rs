@@ -38,6 +38,11 @@ pub fn kernel_cmdline(cfg: &QemuConfig) -> String {
     }
 }
 
+/// QEMU's own seccomp filter: on, with obsolete system calls, privilege changes, process
+/// creation and resource-control calls denied (QEMU kills itself on any of them).
+pub const QEMU_SANDBOX: &str =
+    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
 /// QEMU arguments (without the program name). The serial console goes to QEMU's stdout, which
 /// the driver reads into a bounded ring; there is no network device of any kind.
 pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
@@ -67,6 +72,8 @@ pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
     push("-no-reboot");
     push("-net");
     push("none");
+    push("-sandbox");
+    push(QEMU_SANDBOX);
     push("-append");
     push(&kernel_cmdline(cfg));
     a.push("-kernel".into());
@@ -161,6 +168,14 @@ mod tests {
             .filter(|w| w[0] == flag)
             .map(|w| w[1].clone())
             .collect()
+    }
+
+    #[test]
+    fn qemu_runs_under_its_own_seccomp_sandbox() {
+        assert_eq!(
+            value_of(&strings(&cfg()), "-sandbox"),
+            vec!["on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]
+        );
     }
 
     #[test]

@@ -129,6 +129,10 @@ impl Driver for TcgDriver {
         }
     }
 
+    fn jail(&self) -> Option<crate::JailReport> {
+        Some(crate::jail::tcg_report())
+    }
+
     fn boot(&self, plan: BootPlan) -> Result<Machine, DriverError> {
         let (qemu_bin, vhost_bin) = self.locate().map_err(|reason| DriverError::Unsupported {
             driver: "tcg",

@@ -35,7 +35,7 @@ const XLF_KERNEL_64: u16 = 1;
 const DEFAULT_INITRD_ADDR_MAX: u64 = 0x7fff_ffff;
 
 /// How to interpret the kernel file.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum KernelFormat {
     /// ELF vmlinux or bzImage, detected from the file's contents.
     #[default]

@@ -49,7 +49,7 @@ pub use mmio::MmioDevice;
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 
 /// What device to build.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DeviceConfig {
     /// A virtio-blk disk backed by a raw image file.
     Block {

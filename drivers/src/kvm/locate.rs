@@ -1,0 +1,81 @@
+//! Where the kvm driver finds the `vm-vmm` binary it runs each VM in.
+//!
+//! In order: `$VM_VMM_BIN` (must name a file), the directory of the running executable (an
+//! installed `vm` next to `vm-vmm`, the kvm proof pack), and that directory's parent (cargo puts
+//! test executables in `target/<profile>/deps`, the workspace's binaries one level up).
+
+use std::path::{Path, PathBuf};
+
+use crate::DriverError;
+
+/// The environment variable that overrides the search.
+pub const VMM_BIN_ENV: &str = "VM_VMM_BIN";
+
+/// The `vm-vmm` binary, or an error naming every place looked at.
+pub(crate) fn vmm_binary() -> Result<PathBuf, DriverError> {
+    let exe = std::env::current_exe().ok();
+    find(
+        std::env::var_os(VMM_BIN_ENV).map(PathBuf::from),
+        exe.as_deref(),
+    )
+}
+
+fn find(over: Option<PathBuf>, exe: Option<&Path>) -> Result<PathBuf, DriverError> {
+    let name = vmm::process::BINARY;
+    if let Some(p) = over.filter(|p| !p.as_os_str().is_empty()) {
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(DriverError::MissingBinary {
+                program: name,
+                searched: format!("${VMM_BIN_ENV}={}", p.display()),
+            })
+        };
+    }
+    let dir = exe.and_then(Path::parent);
+    let candidates: Vec<PathBuf> = dir
+        .into_iter()
+        .chain(dir.and_then(Path::parent))
+        .map(|d| d.join(name))
+        .collect();
+    if let Some(p) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let searched = candidates
+        .iter()
+        .map(|p| p.display().to_string())
+        .chain([format!("${VMM_BIN_ENV} (unset)")])
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(DriverError::MissingBinary {
+        program: name,
+        searched,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_next_to_exe_then_parent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let deps = tmp.path().join("debug/deps");
+        std::fs::create_dir_all(&deps).unwrap();
+        let exe = deps.join("test-bin");
+        let err = find(None, Some(&exe)).unwrap_err().to_string();
+        assert!(
+            err.contains("vm-vmm") && err.contains("VM_VMM_BIN"),
+            "{err}"
+        );
+        let up = tmp.path().join("debug/vm-vmm");
+        std::fs::write(&up, b"").unwrap();
+        assert_eq!(find(None, Some(&exe)).unwrap(), up);
+        let next = deps.join("vm-vmm");
+        std::fs::write(&next, b"").unwrap();
+        assert_eq!(find(None, Some(&exe)).unwrap(), next);
+        assert_eq!(find(Some(up.clone()), Some(&exe)).unwrap(), up);
+        let err = find(Some(tmp.path().join("nope")), Some(&exe)).unwrap_err();
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+}

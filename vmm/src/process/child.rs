@@ -1,0 +1,234 @@
+//! The `vm-vmm` process itself: read the configuration from the control channel, make sure the
+//! launcher is alive (and arm the parent-death signal), run the VM with the console on stdout,
+//! stop it on [`STOP`](super::STOP) or end of file, and exit with an [`ExitKind`].
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::prctl;
+use nix::sys::signal::Signal;
+
+use super::{ExitKind, MAX_CONFIG_BYTES, ProcessConfig, STOP, jail};
+use crate::config::ConsoleConfig;
+use crate::control::GuestFault;
+use crate::exit::VmExit;
+use crate::seccomp::{self, ThreadKind};
+use crate::vm::{RunningVm, Vm, VmmError};
+
+/// The longest control line read at once; longer ones are unknown commands.
+const MAX_CONTROL_LINE: u64 = 256;
+
+/// The VMM's own console ring (the launcher keeps the tail it reads from stdout).
+const CHILD_RING_BYTES: usize = 4096;
+
+/// Why `vm-vmm` could not run its VM.
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    /// Reading the configuration line failed.
+    #[error("reading the configuration from stdin")]
+    ReadConfig(#[source] io::Error),
+    /// The configuration line is not a valid [`ProcessConfig`].
+    #[error("invalid configuration")]
+    ParseConfig(#[source] serde_json::Error),
+    /// The launcher closed the channel before sending a configuration.
+    #[error("no configuration: stdin ended after {0} bytes")]
+    NoConfig(usize),
+    /// Arming the parent-death signal failed.
+    #[error("PR_SET_PDEATHSIG")]
+    DeathSignal(#[source] nix::Error),
+    /// The parent is not the launcher named in the configuration (it died before the signal was
+    /// armed, and this process was adopted).
+    #[error("launcher {expected} is gone (parent is now {actual})")]
+    ParentGone {
+        /// The launcher's pid from the configuration.
+        expected: u32,
+        /// The current parent.
+        actual: u32,
+    },
+    /// Building or starting the VM failed.
+    #[error("vm setup")]
+    Vmm(#[source] VmmError),
+    /// The jail could not be built.
+    #[error("jail")]
+    Jail(#[source] super::jail::JailError),
+    /// A seccomp filter could not be installed.
+    #[error("seccomp")]
+    Seccomp(#[source] crate::seccomp::SeccompError),
+    /// The control thread could not be started.
+    #[error("starting the control thread")]
+    Thread(#[source] io::Error),
+}
+
+impl ChildError {
+    fn exit_kind(&self) -> ExitKind {
+        match self {
+            ChildError::ParentGone { .. } => ExitKind::ParentGone,
+            ChildError::Jail(_) => ExitKind::JailFailed,
+            _ => ExitKind::SetupFailed,
+        }
+    }
+}
+
+/// Runs `vm-vmm`: returns the exit code (the caller exits with it).
+pub fn main() -> u8 {
+    let kind = match run() {
+        Ok(kind) => kind,
+        Err(e) => {
+            eprintln!("vm-vmm: {}", vm_error_chain::error_chain(&e));
+            e.exit_kind()
+        }
+    };
+    let _ = io::stdout().flush();
+    eprintln!("vm-vmm: exit {kind:?}");
+    kind.code()
+}
+
+/// Reads the first line of `control`: the configuration.
+pub fn read_config(control: &mut impl BufRead) -> Result<ProcessConfig, ChildError> {
+    let mut line = Vec::new();
+    control
+        .take(MAX_CONFIG_BYTES)
+        .read_until(b'\n', &mut line)
+        .map_err(ChildError::ReadConfig)?;
+    if line.last() != Some(&b'\n') {
+        return Err(ChildError::NoConfig(line.len()));
+    }
+    serde_json::from_slice(&line).map_err(ChildError::ParseConfig)
+}
+
+/// Arms `SIGKILL` on parent death, then checks the parent is still the launcher.
+fn guard_parent(launcher: u32) -> Result<(), ChildError> {
+    prctl::set_pdeathsig(Signal::SIGKILL).map_err(ChildError::DeathSignal)?;
+    let actual = nix::unistd::getppid().as_raw() as u32;
+    if actual != launcher {
+        return Err(ChildError::ParentGone {
+            expected: launcher,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+fn run() -> Result<ExitKind, ChildError> {
+    jail::close_inherited_fds();
+    let mut control = BufReader::new(io::stdin());
+    let mut cfg = read_config(&mut control)?;
+    guard_parent(cfg.parent_pid)?;
+    if cfg.seccomp {
+        seccomp::enable();
+    }
+    let jail_cfg = cfg.jail.take();
+    if let Some(j) = &jail_cfg {
+        // Still one thread here: the reaper side of the fork never returns.
+        jail::enter(j).map_err(ChildError::Jail)?;
+    }
+    let console = ConsoleConfig {
+        ring_bytes: CHILD_RING_BYTES,
+        sink: Some(Box::new(io::stdout())),
+    };
+    let guest_mib = cfg.mem_mib;
+    let vm = Vm::create(cfg.into_vm_config(console)).map_err(ChildError::Vmm)?;
+    if let Some(j) = &jail_cfg {
+        jail::confine(j, guest_mib).map_err(ChildError::Jail)?;
+    }
+    let running = Arc::new(vm.start().map_err(ChildError::Vmm)?);
+    let for_control = running.clone();
+    std::thread::Builder::new()
+        .name("vmm-control".into())
+        .spawn(move || obey(control, &for_control))
+        .map_err(ChildError::Thread)?;
+    seccomp::apply(ThreadKind::Main).map_err(ChildError::Seccomp)?;
+    let outcome = loop {
+        if let Some(o) = running.wait_timeout(Duration::from_secs(1)) {
+            break o;
+        }
+    };
+    Ok(classify(outcome))
+}
+
+/// Reads control lines until [`STOP`] or end of file, then stops the VM.
+fn obey(mut control: impl BufRead, vm: &RunningVm) {
+    seccomp::apply_or_exit(ThreadKind::Control);
+    let mut warned = false;
+    loop {
+        let mut line = Vec::new();
+        match control
+            .by_ref()
+            .take(MAX_CONTROL_LINE)
+            .read_until(b'\n', &mut line)
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) if line.trim_ascii() == STOP.as_bytes() => break,
+            #[cfg(feature = "test-hooks")]
+            Ok(_) if line.trim_ascii() == super::TEST_FORBIDDEN_SYSCALL.as_bytes() => {
+                // SAFETY: getppid has no preconditions; the filter kills the process here.
+                unsafe { libc::getppid() };
+            }
+            #[cfg(feature = "test-hooks")]
+            Ok(_) if line.trim_ascii() == super::TEST_LEAK.as_bytes() => {
+                let leak = vec![1u8; ((super::jail::VMM_OVERHEAD_MIB + 16) << 20) as usize];
+                std::hint::black_box(&leak);
+            }
+            Ok(_) => {
+                if !warned {
+                    eprintln!("vm-vmm: ignoring unknown control commands");
+                    warned = true;
+                }
+            }
+        }
+    }
+    vm.stop();
+}
+
+fn classify(outcome: Result<VmExit, GuestFault>) -> ExitKind {
+    match outcome {
+        Ok(VmExit::Reset | VmExit::PowerOff | VmExit::Stopped) => ExitKind::Ended,
+        Ok(VmExit::TripleFault) => ExitKind::TripleFault,
+        Ok(VmExit::Halted) => ExitKind::Halted,
+        Err(fault) => {
+            eprintln!("vm-vmm: {fault}");
+            ExitKind::GuestFault
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::write_config;
+
+    #[test]
+    fn config_is_the_first_line_and_bounded() {
+        let cfg = ProcessConfig::from_vm_config(&crate::VmConfig::default());
+        let mut bytes = Vec::new();
+        write_config(&mut bytes, &cfg).unwrap();
+        bytes.extend_from_slice(b"stop\n");
+        let mut r = io::Cursor::new(bytes);
+        assert_eq!(read_config(&mut r).unwrap(), cfg);
+        let mut rest = String::new();
+        r.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "stop\n");
+
+        assert!(matches!(
+            read_config(&mut io::Cursor::new(b"{\"mem_mib\":1".to_vec())),
+            Err(ChildError::NoConfig(12))
+        ));
+        assert!(matches!(
+            read_config(&mut io::Cursor::new(b"{}\n".to_vec())),
+            Err(ChildError::ParseConfig(_))
+        ));
+        let huge = vec![b' '; MAX_CONFIG_BYTES as usize + 10];
+        assert!(matches!(
+            read_config(&mut io::Cursor::new(huge)),
+            Err(ChildError::NoConfig(n)) if n as u64 == MAX_CONFIG_BYTES
+        ));
+    }
+
+    #[test]
+    fn guard_parent_refuses_a_stranger() {
+        let err = guard_parent(1).unwrap_err();
+        assert!(matches!(err, ChildError::ParentGone { expected: 1, .. }));
+        assert_eq!(err.exit_kind(), ExitKind::ParentGone);
+    }
+}

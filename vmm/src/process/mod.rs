@@ -1,0 +1,297 @@
+//! One VM per host process: the `vm-vmm` binary and the protocol its launcher speaks.
+//!
+//! A launcher (the kvm driver in `vm-drivers`, the slow tests here) starts `vm-vmm` with
+//! [`command`], which gives it three pipes and an empty environment, and nothing on its command
+//! line:
+//!
+//! - **stdin, the control channel (launcher → VMM).** The first line is the [`ProcessConfig`] as
+//!   one JSON object ([`write_config`]; at most [`MAX_CONFIG_BYTES`]). Every later line is a
+//!   command; the only one is [`STOP`]. End of file (the launcher closed it, or died) also stops
+//!   the VM, so a VMM never outlives the process that talks to it.
+//! - **stdout: the guest console**, streamed as the guest writes it (flushed per line). The
+//!   launcher keeps the bounded tail, so the console survives the VMM process, crash included.
+//! - **stderr: diagnostics** (`vm-vmm: …` lines: setup errors, guest faults, how the VM ended).
+//! - **The exit status** says how the VM ended ([`ProcessExit::from_status`]): a code from
+//!   [`ExitKind`], or the signal that killed the process (`SIGSYS` when a seccomp filter did).
+//!
+//! Parent death ends the VM three ways: the launcher arms `PR_SET_PDEATHSIG(SIGKILL)` before
+//! `exec`, `vm-vmm` re-arms it itself and checks at start that its parent is still the pid named
+//! in the configuration (it may have died before the signal was armed), and end of file on the
+//! control channel stops the VM.
+//!
+//! Where a launcher finds the binary is its business (the kvm driver: `$VM_VMM_BIN`, else next
+//! to the running executable, else one directory up, which is where cargo puts binaries for
+//! test executables in `target/<profile>/deps`).
+
+pub mod child;
+pub mod jail;
+
+use std::io::{self, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+use crate::boot::KernelFormat;
+use crate::config::{ConsoleConfig, CpuProfile, VmConfig};
+use crate::virtio::DeviceConfig;
+
+pub use jail::JailConfig;
+
+/// The control-channel line that asks the VMM to stop the VM.
+pub const STOP: &str = "stop";
+
+/// A control-channel line that makes the control thread call `getppid`, which its seccomp
+/// filter does not allow (builds with the `test-hooks` feature only: the tests' way to prove a
+/// forbidden system call kills the VM process).
+#[cfg(feature = "test-hooks")]
+pub const TEST_FORBIDDEN_SYSCALL: &str = "test-forbidden-syscall";
+
+/// A control-channel line that makes the control thread allocate and touch more than
+/// [`jail::VMM_OVERHEAD_MIB`] (builds with the `test-hooks` feature only: the tests' way to
+/// prove the memory cap ends a leaking VMM).
+#[cfg(feature = "test-hooks")]
+pub const TEST_LEAK: &str = "test-leak";
+
+/// Upper bound of the configuration line (a handful of paths and a command line).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The name of the binary.
+pub const BINARY: &str = "vm-vmm";
+
+/// Everything `vm-vmm` needs to run one VM (the serialisable part of [`VmConfig`] plus what the
+/// process itself needs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessConfig {
+    /// Guest RAM in MiB.
+    pub mem_mib: u32,
+    /// vCPUs.
+    pub vcpus: u8,
+    /// Kernel image.
+    pub kernel: PathBuf,
+    /// How to read `kernel`.
+    pub kernel_format: KernelFormat,
+    /// Optional initrd.
+    pub initrd: Option<PathBuf>,
+    /// Appended to the default command line.
+    pub cmdline: String,
+    /// CPU model.
+    pub cpu_profile: CpuProfile,
+    /// virtio-mmio devices, in order.
+    pub devices: Vec<DeviceConfig>,
+    /// The launcher's pid: `vm-vmm` refuses to start when its parent is not this process.
+    pub parent_pid: u32,
+    /// The jail to build around the VM ([`jail`]); `None` runs it bare (benchmarks, tests of
+    /// the bare path, hosts where the caller accepted a weaker jail).
+    pub jail: Option<JailConfig>,
+    /// Install the seccomp filters of [`crate::seccomp`] on every thread.
+    pub seccomp: bool,
+}
+
+impl ProcessConfig {
+    /// A configuration for `cfg` (its console settings are the process's own business: the
+    /// console always goes to stdout), launched by this process.
+    pub fn from_vm_config(cfg: &VmConfig) -> ProcessConfig {
+        ProcessConfig {
+            mem_mib: cfg.mem_mib,
+            vcpus: cfg.vcpus,
+            kernel: cfg.kernel.clone(),
+            kernel_format: cfg.kernel_format,
+            initrd: cfg.initrd.clone(),
+            cmdline: cfg.cmdline.clone(),
+            cpu_profile: cfg.cpu_profile,
+            devices: cfg.devices.clone(),
+            parent_pid: std::process::id(),
+            jail: None,
+            seccomp: false,
+        }
+    }
+
+    /// The VM configuration, with `console` as its console.
+    pub fn into_vm_config(self, console: ConsoleConfig) -> VmConfig {
+        VmConfig {
+            mem_mib: self.mem_mib,
+            vcpus: self.vcpus,
+            kernel: self.kernel,
+            kernel_format: self.kernel_format,
+            initrd: self.initrd,
+            cmdline: self.cmdline,
+            cpu_profile: self.cpu_profile,
+            devices: self.devices,
+            console,
+        }
+    }
+}
+
+/// The command that starts `vm-vmm` at `bin`: piped stdin/stdout/stderr, an empty environment
+/// (nothing of the launcher's, secrets included, reaches the VMM), no arguments.
+pub fn command(bin: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Writes `cfg` as the first control-channel line.
+pub fn write_config(control: &mut impl Write, cfg: &ProcessConfig) -> io::Result<()> {
+    let mut line = serde_json::to_vec(cfg).map_err(io::Error::other)?;
+    line.push(b'\n');
+    control.write_all(&line)?;
+    control.flush()
+}
+
+/// Asks the VMM to stop the VM (it then exits with [`ExitKind::Ended`]).
+pub fn send_stop(control: &mut impl Write) -> io::Result<()> {
+    control.write_all(format!("{STOP}\n").as_bytes())?;
+    control.flush()
+}
+
+/// The exit codes of `vm-vmm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    /// The guest reset or powered off, or the launcher stopped it.
+    Ended,
+    /// The configuration or the VM setup failed (the reason is on stderr).
+    SetupFailed,
+    /// A vCPU triple-faulted.
+    TripleFault,
+    /// A vCPU halted with interrupts off.
+    Halted,
+    /// A vCPU stopped on another exit it cannot continue from (on stderr).
+    GuestFault,
+    /// The parent died before the VMM could arm its parent-death signal.
+    ParentGone,
+    /// The jail could not be built (the step is on stderr); the guest never ran.
+    JailFailed,
+}
+
+impl ExitKind {
+    const ALL: [ExitKind; 7] = [
+        ExitKind::Ended,
+        ExitKind::SetupFailed,
+        ExitKind::TripleFault,
+        ExitKind::Halted,
+        ExitKind::GuestFault,
+        ExitKind::ParentGone,
+        ExitKind::JailFailed,
+    ];
+
+    /// The process exit code.
+    pub fn code(self) -> u8 {
+        match self {
+            ExitKind::Ended => 0,
+            ExitKind::SetupFailed => 1,
+            ExitKind::TripleFault => 2,
+            ExitKind::Halted => 3,
+            ExitKind::GuestFault => 4,
+            ExitKind::ParentGone => 5,
+            ExitKind::JailFailed => 6,
+        }
+    }
+
+    fn from_code(code: i32) -> Option<ExitKind> {
+        Self::ALL.into_iter().find(|k| i32::from(k.code()) == code)
+    }
+}
+
+/// How a `vm-vmm` process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProcessExit {
+    /// It exited with one of its own codes.
+    #[error("vm process exited: {0:?}")]
+    Exited(ExitKind),
+    /// It exited with a code it never uses.
+    #[error("vm process exited with unknown code {0}")]
+    UnknownCode(i32),
+    /// A seccomp filter killed it: some thread made a system call outside its allowlist.
+    #[error("vm process killed by SIGSYS: a system call outside its seccomp allowlist")]
+    Seccomp,
+    /// Another signal killed it (9 = SIGKILL: the launcher tore it down, or the memory cap).
+    #[error("vm process killed by signal {0}")]
+    Signaled(i32),
+}
+
+impl ProcessExit {
+    /// Classifies a wait status.
+    pub fn from_status(status: ExitStatus) -> ProcessExit {
+        match (status.code(), status.signal()) {
+            (Some(c), _) => {
+                ExitKind::from_code(c).map_or(ProcessExit::UnknownCode(c), ProcessExit::Exited)
+            }
+            (None, Some(libc::SIGSYS)) => ProcessExit::Seccomp,
+            (None, Some(s)) => ProcessExit::Signaled(s),
+            (None, None) => ProcessExit::UnknownCode(-1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_round_trips_through_one_json_line() {
+        let vm = VmConfig {
+            mem_mib: 256,
+            vcpus: 2,
+            kernel: "/k".into(),
+            initrd: Some("/i".into()),
+            cmdline: "vm.hostname=x".into(),
+            cpu_profile: CpuProfile::Baseline,
+            devices: vec![
+                DeviceConfig::Block {
+                    path: "/d".into(),
+                    read_only: true,
+                    id: "disk0".into(),
+                },
+                DeviceConfig::Vsock {
+                    guest_cid: 3,
+                    uds_path: "/run/v.sock".into(),
+                },
+                DeviceConfig::Rng,
+            ],
+            ..VmConfig::default()
+        };
+        let cfg = ProcessConfig::from_vm_config(&vm);
+        let mut line = Vec::new();
+        write_config(&mut line, &cfg).unwrap();
+        assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+        assert_eq!(line.last(), Some(&b'\n'));
+        let back: ProcessConfig = serde_json::from_slice(&line).unwrap();
+        assert_eq!(back, cfg);
+        let vm2 = back.into_vm_config(ConsoleConfig::default());
+        assert_eq!(vm2.devices, vm.devices);
+        assert_eq!(vm2.cpu_profile, CpuProfile::Baseline);
+    }
+
+    #[test]
+    fn exit_statuses_are_classified() {
+        let exited = |c: i32| ExitStatus::from_raw(c << 8);
+        assert_eq!(
+            ProcessExit::from_status(exited(0)),
+            ProcessExit::Exited(ExitKind::Ended)
+        );
+        assert_eq!(
+            ProcessExit::from_status(exited(2)),
+            ProcessExit::Exited(ExitKind::TripleFault)
+        );
+        assert_eq!(
+            ProcessExit::from_status(exited(77)),
+            ProcessExit::UnknownCode(77)
+        );
+        assert_eq!(
+            ProcessExit::from_status(ExitStatus::from_raw(libc::SIGSYS)),
+            ProcessExit::Seccomp
+        );
+        assert_eq!(
+            ProcessExit::from_status(ExitStatus::from_raw(libc::SIGKILL)),
+            ProcessExit::Signaled(9)
+        );
+        for k in ExitKind::ALL {
+            assert_eq!(ExitKind::from_code(i32::from(k.code())), Some(k));
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! Seccomp filters, one allowlist per kind of VMM thread (reviewed here, and only here).
+//!
+//! Off unless the process turns them on ([`enable`]: `vm-vmm` does, a library user running a
+//! VM on its own threads does not). Each thread installs its filter itself ([`apply`]) before
+//! it touches guest data: the main thread once the vCPU and control threads exist, a vCPU
+//! thread first thing, a device worker first thing, the reaper once it is jailed. A
+//! non-allowlisted system call kills the whole process (`SECCOMP_RET_KILL_PROCESS`), which the
+//! launcher sees as death by `SIGSYS`.
+//!
+//! Filters stack: a thread inherits the filter of the thread that created it. Device workers
+//! are started by a vCPU thread (when the guest activates the device), so the vCPU list also
+//! holds what a worker needs to start and run; the worker then adds its own, narrower list.
+//! Every thread kind may use the syscalls of [`COMMON`] (memory, futexes, signals, exit), and
+//! gets `EACCES` for those of [`REFUSED`] (opening files: the C library tries on its own).
+//!
+//! `ioctl` is allowed without argument checks on vCPU threads (they issue `KVM_RUN` and
+//! register reads on their own vCPU fd; narrowing it to the KVM request numbers is future
+//! work); a worker may only issue the requests of `DEVICE_IOCTLS`.
+//!
+//! The device lists are exercised by every virtio test: the guest-driver harness
+//! (`virtio::test_utils`, feature `test-utils`) turns the filters on, so each device's workers
+//! run under the production filter through every happy path and malformed input there.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+/// The kinds of thread a `vm-vmm` process has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// The main thread once the VM runs: waits for the outcome, reports it, exits.
+    Main,
+    /// Reads the control channel and stops the VM.
+    Control,
+    /// Runs one vCPU (and starts device workers).
+    Vcpu,
+    /// A virtio device worker (block, vsock, rng).
+    Device,
+    /// The jail's reaper: waits for the VM process and exits the same way.
+    Reaper,
+}
+
+/// Why a filter could not be installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// Building the BPF program failed.
+    #[error("building the {0:?} seccomp filter")]
+    Build(ThreadKind, #[source] seccompiler::BackendError),
+    /// Installing it failed.
+    #[error("installing the {0:?} seccomp filter")]
+    Install(ThreadKind, #[source] seccompiler::Error),
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns filters on for this process: every later [`apply`] installs one.
+pub fn enable() {
+    ENABLED.store(true, Ordering::SeqCst);
+}
+
+/// Whether [`enable`] was called.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::SeqCst)
+}
+
+/// Installs the filter of `kind` on the calling thread (nothing when filters are off).
+pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
+    if !enabled() {
+        return Ok(());
+    }
+    let refuse = refusals(kind)?;
+    let prog = program(kind)?;
+    seccompiler::apply_filter(&refuse).map_err(|e| SeccompError::Install(kind, e))?;
+    seccompiler::apply_filter(&prog).map_err(|e| SeccompError::Install(kind, e))
+}
+
+/// The calls every thread gets `EACCES` for instead of being killed: the C library makes them
+/// on its own and copes with the failure. A second filter, stacked with the allowlist (which
+/// lists them, so the kernel's most restrictive answer is this one's errno).
+const REFUSED: &[Entry] = &[(
+    libc::SYS_openat,
+    "glibc's malloc reads /proc/sys/vm/overcommit_memory when it trims a thread's heap",
+)];
+
+fn refusals(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+    let rules = REFUSED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
+    SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        TargetArch::x86_64,
+    )
+    .map_err(|e| SeccompError::Build(kind, e))?
+    .try_into()
+    .map_err(|e| SeccompError::Build(kind, e))
+}
+
+/// Like [`apply`] for threads that cannot return an error: a thread that cannot be filtered
+/// must not run, so the process ends.
+pub fn apply_or_exit(kind: ThreadKind) {
+    if let Err(e) = apply(kind) {
+        eprintln!("vm-vmm: {e}: {}", vm_error_chain::error_chain(&e));
+        std::process::exit(1);
+    }
+}
+
+/// The BPF program of `kind`.
+pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowlist(kind)
+        .iter()
+        .map(|(nr, _why)| (*nr, Vec::new()))
+        .collect();
+    if kind == ThreadKind::Device {
+        // Workers may issue only these ioctl requests (an empty rule list allows any).
+        let only = DEVICE_IOCTLS
+            .iter()
+            .map(|req| {
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *req)
+                    .and_then(|c| SeccompRule::new(vec![c]))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| SeccompError::Build(kind, e))?;
+        rules.insert(libc::SYS_ioctl, only);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::KillProcess,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )
+    .map_err(|e| SeccompError::Build(kind, e))?;
+    filter.try_into().map_err(|e| SeccompError::Build(kind, e))
+}
+
+/// A syscall and who needs it.
+type Entry = (i64, &'static str);
+
+/// Every thread kind.
+const COMMON: &[Entry] = &[
+    (libc::SYS_futex, "mutexes, condvars, thread joins"),
+    (libc::SYS_mmap, "allocation"),
+    (libc::SYS_munmap, "allocation, thread stacks at thread exit"),
+    (libc::SYS_mremap, "allocation (realloc)"),
+    (libc::SYS_madvise, "the allocator returning memory"),
+    (libc::SYS_brk, "allocation"),
+    (libc::SYS_mprotect, "allocation (new arenas)"),
+    (libc::SYS_write, "diagnostics on stderr"),
+    (libc::SYS_rt_sigreturn, "return from the vCPU kick handler"),
+    (libc::SYS_rt_sigprocmask, "thread exit, signal masks"),
+    (libc::SYS_sigaltstack, "thread exit (the guard stack)"),
+    (
+        libc::SYS_clock_gettime,
+        "Instant::now when the vDSO falls back",
+    ),
+    (libc::SYS_clock_nanosleep, "thread::sleep"),
+    (libc::SYS_nanosleep, "thread::sleep"),
+    (libc::SYS_sched_yield, "spin loops in locks"),
+    (libc::SYS_gettid, "thread ids (locks, logging)"),
+    (libc::SYS_getpid, "thread ids (locks, logging)"),
+    (libc::SYS_exit, "thread exit"),
+    (libc::SYS_exit_group, "process exit"),
+    (
+        libc::SYS_fcntl,
+        "debug builds check an fd is open before closing it; fd duplication",
+    ),
+];
+
+/// The main thread after start.
+const MAIN: &[Entry] = &[
+    (libc::SYS_tgkill, "kicking vCPU threads while the VM stops"),
+    (libc::SYS_close, "releasing the VM (its fds) once it ended"),
+    (
+        libc::SYS_unlink,
+        "the vsock device removing its socket as the VM is released",
+    ),
+];
+
+/// The control thread.
+const CONTROL: &[Entry] = &[
+    (libc::SYS_read, "the control channel (stdin)"),
+    (
+        libc::SYS_tgkill,
+        "kicking vCPU threads out of KVM_RUN on stop",
+    ),
+];
+
+/// A vCPU thread (and what a worker it starts needs to get going).
+const VCPU: &[Entry] = &[
+    (libc::SYS_ioctl, "KVM_RUN, register reads on its vCPU fd"),
+    (
+        libc::SYS_tgkill,
+        "kicking the other vCPUs on reset or fault",
+    ),
+    (libc::SYS_read, "eventfds"),
+    (
+        libc::SYS_close,
+        "dropping eventfds and worker fds on device reset",
+    ),
+    (libc::SYS_eventfd2, "a worker's stop eventfd"),
+    (libc::SYS_epoll_create1, "a worker's epoll"),
+    (libc::SYS_epoll_ctl, "registering a worker's fds"),
+    (libc::SYS_clone3, "starting a device worker thread"),
+    (
+        libc::SYS_clone,
+        "starting a device worker thread (fallback)",
+    ),
+    (libc::SYS_set_robust_list, "new thread set-up"),
+    (libc::SYS_rseq, "new thread set-up"),
+    (libc::SYS_prctl, "naming the new worker thread"),
+    (libc::SYS_sched_getaffinity, "new thread set-up"),
+    (
+        libc::SYS_seccomp,
+        "the worker installing its own, narrower filter",
+    ),
+];
+
+/// The only `ioctl` requests a device worker may make.
+const DEVICE_IOCTLS: &[u64] = &[
+    libc::FIONBIO, // vsock: set_nonblocking on accepted and connected host sockets
+];
+
+/// A device worker (its filter stacks on its vCPU's, see the module docs).
+const DEVICE: &[Entry] = &[
+    (libc::SYS_ioctl, "vsock: FIONBIO only (DEVICE_IOCTLS)"),
+    (libc::SYS_epoll_wait, "the worker loop"),
+    (libc::SYS_epoll_pwait, "the worker loop"),
+    (
+        libc::SYS_epoll_ctl,
+        "vsock: adding and removing connections",
+    ),
+    (libc::SYS_read, "eventfds; vsock: host sockets"),
+    (libc::SYS_readv, "vsock: host sockets"),
+    (libc::SYS_writev, "vsock: host sockets"),
+    (libc::SYS_recvfrom, "vsock: host sockets"),
+    (libc::SYS_sendto, "vsock: host sockets"),
+    (libc::SYS_recvmsg, "vsock: host sockets"),
+    (libc::SYS_sendmsg, "vsock: host sockets"),
+    (libc::SYS_accept4, "vsock: host clients on the Unix socket"),
+    (libc::SYS_socket, "vsock: guest connections to <uds>_<port>"),
+    (
+        libc::SYS_connect,
+        "vsock: guest connections to <uds>_<port>",
+    ),
+    (libc::SYS_shutdown, "vsock: half-close"),
+    (libc::SYS_getsockopt, "vsock: SO_ERROR of a pending connect"),
+    (libc::SYS_setsockopt, "vsock: socket options"),
+    (libc::SYS_close, "vsock: closing connections"),
+    (libc::SYS_pread64, "block: reads of the disk image"),
+    (libc::SYS_preadv, "block: reads of the disk image"),
+    (libc::SYS_lseek, "block: the image size"),
+    (libc::SYS_fstat, "block: the image size"),
+    (libc::SYS_fsync, "block: flush requests"),
+    (libc::SYS_fdatasync, "block: flush requests"),
+    (libc::SYS_getrandom, "rng: guest entropy"),
+    (libc::SYS_tgkill, "a worker fault stopping the VM"),
+];
+
+/// The reaper.
+const REAPER: &[Entry] = &[
+    (libc::SYS_wait4, "waiting for the VM process"),
+    (libc::SYS_waitid, "waiting for the VM process"),
+    (
+        libc::SYS_kill,
+        "killing the VM process if the reaper cannot be confined",
+    ),
+    (
+        libc::SYS_rt_sigaction,
+        "restoring the default action of the VM's fatal signal",
+    ),
+    (libc::SYS_tgkill, "re-raising the VM's fatal signal"),
+];
+
+/// The allowlist of `kind`: [`COMMON`] plus its own (for a vCPU, plus [`DEVICE`]).
+pub fn allowlist(kind: ThreadKind) -> Vec<Entry> {
+    let own: &[&[Entry]] = match kind {
+        ThreadKind::Main => &[MAIN],
+        ThreadKind::Control => &[CONTROL],
+        // A worker inherits its vCPU's filter: the vCPU list must let the worker's calls pass.
+        ThreadKind::Vcpu => &[VCPU, DEVICE],
+        ThreadKind::Device => &[DEVICE],
+        ThreadKind::Reaper => &[REAPER],
+    };
+    COMMON
+        .iter()
+        .chain(REFUSED)
+        .chain(own.iter().flat_map(|l| l.iter()))
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: [ThreadKind; 5] = [
+        ThreadKind::Main,
+        ThreadKind::Control,
+        ThreadKind::Vcpu,
+        ThreadKind::Device,
+        ThreadKind::Reaper,
+    ];
+
+    #[test]
+    fn every_filter_compiles_and_every_entry_says_who_needs_it() {
+        for kind in KINDS {
+            assert!(!program(kind).unwrap().is_empty(), "{kind:?}");
+            assert!(allowlist(kind).iter().all(|(_, why)| !why.is_empty()));
+        }
+    }
+
+    #[test]
+    fn dangerous_calls_are_on_no_list() {
+        for kind in KINDS {
+            let list = allowlist(kind);
+            for nr in [
+                libc::SYS_execve,
+                libc::SYS_open,
+                libc::SYS_ptrace,
+                libc::SYS_mount,
+                libc::SYS_unshare,
+                libc::SYS_setns,
+                libc::SYS_bpf,
+                libc::SYS_process_vm_writev,
+            ] {
+                assert!(list.iter().all(|(n, _)| *n != nr), "{kind:?} allows {nr}");
+            }
+        }
+        // A worker runs under its vCPU's filter too: everything it may do, the vCPU allows.
+        let vcpu = allowlist(ThreadKind::Vcpu);
+        for (nr, why) in allowlist(ThreadKind::Device) {
+            assert!(
+                vcpu.iter().any(|(n, _)| *n == nr),
+                "vCPU filter blocks {nr} ({why})"
+            );
+        }
+        // Only vCPU threads issue any ioctl (workers: FIONBIO only); only they start threads.
+        for kind in KINDS {
+            let has = |nr| allowlist(kind).iter().any(|(n, _)| *n == nr);
+            let ioctl = matches!(kind, ThreadKind::Vcpu | ThreadKind::Device);
+            assert_eq!(has(libc::SYS_ioctl), ioctl, "{kind:?}");
+            assert_eq!(has(libc::SYS_clone3), kind == ThreadKind::Vcpu, "{kind:?}");
+        }
+    }
+
+    /// The refusal filter, installed on a thread of its own: `openat` fails with EACCES and
+    /// the thread lives on.
+    #[test]
+    fn refused_calls_fail_with_eacces_instead_of_killing() {
+        let prog = refusals(ThreadKind::Device).unwrap();
+        let r = std::thread::spawn(move || {
+            seccompiler::apply_filter(&prog).unwrap();
+            std::fs::File::open("/proc/sys/vm/overcommit_memory").map(|_| ())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EACCES));
+        assert!(std::fs::File::open("/proc/sys/vm/overcommit_memory").is_ok());
+    }
+
+    #[test]
+    fn filters_are_off_until_enabled() {
+        // Not enabled in this test process: applying is a no-op (the thread stays unfiltered).
+        assert!(!enabled());
+        apply(ThreadKind::Device).unwrap();
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        assert!(status.contains("Seccomp:\t0"), "{status}");
+    }
+}

@@ -1,0 +1,372 @@
+//! The jail `vm-vmm` builds around a VM (`vmm::process::jail`), seen from the host through
+//! `/proc` while a tiny guest sleeps in `cli; hlt`: every thread of both VM processes (the
+//! reaper and PID 1 of the VM's PID namespace) has a seccomp filter, no capabilities and
+//! `no_new_privs`, runs as the VM's own uid, has namespaces of its own, and sees a root holding
+//! only the run directory. A thread that makes a system call outside its allowlist takes the
+//! process down with `SIGSYS`.
+
+mod proc_harness;
+mod tiny_harness;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use proc_harness::VmProc;
+use tiny_harness::skip_without_kvm;
+use vmm::process::{ExitKind, JailConfig, ProcessConfig, ProcessExit};
+use vmm::virtio::DeviceConfig;
+use vmm::{KernelFormat, VmConfig};
+
+/// `cli ; hlt`: the vCPU sleeps in KVM for good, using no CPU.
+const SLEEP_FOREVER: &[u8] = &[0xfa, 0xf4];
+
+fn jailed_config(dir: &Path) -> ProcessConfig {
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::create_dir(run.join("root")).unwrap();
+    let kernel = dir.join("guest.bin");
+    std::fs::write(&kernel, SLEEP_FOREVER).unwrap();
+    let mut cfg = ProcessConfig::from_vm_config(&VmConfig {
+        mem_mib: 64,
+        kernel,
+        kernel_format: KernelFormat::Raw,
+        devices: vec![
+            DeviceConfig::Vsock {
+                guest_cid: 3,
+                uds_path: run.join("vsock.sock"),
+            },
+            DeviceConfig::Rng,
+        ],
+        ..VmConfig::default()
+    });
+    cfg.jail = Some(JailConfig {
+        root: run.join("root"),
+        binds: vec![run],
+    });
+    cfg.seccomp = true;
+    cfg
+}
+
+fn status_field(path: &Path, key: &str) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Every path under `/proc/PID/root`, relative to it.
+fn root_listing(pid: u32) -> BTreeSet<String> {
+    let base = PathBuf::from(format!("/proc/{pid}/root"));
+    let mut out = BTreeSet::new();
+    let mut todo = vec![base.clone()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            out.insert(p.strip_prefix(&base).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                todo.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn ns(pid: &str, kind: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
+        .unwrap()
+        .display()
+        .to_string()
+}
+
+#[test]
+fn every_vm_thread_is_jailed() {
+    let test = "every_vm_thread_is_jailed";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = jailed_config(tmp.path());
+    let run = cfg.jail.as_ref().unwrap().binds[0].clone();
+    let mut vm = VmProc::start_process(&cfg);
+    let reaper = vm.pid();
+    // The VM process is the reaper's only child. Wait for its vCPU and control threads and
+    // for its main thread to have installed its filter (it does so right after starting them).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let inner = loop {
+        if let Some(&c) = children(reaper).first() {
+            let tasks: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{c}/task"))
+                .map(|d| {
+                    d.flatten()
+                        .map(|t| {
+                            let st = t.path().join("status");
+                            (status_field(&st, "Name"), status_field(&st, "Seccomp"))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let has = |n: &str| tasks.iter().any(|(name, _)| name == n);
+            let main_filtered = tasks.iter().any(|(n, s)| n == "vm-vmm" && s == "2");
+            if has("vm0-vcpu0") && has("vmm-control") && main_filtered {
+                break c;
+            }
+        }
+        assert!(
+            Instant::now() < deadline && vm.try_exit().is_none(),
+            "no running, filtered vm process in the jail; exit {:?}; output:\n{}",
+            vm.try_exit(),
+            vm.console()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut threads = 0;
+    for pid in [reaper, inner] {
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+        {
+            let st = t.path().join("status");
+            let name = status_field(&st, "Name");
+            threads += 1;
+            assert_eq!(status_field(&st, "NoNewPrivs"), "1", "{pid}/{name}");
+            assert_eq!(status_field(&st, "Seccomp"), "2", "{pid}/{name}");
+            assert_eq!(
+                status_field(&st, "CapEff"),
+                "0000000000000000",
+                "{pid}/{name}"
+            );
+            assert_eq!(
+                status_field(&st, "CapPrm"),
+                "0000000000000000",
+                "{pid}/{name}"
+            );
+            assert_eq!(
+                status_field(&st, "CapBnd"),
+                "0000000000000000",
+                "{pid}/{name}"
+            );
+            let uid = status_field(&st, "Uid");
+            assert!(
+                uid.split_whitespace()
+                    .all(|u| u.parse::<u32>().unwrap() >= 1_000_000_000),
+                "{pid}/{name} uid {uid}"
+            );
+        }
+        for kind in ["mnt", "net", "ipc", "uts"] {
+            assert_ne!(ns(&pid.to_string(), kind), ns("self", kind), "{pid} {kind}");
+        }
+        let rel = |p: &Path| p.strip_prefix("/").unwrap().display().to_string();
+        let mut expected: BTreeSet<String> = run
+            .ancestors()
+            .filter(|a| *a != Path::new("/"))
+            .map(rel)
+            .collect();
+        expected.insert(rel(&run.join("vsock.sock")));
+        expected.insert(rel(&run.join("root")));
+        assert_eq!(root_listing(pid), expected, "root of {pid}");
+    }
+    assert!(
+        threads >= 4,
+        "reaper, vm main, vCPU and control threads: {threads}"
+    );
+    // PID 1 of its own PID namespace; the reaper holds that namespace for its children.
+    assert_ne!(ns(&inner.to_string(), "pid"), ns("self", "pid"));
+    assert_eq!(
+        status_field(&PathBuf::from(format!("/proc/{inner}/status")), "NSpid")
+            .split_whitespace()
+            .last(),
+        Some("1")
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{inner}/limits")).unwrap();
+    let data = vmm::process::jail::data_limit(64).to_string();
+    for (what, value) in [
+        ("Max data size", data.as_str()),
+        ("Max file size", "0"),
+        ("Max core file size", "0"),
+        ("Max open files", "4096"),
+        ("Max processes", "256"),
+    ] {
+        let line = limits.lines().find(|l| l.starts_with(what)).unwrap();
+        assert_eq!(
+            line.split_whitespace().nth(what.split_whitespace().count()),
+            Some(value),
+            "{line}"
+        );
+    }
+    vm.stop();
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(10)),
+        Some(ProcessExit::Exited(ExitKind::Ended)),
+        "output:\n{}",
+        vm.console()
+    );
+    assert!(
+        !Path::new(&format!("/proc/{inner}")).exists(),
+        "the vm process outlived its reaper"
+    );
+    // The root tmpfs lived only in the VM's mount namespace.
+    assert_eq!(std::fs::read_dir(run.join("root")).unwrap().count(), 0);
+}
+
+#[test]
+fn a_jail_that_cannot_be_built_is_a_typed_exit_naming_the_step() {
+    let test = "a_jail_that_cannot_be_built_is_a_typed_exit_naming_the_step";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = jailed_config(tmp.path());
+    if let Some(j) = cfg.jail.as_mut() {
+        j.root = tmp.path().join("missing");
+    }
+    let mut vm = VmProc::start_process(&cfg);
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(30)),
+        Some(ProcessExit::Exited(ExitKind::JailFailed))
+    );
+    let out = vm.console();
+    assert!(
+        out.contains("mounting the root tmpfs on") && out.contains("missing"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_forbidden_system_call_kills_the_vm_process_with_sigsys() {
+    let test = "a_forbidden_system_call_kills_the_vm_process_with_sigsys";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = jailed_config(tmp.path());
+    let mut vm = VmProc::start_process(&cfg);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vm.thread_names().iter().any(|t| t == "vmm-control") {
+        assert!(
+            Instant::now() < deadline && vm.try_exit().is_none(),
+            "{}",
+            vm.console()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pids = vm.pids();
+    vm.send_line(vmm::process::TEST_FORBIDDEN_SYSCALL);
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(10)),
+        Some(ProcessExit::Seccomp),
+        "output:\n{}",
+        vm.console()
+    );
+    for pid in pids {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{pid} left");
+    }
+}
+
+#[test]
+fn a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host() {
+    let test = "a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = jailed_config(tmp.path());
+    let mut vm = VmProc::start_process(&cfg);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vm.thread_names().iter().any(|t| t == "vmm-control") {
+        assert!(
+            Instant::now() < deadline && vm.try_exit().is_none(),
+            "{}",
+            vm.console()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    vm.send_line(vmm::process::TEST_LEAK);
+    let exit = vm.wait_timeout(Duration::from_secs(10));
+    assert!(
+        matches!(
+            exit,
+            Some(ProcessExit::Signaled(libc::SIGABRT) | ProcessExit::Seccomp)
+        ),
+        "{exit:?}; output:\n{}",
+        vm.console()
+    );
+    assert!(
+        vm.console().contains("memory allocation"),
+        "{}",
+        vm.console()
+    );
+}
+
+/// `kill -9` of the launcher: within 2 s neither VM process is left (parent-death signals on
+/// the reaper and on the VM process). The test re-runs itself as the launcher (selected by an
+/// environment variable), which starts a jailed VM, reports its pids and waits to be killed.
+#[test]
+fn killing_the_launcher_ends_both_vm_processes() {
+    const ROLE: &str = "VMM_JAIL_LAUNCHER";
+    let test = "killing_the_launcher_ends_both_vm_processes";
+    if std::env::var_os(ROLE).is_some() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vm = VmProc::start_process(&jailed_config(tmp.path()));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while vm.pids().len() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        println!("VM_PIDS {:?}", vm.pids());
+        std::mem::forget(vm);
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    if skip_without_kvm(test) {
+        return;
+    }
+    use std::io::BufRead;
+    let mut launcher = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(ROLE, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(launcher.stdout.take().unwrap());
+    let pids: Vec<u32> = out
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.strip_prefix("VM_PIDS [").map(|rest| {
+                rest.trim_end_matches(']')
+                    .split(", ")
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+        })
+        .expect("the launcher reported its vm pids");
+    assert_eq!(pids.len(), 2, "reaper and vm process: {pids:?}");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let gone = |pid: u32| match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !pids.iter().all(|p| gone(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in pids {
+        assert!(
+            gone(pid),
+            "vm process {pid} outlived its killed launcher by 2 s"
+        );
+    }
+}
