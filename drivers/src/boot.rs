@@ -1,5 +1,6 @@
 //! Boot steps shared by the real backends: checking a plan, the run directory, the agent's
-//! configuration, and waiting for the agent to answer.
+//! configuration and per-boot token (with the initrd that carries it), and waiting for the
+//! agent to answer.
 
 use std::fs;
 use std::io;
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
 use guest_agent::config::{AgentConfig, DiskMount};
+use guest_agent::token::AgentToken;
 
 use crate::machine::VmHandle;
 use crate::{BootPlan, DriverError};
@@ -18,6 +20,16 @@ pub(crate) const GUEST_CID: u64 = 3;
 
 /// The hybrid-vsock socket the agent client connects to, inside the run dir.
 pub(crate) const VSOCK_SOCKET: &str = "vsock.sock";
+
+/// The per-boot agent token (hex, mode 0600), beside [`VSOCK_SOCKET`]: how a later `vm`
+/// process attaches to a named VM ([`attach_client`]).
+pub(crate) const AGENT_TOKEN: &str = "agent.token";
+
+/// The per-boot initrd: the image's initramfs with the token archive appended (mode 0600).
+pub(crate) const BOOT_INITRD: &str = "initrd.cpio";
+
+/// The run-dir files every real backend creates.
+pub(crate) const RUN_FILES: [&str; 3] = [VSOCK_SOCKET, AGENT_TOKEN, BOOT_INITRD];
 
 /// Longest Unix socket path (sun_path is 108 bytes including the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -101,6 +113,53 @@ pub(crate) fn agent_cmdline(plan: &BootPlan) -> Result<String, DriverError> {
     };
     cfg.to_cmdline()
         .map_err(|e| invalid(format!("agent configuration: {e}")))
+}
+
+/// Make this boot's agent token: write it to [`AGENT_TOKEN`] and write [`BOOT_INITRD`] (the
+/// plan's initramfs, zero-padded to 4 bytes, then [`AgentToken::initrd_archive`]); the kernel
+/// unpacks both archives, and the agent takes the token from its rootfs before it listens.
+/// Returns the token and the initrd path the backend boots with.
+pub(crate) fn boot_secret(
+    plan: &BootPlan,
+    run: &RunDir,
+) -> Result<(AgentToken, PathBuf), DriverError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = AgentToken::generate().map_err(DriverError::Token)?;
+    token
+        .write_file(&run.path(AGENT_TOKEN))
+        .map_err(DriverError::Token)?;
+    let path = run.path(BOOT_INITRD);
+    let io_err = |what, p: &Path| {
+        let p = p.to_path_buf();
+        move |source| DriverError::Io {
+            what,
+            path: p,
+            source,
+        }
+    };
+    let mut base = fs::File::open(&plan.images.initramfs)
+        .map_err(io_err("opening initramfs", &plan.images.initramfs))?;
+    let mut out = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io_err("creating boot initrd", &path))?;
+    let n = io::copy(&mut base, &mut out).map_err(io_err("writing boot initrd", &path))?;
+    let pad = [0u8; 4];
+    out.write_all(&pad[..((4 - n % 4) % 4) as usize])
+        .and_then(|()| out.write_all(&token.initrd_archive()))
+        .map_err(io_err("writing boot initrd", &path))?;
+    Ok((token, path))
+}
+
+/// The agent client for a VM whose hybrid-vsock socket is `agent_socket`, presenting the token
+/// its boot left beside it. For a process other than the one that booted it (`vm exec NAME`).
+pub fn attach_client(agent_socket: &Path) -> Result<AgentClient, DriverError> {
+    let token = AgentToken::read_file(&agent_socket.with_file_name(AGENT_TOKEN))
+        .map_err(DriverError::Token)?;
+    Ok(AgentClient::hybrid_vsock(agent_socket, AGENT_PORT).with_token(token))
 }
 
 /// The files a driver creates in the run dir; removed (and the dir, if we created it) on drop.

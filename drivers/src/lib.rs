@@ -76,6 +76,7 @@ pub mod tcg;
 #[cfg(test)]
 mod test_support;
 
+pub use boot::attach_client;
 pub use error::DriverError;
 pub use hvf::HvfDriver;
 pub use hyperv::HypervDriver;

@@ -86,11 +86,12 @@ pub mod client;
 pub mod config;
 pub mod frame;
 pub mod protocol;
+pub mod token;
 
 /// vsock port the agent listens on inside the guest.
 pub const AGENT_PORT: u32 = 1024;
 /// Protocol version exchanged in the handshake.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 pub use client::{AgentClient, ClientError, ClientLimits, ExecEvent, ExecStream, ForwardStream};
 pub use config::{AgentConfig, DiskFs, DiskMount};
@@ -98,3 +99,4 @@ pub use protocol::{
     AgentInfo, Command, ErrorKind, ExecOutput, ExecRequest, ExitStatus, FileEntry, ServeId,
     ServeRequest, ServeStatus,
 };
+pub use token::AgentToken;

@@ -8,7 +8,7 @@ pub mod manage;
 pub mod run;
 pub mod serve;
 
-use guest_agent::{AGENT_PORT, AgentClient};
+use guest_agent::AgentClient;
 
 use crate::exit;
 use crate::state::{Record, Runtime, VmState};
@@ -35,5 +35,9 @@ pub fn attach(rt: &Runtime, name: &str) -> anyhow::Result<(AgentClient, Record)>
             "VM {name} has no agent socket recorded"
         )));
     };
-    Ok((AgentClient::hybrid_vsock(sock, AGENT_PORT), record))
+    let client = vm_drivers::attach_client(&sock).map_err(|e| {
+        let e = anyhow::Error::new(e);
+        exit::failed(format!("VM {name}: {}", exit::one_line(&e)))
+    })?;
+    Ok((client, record))
 }

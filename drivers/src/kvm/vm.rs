@@ -18,6 +18,7 @@ pub(crate) fn vm_config(
     plan: &BootPlan,
     agent_cmdline: String,
     uds: std::path::PathBuf,
+    initrd: std::path::PathBuf,
 ) -> Result<VmConfig, DriverError> {
     let vcpus = u8::try_from(plan.vcpus).map_err(|_| DriverError::InvalidPlan {
         reason: format!("vcpus: {} does not fit the kvm vmm", plan.vcpus),
@@ -42,7 +43,7 @@ pub(crate) fn vm_config(
         vcpus,
         kernel: plan.images.vmlinux.clone(),
         kernel_format: KernelFormat::Auto,
-        initrd: Some(plan.images.initramfs.clone()),
+        initrd: Some(initrd),
         cmdline: agent_cmdline,
         cpu_profile: CpuProfile::Auto,
         devices,
@@ -54,9 +55,10 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     let cmdline = boot::agent_cmdline(&plan)?;
-    let run = RunDir::prepare(&plan.run_dir, &[VSOCK_SOCKET])?;
+    let run = RunDir::prepare(&plan.run_dir, &boot::RUN_FILES)?;
     let uds = run.path(VSOCK_SOCKET);
-    let cfg = vm_config(&plan, cmdline, uds.clone())?;
+    let (token, initrd) = boot::boot_secret(&plan, &run)?;
+    let cfg = vm_config(&plan, cmdline, uds.clone(), initrd)?;
     let vmm_err = |e: vmm::VmmError| DriverError::Vmm {
         source: Box::new(e),
     };
@@ -67,7 +69,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         last_console: Mutex::new(String::new()),
         run: Mutex::new(run),
     };
-    let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
+    let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
     if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
         handle.kill();
         return Err(e);
@@ -159,11 +161,18 @@ mod tests {
                 fs: DiskFs::Raw,
             },
         ];
-        let cfg = vm_config(&plan, "vm.hostname=x".into(), "/run/v.sock".into()).unwrap();
+        let initrd = std::path::PathBuf::from("/run/initrd.cpio");
+        let cfg = vm_config(
+            &plan,
+            "vm.hostname=x".into(),
+            "/run/v.sock".into(),
+            initrd.clone(),
+        )
+        .unwrap();
         assert_eq!(cfg.mem_mib, 256);
         assert_eq!(cfg.vcpus, 2);
         assert_eq!(cfg.kernel, plan.images.vmlinux);
-        assert_eq!(cfg.initrd.as_ref(), Some(&plan.images.initramfs));
+        assert_eq!(cfg.initrd.as_ref(), Some(&initrd));
         assert_eq!(cfg.cmdline, "vm.hostname=x");
         assert_eq!(
             cfg.devices,
@@ -186,6 +195,6 @@ mod tests {
             ]
         );
         plan.vcpus = 1000;
-        assert!(vm_config(&plan, String::new(), "/x".into()).is_err());
+        assert!(vm_config(&plan, String::new(), "/x".into(), initrd).is_err());
     }
 }

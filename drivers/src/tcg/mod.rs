@@ -137,16 +137,19 @@ impl Driver for TcgDriver {
         boot::check_plan(&plan)?;
         boot::require_file("images.bz_image", &plan.images.bz_image)?;
         let cmdline = boot::agent_cmdline(&plan)?;
-        let run = RunDir::prepare(&plan.run_dir, &[VHOST_SOCKET, VSOCK_SOCKET])?;
+        let mut files = vec![VHOST_SOCKET];
+        files.extend(boot::RUN_FILES);
+        let run = RunDir::prepare(&plan.run_dir, &files)?;
         let vhost_sock = run.path(VHOST_SOCKET);
         let uds = run.path(VSOCK_SOCKET);
+        let (token, initrd) = boot::boot_secret(&plan, &run)?;
 
         let vhost = start_vhost(&vhost_bin, &vhost_sock, &uds)?;
         let qcfg = QemuConfig {
             mem_mib: plan.mem_mib,
             vcpus: plan.vcpus,
             kernel: plan.images.bz_image.clone(),
-            initramfs: plan.images.initramfs.clone(),
+            initramfs: initrd,
             extra_cmdline: cmdline,
             vhost_socket: vhost_sock,
             disks: plan.disks.iter().map(|d| d.host_path.clone()).collect(),
@@ -169,7 +172,7 @@ impl Driver for TcgDriver {
             vhost,
             run: Mutex::new(run),
         };
-        let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
+        let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
         let ready = boot::wait_for_agent_after_console(
             &handle,
             &client,
