@@ -18,7 +18,8 @@ use crate::{BootPlan, DriverError};
 /// The guest's vsock context id.
 pub(crate) const GUEST_CID: u64 = 3;
 
-/// The hybrid-vsock socket the agent client connects to, inside the run dir.
+/// The hybrid-vsock socket the agent client connects to, inside the run dir (kvm; the tcg
+/// driver pads this name, see [`unreachable_peer_socket_name`]).
 pub(crate) const VSOCK_SOCKET: &str = "vsock.sock";
 
 /// The per-boot agent token (hex, mode 0600), beside [`VSOCK_SOCKET`]: how a later `vm`
@@ -28,8 +29,8 @@ pub(crate) const AGENT_TOKEN: &str = "agent.token";
 /// The per-boot initrd: the image's initramfs with the token archive appended (mode 0600).
 pub(crate) const BOOT_INITRD: &str = "initrd.cpio";
 
-/// The run-dir files every real backend creates.
-pub(crate) const RUN_FILES: [&str; 3] = [VSOCK_SOCKET, AGENT_TOKEN, BOOT_INITRD];
+/// The run-dir files every real backend creates besides its sockets.
+pub(crate) const RUN_FILES: [&str; 2] = [AGENT_TOKEN, BOOT_INITRD];
 
 /// Longest Unix socket path (sun_path is 108 bytes including the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -41,6 +42,17 @@ pub(crate) fn disk_id(index: usize) -> String {
 
 fn invalid(reason: String) -> DriverError {
     DriverError::InvalidPlan { reason }
+}
+
+/// The hybrid-vsock socket name for a backend whose vsock device connects a guest connection
+/// to host port P to `<socket>_P` (vhost-device-vsock does): `vsock.sock` padded so the socket
+/// path in `run_dir` is exactly [`MAX_SOCKET_PATH`] bytes. Every `<socket>_P` is then longer
+/// than any Unix socket path, so no host listener can ever be reached from the guest, whatever
+/// is created in the directory. `None` when `run_dir` is already too long.
+pub(crate) fn unreachable_peer_socket_name(run_dir: &Path) -> Option<String> {
+    let base = run_dir.as_os_str().len() + 1 + VSOCK_SOCKET.len();
+    let pad = MAX_SOCKET_PATH.checked_sub(base)?;
+    Some(format!("vsock{}.sock", "-".repeat(pad)))
 }
 
 /// Checks that `path` is an existing regular file.
@@ -539,5 +551,48 @@ mod tests {
         fs::create_dir(&dir).unwrap();
         drop(RunDir::prepare(&dir, &["a.sock"]).unwrap());
         assert!(dir.exists());
+    }
+
+    #[test]
+    fn padded_socket_leaves_no_reachable_peer_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let name = unreachable_peer_socket_name(tmp.path()).unwrap();
+        let sock = tmp.path().join(&name);
+        assert_eq!(sock.as_os_str().len(), MAX_SOCKET_PATH);
+        // The agent socket itself binds and connects ...
+        let l = UnixListener::bind(&sock).unwrap();
+        UnixStream::connect(&sock).unwrap();
+        drop(l);
+        // ... but nothing can ever listen where a guest connection to a host port would go.
+        for port in [0u32, 1, 5555, u32::MAX] {
+            let peer = format!("{}_{port}", sock.display());
+            assert!(UnixListener::bind(&peer).is_err(), "{peer} bindable");
+            assert!(UnixStream::connect(&peer).is_err(), "{peer} connectable");
+        }
+        let long = PathBuf::from(format!("/{}", "d".repeat(100)));
+        assert_eq!(unreachable_peer_socket_name(&long), None);
+    }
+
+    #[test]
+    fn boot_secret_writes_a_private_token_and_an_initrd_that_ends_with_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut plan = dummy_plan();
+        plan.images.initramfs = tmp.path().join("base.cpio");
+        fs::write(&plan.images.initramfs, b"0707010base").unwrap(); // 11 bytes: padded to 12
+        let run = RunDir::prepare(&tmp.path().join("run"), &RUN_FILES).unwrap();
+        let (token, initrd) = boot_secret(&plan, &run).unwrap();
+        let bytes = fs::read(&initrd).unwrap();
+        assert!(bytes.starts_with(b"0707010base\0"));
+        assert_eq!(&bytes[12..], &token.initrd_archive()[..]);
+        for p in [&initrd, &run.path(AGENT_TOKEN)] {
+            let mode = fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", p.display());
+        }
+        let sock = run.path(VSOCK_SOCKET);
+        let client = attach_client(&sock).unwrap();
+        drop(client);
+        // A second boot in the same run dir refuses to reuse the files.
+        assert!(boot_secret(&plan, &run).is_err());
     }
 }

@@ -55,7 +55,9 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     let cmdline = boot::agent_cmdline(&plan)?;
-    let run = RunDir::prepare(&plan.run_dir, &boot::RUN_FILES)?;
+    let mut files = vec![VSOCK_SOCKET];
+    files.extend(boot::RUN_FILES);
+    let run = RunDir::prepare(&plan.run_dir, &files)?;
     let uds = run.path(VSOCK_SOCKET);
     let (token, initrd) = boot::boot_secret(&plan, &run)?;
     let cfg = vm_config(&plan, cmdline, uds.clone(), initrd)?;

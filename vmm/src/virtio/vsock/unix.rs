@@ -1,10 +1,9 @@
-//! The host side of hybrid vsock: the listening Unix socket, the `CONNECT <port>\n` handshake
-//! of host clients (bounded in length and time), and connecting to `<uds_path>_<port>` for
-//! guest-initiated connections.
+//! The host side of hybrid vsock: the listening Unix socket and the `CONNECT <port>\n`
+//! handshake of host clients (bounded in length and time). Guest-initiated connections are
+//! never connected anywhere (see the muxer); [`peer_path`] only names where a hybrid-vsock VMM
+//! would have connected them, so tests can listen there and prove nothing arrives.
 
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -45,42 +44,12 @@ pub fn bind(path: &Path) -> Result<UnixListener, VirtioError> {
     Ok(listener)
 }
 
-/// Where a guest connection to host `port` goes.
+/// `<uds_path>_<port>`: where hybrid-vsock VMMs connect a guest connection to host `port`.
+/// Ours never does.
 pub fn peer_path(uds_path: &Path, port: u32) -> PathBuf {
     let mut s = uds_path.as_os_str().to_os_string();
     s.push(format!("_{port}"));
     PathBuf::from(s)
-}
-
-/// Connect to the host service for a guest connection to `port`, without ever blocking: a
-/// service whose accept backlog is full refuses (`WouldBlock`) instead of stalling the device.
-pub fn connect_peer(uds_path: &Path, port: u32) -> std::io::Result<UnixStream> {
-    let path = peer_path(uds_path, port);
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain old data; all-zero is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(std::io::Error::from(ErrorKind::InvalidInput));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let flags = libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    // SAFETY: plain socket(2) call; the result is checked before use.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, flags, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh socket we exclusively own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes living across the call.
-    let r = unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(UnixStream::from(fd))
 }
 
 /// A host client that has not finished its `CONNECT` line.
