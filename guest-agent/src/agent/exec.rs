@@ -2,10 +2,15 @@
 //!
 //! Combined form: one pipe for stdout+stderr, forwarded as `Data` frames up to the request's
 //! cap (the rest is drained and dropped), then `ExecDone`. Streaming form: separate pipes as
-//! `Stdout`/`Stderr` frames (the pipes are read only as fast as frames can be written: natural
-//! back-pressure), then `Exit`. Either way, a `Cancel` frame, a closed/garbled connection, or the
-//! timeout kills the whole tree; when the main process exits, anything it left behind in its
-//! group/cgroup is killed too. Pipes are then drained for a bounded time.
+//! `Stdout`/`Stderr` frames, then `Exit`.
+//!
+//! Back-pressure, not timeouts: the pipes are read only as fast as frames can be written, and
+//! writes to the host have no timeout, so a host that reads slowly (a pager, `| (sleep 60; wc)`)
+//! makes the command block on its full pipe and loses nothing. Only a dead host connection
+//! (EOF or error on its read side, which every write races), a `Cancel` frame, or the command's
+//! own timeout ends it early; each kills the whole tree. When the main process exits, anything
+//! it left behind in its group/cgroup is killed too, and the pipes are drained to EOF (a pipe
+//! silent for 2 s ends the drain). Memory stays bounded: one 64 KiB buffer per pipe.
 
 use std::time::Duration;
 
@@ -22,7 +27,7 @@ use crate::protocol::{
 };
 
 const READ_BUF: usize = 64 * 1024;
-const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+const DRAIN_IDLE: Duration = Duration::from_secs(2);
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 async fn read_opt(p: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -38,11 +43,11 @@ struct Sink<'a, S: Stream> {
     cap: u64,
     sent: u64,
     truncated: bool,
-    io_timeout: Duration,
 }
 
 impl<S: Stream> Sink<'_, S> {
-    /// Forward one chunk; `Err` means the client is gone.
+    /// Forward one chunk, without a timeout (the caller races it against the client's
+    /// connection); `Err` means the client is gone.
     async fn chunk(&mut self, data: &[u8], is_err: bool) -> Result<(), FrameError> {
         if self.streaming {
             let f = if is_err {
@@ -50,7 +55,7 @@ impl<S: Stream> Sink<'_, S> {
             } else {
                 AgentFrame::Stdout(data.to_vec())
             };
-            return send(self.wr, &f, self.io_timeout).await;
+            return send_untimed(self.wr, &f).await;
         }
         let room = self.cap.saturating_sub(self.sent) as usize;
         if data.len() > room {
@@ -59,12 +64,7 @@ impl<S: Stream> Sink<'_, S> {
         let n = data.len().min(room);
         if n > 0 {
             self.sent += n as u64;
-            send(
-                self.wr,
-                &AgentFrame::Data(data[..n].to_vec()),
-                self.io_timeout,
-            )
-            .await?;
+            send_untimed(self.wr, &AgentFrame::Data(data[..n].to_vec())).await?;
         }
         Ok(())
     }
@@ -126,37 +126,57 @@ pub(super) async fn run<S: Stream>(
         cap,
         sent: 0,
         truncated: false,
-        io_timeout: t,
     };
     let (mut out, mut err) = (p.out.take(), p.err.take());
     let (mut bo, mut be) = (vec![0u8; READ_BUF], vec![0u8; READ_BUF]);
     let mut status: Option<ExitStatus> = None;
     let (mut timed_out, mut cancelled) = (false, false);
-    {
-        // Any frame, EOF or garbage from the client while the command runs means cancel.
-        let cancel = read_frame::<_, ClientFrame>(&mut rd, MAX_FRAME, None, t);
-        tokio::pin!(cancel);
-        let sleep = async {
-            match req.timeout {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
+    // Any frame, EOF or garbage from the client while the command runs means cancel; it is
+    // also how a dead host connection shows, so it bounds every write below instead of a
+    // write timeout (a slow host consumer is back-pressure, never failure).
+    let cancel = read_frame::<_, ClientFrame>(&mut rd, MAX_FRAME, None, t);
+    tokio::pin!(cancel);
+    let sleep = async {
+        match req.timeout {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    loop {
+        let (r, is_err) = tokio::select! {
+            _ = &mut cancel => { cancelled = true; break; }
+            _ = &mut sleep, if !timed_out => { timed_out = true; break; }
+            st = &mut p.exit => { status = Some(st.unwrap_or_default()); break; }
+            r = read_opt(&mut out, &mut bo) => (r, false),
+            r = read_opt(&mut err, &mut be) => (r, true),
+        };
+        let n = match r {
+            Ok(n) if n > 0 => n,
+            _ if is_err => {
+                err = None;
+                continue;
+            }
+            _ => {
+                out = None;
+                continue;
             }
         };
-        tokio::pin!(sleep);
+        let data = if is_err { &be[..n] } else { &bo[..n] };
+        // The write blocks as long as the host does not read (the command then blocks on its
+        // full pipe). The deadline still applies: it kills the tree, and the frame in flight
+        // is finished first so the stream stays well-formed.
+        let write = sink.chunk(data, is_err);
+        tokio::pin!(write);
         loop {
             tokio::select! {
+                r = &mut write => { cancelled = r.is_err(); break; }
                 _ = &mut cancel => { cancelled = true; break; }
-                _ = &mut sleep => { timed_out = true; break; }
-                st = &mut p.exit => { status = Some(st.unwrap_or_default()); break; }
-                r = read_opt(&mut out, &mut bo) => match r {
-                    Ok(n) if n > 0 => if sink.chunk(&bo[..n], false).await.is_err() { cancelled = true; break; },
-                    _ => out = None,
-                },
-                r = read_opt(&mut err, &mut be) => match r {
-                    Ok(n) if n > 0 => if sink.chunk(&be[..n], true).await.is_err() { cancelled = true; break; },
-                    _ => err = None,
-                },
+                _ = &mut sleep, if !timed_out => { timed_out = true; p.kill_tree(); }
             }
+        }
+        if cancelled {
+            break;
         }
     }
     p.kill_tree();
@@ -172,22 +192,34 @@ pub(super) async fn run<S: Stream>(
         },
     };
     status.timed_out = timed_out;
-    if !cancelled {
-        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
-            while out.is_some() || err.is_some() {
-                tokio::select! {
-                    r = read_opt(&mut out, &mut bo) => match r {
-                        Ok(n) if n > 0 => if sink.chunk(&bo[..n], false).await.is_err() { break },
-                        _ => out = None,
-                    },
-                    r = read_opt(&mut err, &mut be) => match r {
-                        Ok(n) if n > 0 => if sink.chunk(&be[..n], true).await.is_err() { break },
-                        _ => err = None,
-                    },
-                }
+    // Drain what the tree left in the pipes: every byte reaches the host however slowly it
+    // reads; only a pipe that stays silent for DRAIN_IDLE (a writer that escaped the kill)
+    // or a dead host connection ends the drain.
+    while !cancelled && (out.is_some() || err.is_some()) {
+        let read = tokio::time::timeout(DRAIN_IDLE, async {
+            tokio::select! {
+                r = read_opt(&mut out, &mut bo) => (r, false),
+                r = read_opt(&mut err, &mut be) => (r, true),
             }
         })
         .await;
+        let Ok((r, is_err)) = read else { break };
+        let n = match r {
+            Ok(n) if n > 0 => n,
+            _ if is_err => {
+                err = None;
+                continue;
+            }
+            _ => {
+                out = None;
+                continue;
+            }
+        };
+        let data = if is_err { &be[..n] } else { &bo[..n] };
+        tokio::select! {
+            r = sink.chunk(data, is_err) => cancelled = r.is_err(),
+            _ = &mut cancel => cancelled = true,
+        }
     }
     let truncated = sink.truncated;
     if let Some(cg) = p.cgroup.take() {
@@ -199,5 +231,22 @@ pub(super) async fn run<S: Stream>(
     } else {
         AgentFrame::ExecDone { status, truncated }
     };
-    send(&mut wr, &last, t).await
+    if cancelled {
+        // A client that sent Cancel is reading; one that went away is not: bounded.
+        return send(&mut wr, &last, t).await;
+    }
+    tokio::select! {
+        r = send_untimed(&mut wr, &last) => r,
+        _ = &mut cancel => Err(FrameError::Io(std::io::ErrorKind::ConnectionAborted.into())),
+    }
+}
+
+/// Write a frame with no timeout: the caller races it against the client's connection.
+async fn send_untimed<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    f: &AgentFrame,
+) -> Result<(), FrameError> {
+    let buf = crate::frame::encode_frame(f, MAX_FRAME)?;
+    w.write_all(&buf).await.map_err(FrameError::Io)?;
+    w.flush().await.map_err(FrameError::Io)
 }
