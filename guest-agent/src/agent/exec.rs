@@ -37,6 +37,17 @@ async fn read_opt(p: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> std::io::Re
     }
 }
 
+/// The byte count of a pipe read, or `None` after forgetting the pipe that ended or failed.
+fn bytes_or_close(r: std::io::Result<usize>, pipe: &mut Option<pipe::Receiver>) -> Option<usize> {
+    match r {
+        Ok(n) if n > 0 => Some(n),
+        _ => {
+            *pipe = None;
+            None
+        }
+    }
+}
+
 struct Sink<'a, S: Stream> {
     wr: &'a mut WriteHalf<S>,
     streaming: bool,
@@ -151,16 +162,8 @@ pub(super) async fn run<S: Stream>(
             r = read_opt(&mut out, &mut bo) => (r, false),
             r = read_opt(&mut err, &mut be) => (r, true),
         };
-        let n = match r {
-            Ok(n) if n > 0 => n,
-            _ if is_err => {
-                err = None;
-                continue;
-            }
-            _ => {
-                out = None;
-                continue;
-            }
+        let Some(n) = bytes_or_close(r, if is_err { &mut err } else { &mut out }) else {
+            continue;
         };
         let data = if is_err { &be[..n] } else { &bo[..n] };
         // The write blocks as long as the host does not read (the command then blocks on its
@@ -204,16 +207,8 @@ pub(super) async fn run<S: Stream>(
         })
         .await;
         let Ok((r, is_err)) = read else { break };
-        let n = match r {
-            Ok(n) if n > 0 => n,
-            _ if is_err => {
-                err = None;
-                continue;
-            }
-            _ => {
-                out = None;
-                continue;
-            }
+        let Some(n) = bytes_or_close(r, if is_err { &mut err } else { &mut out }) else {
+            continue;
         };
         let data = if is_err { &be[..n] } else { &bo[..n] };
         tokio::select! {
