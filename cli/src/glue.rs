@@ -90,6 +90,7 @@ pub fn spec(
         mounts,
         env,
         env_allow,
+        mount_secret_allow: opts.allow_mount_secret.clone(),
     }
     .with_default_env();
     Ok(Spec::new(image(opts)?, guarantees))

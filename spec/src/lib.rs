@@ -42,6 +42,7 @@ mod error;
 mod limits;
 mod model;
 pub mod paths;
+pub mod secrets;
 mod trust;
 mod validate;
 
