@@ -86,6 +86,7 @@ pub mod images;
 mod microvm;
 pub mod mounts;
 pub mod publish;
+pub mod rundir;
 mod select;
 mod serving;
 
