@@ -268,7 +268,7 @@ pub(crate) fn wait_for_agent_after_console(
     };
     while !handle.console_tail().contains(marker) {
         if !handle.is_running() {
-            return Err(fail("the vm stopped before the agent answered"));
+            return Err(fail(&stopped_reason(handle)));
         }
         if start.elapsed() >= timeout {
             return Err(fail(&format!(
@@ -291,6 +291,17 @@ pub(crate) fn wait_for_agent_after_console(
         },
         e => e,
     })
+}
+
+/// "the vm stopped before the agent answered", with the backend's account of how.
+fn stopped_reason(handle: &dyn VmHandle) -> String {
+    let detail = handle.stop_detail();
+    let why = "the vm stopped before the agent answered";
+    if detail.is_empty() {
+        why.to_string()
+    } else {
+        format!("{why}: {detail}")
+    }
 }
 
 /// Waits until the agent answers a ping, the VM stops, or `timeout` passes. Runs the async
@@ -319,7 +330,7 @@ pub(crate) fn wait_for_agent(
                         Ok(_) => Ok(()),
                         Err(e) => Err(("timed out or refused".to_string(), None, Some(e))),
                     },
-                    () = stopped => Err(("the vm stopped before the agent answered".to_string(), None, None)),
+                    () = stopped => Err((stopped_reason(handle), None, None)),
                 }
             })
         })

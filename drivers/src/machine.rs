@@ -41,6 +41,11 @@ pub trait VmHandle: Send + Sync {
     fn console_tail(&self) -> String;
     /// Host processes that make up this VM (for kvm: this process).
     fn host_pids(&self) -> Vec<u32>;
+    /// Once stopped: which part ended and how, with what it printed (bounded); empty when
+    /// there is nothing to add to the console tail.
+    fn stop_detail(&self) -> String {
+        String::new()
+    }
 }
 
 /// Errors of guest operations on a [`Machine`].

@@ -160,11 +160,12 @@ impl Supervised {
         self.output.tail_string()
     }
 
-    /// True while the child has not exited. Never reaps (see the module docs).
-    pub(crate) fn is_running(&self) -> bool {
+    /// How the child ended (`exit code N` / `signal N`), or `None` while it runs. Never reaps
+    /// (see the module docs).
+    pub(crate) fn exit_status(&self) -> Option<String> {
         let st = lock(&self.state);
-        if st.status.is_some() {
-            return false;
+        if let Some(status) = st.status {
+            return Some(status.to_string());
         }
         // SAFETY: siginfo_t is plain data; an all-zero value is valid and waitid fills it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -178,10 +179,24 @@ impl Supervised {
             )
         };
         if rc != 0 {
-            return false;
+            return Some(format!("gone ({})", io::Error::last_os_error()));
         }
         // SAFETY: after a successful waitid, si_pid is initialised (0 when nothing changed).
-        unsafe { info.si_pid() == 0 }
+        if unsafe { info.si_pid() } == 0 {
+            return None;
+        }
+        // SAFETY: for a child that changed state, si_status holds its code or signal.
+        let n = unsafe { info.si_status() };
+        Some(if info.si_code == libc::CLD_EXITED {
+            format!("exit code {n}")
+        } else {
+            format!("signal {n}")
+        })
+    }
+
+    /// True while the child has not exited. Never reaps (see the module docs).
+    pub(crate) fn is_running(&self) -> bool {
+        self.exit_status().is_none()
     }
 
     /// Waits up to `timeout` for the child to exit on its own; true if it did.

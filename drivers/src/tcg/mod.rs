@@ -261,6 +261,21 @@ impl VmHandle for TcgHandle {
     fn host_pids(&self) -> Vec<u32> {
         vec![self.qemu.pid(), self.vhost.pid()]
     }
+
+    fn stop_detail(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(st) = self.qemu.exit_status() {
+            parts.push(format!("{QEMU} ended ({st})"));
+        }
+        if let Some(st) = self.vhost.exit_status() {
+            let out = self.vhost.output_tail();
+            parts.push(format!(
+                "{VHOST_VSOCK} ended ({st}); its output: {:?}",
+                out.trim()
+            ));
+        }
+        parts.join("; ")
+    }
 }
 
 impl Drop for TcgHandle {
