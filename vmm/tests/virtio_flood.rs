@@ -90,11 +90,21 @@ fn malformed(g: &mut VsockGuest, scratch: u64, rng: &mut Rng) {
             },
         ],
     };
-    while g.d.free_descs(TXQ) < segs.len() {
-        g.pump(Duration::from_millis(1));
-    }
+    wait_for_descs(g, segs.len());
     g.d.add_chain(TXQ, &segs);
     g.d.notify(TXQ as u32);
+}
+
+/// Pump until the TX queue has `n` free descriptors; the device must keep consuming.
+fn wait_for_descs(g: &mut VsockGuest, n: usize) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while g.d.free_descs(TXQ) < n {
+        assert!(
+            Instant::now() < end,
+            "the device stopped consuming TX chains"
+        );
+        g.pump(Duration::from_millis(1));
+    }
 }
 
 /// One bogus packet: every header field arbitrary (ops, types, CIDs, ports, lengths).
@@ -118,6 +128,7 @@ fn bogus(g: &mut VsockGuest, rng: &mut Rng) {
     };
     let payload = [0x5au8; 64];
     let n = (h.len as usize).min(payload.len());
+    wait_for_descs(g, 1);
     while !g.send_raw(&h, &payload[..n]) {
         g.pump(Duration::from_millis(1));
     }
