@@ -2,8 +2,7 @@
 //! boot nothing. The exit code is the one a real run would fail with (0 when it would boot).
 
 use serde_json::{Value, json};
-use vm_drivers::Registry;
-use vm_sandbox::{select_driver, select_named};
+use vm_sandbox::drivers::Registry;
 use vm_spec::{Policy, Spec, Trust};
 
 use crate::exit;
@@ -28,7 +27,7 @@ pub struct Plan<'a> {
 impl<'a> Plan<'a> {
     /// A plan for `resolved` on the chosen driver (if any), with no command, workdir,
     /// publish specs or name; callers fill in what their command has.
-    pub fn new(resolved: &'a crate::glue::Resolved, driver: Option<&'a str>) -> Plan<'a> {
+    pub fn new(resolved: &'a crate::resolve::Resolved, driver: Option<&'a str>) -> Plan<'a> {
         Plan {
             spec: &resolved.spec,
             trust: resolved.trust,
@@ -46,14 +45,11 @@ impl<'a> Plan<'a> {
 pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     let validation = plan.spec.validate();
     let registry = Registry::with_defaults();
-    let selection = match plan.driver {
-        Some(name) => select_named(&registry, name, plan.trust, &plan.policy),
-        None => select_driver(&registry, plan.trust, &plan.policy),
-    };
+    let selection = vm_sandbox::select(&registry, plan.driver, plan.trust, &plan.policy);
     let (code, verdict) = match (&validation, &selection) {
         (Err(_), _) => (exit::REFUSED, "refused"),
         (Ok(_), Err(e)) => {
-            let code = crate::glue::classify_library_error(e).unwrap_or(exit::FAILED);
+            let code = exit::classify_cause(e).unwrap_or(exit::FAILED);
             (
                 code,
                 if code == exit::NO_DRIVER {

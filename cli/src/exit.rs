@@ -1,8 +1,8 @@
-//! Exit codes of the `vm` binary, and the mapping from errors to them.
+//! Exit codes of the `vm` binary: the whole table, and the one mapping from errors to it.
 //!
 //! `vm exec` (and `vm exec NAME`) exits with the guest command's own status, so the codes
 //! `vm` uses for itself sit where a shell already reserves meanings (the same choice
-//! `timeout(1)`, `env(1)` and `docker run` make):
+//! `timeout(1)`, `env(1)`, `docker run` and `podman run` make):
 //!
 //! | code    | meaning                                                                  |
 //! |---------|--------------------------------------------------------------------------|
@@ -10,12 +10,20 @@
 //! | 2       | usage error: bad flag, bad value (`--memory 12X`, `-v relative`), bad name |
 //! | 124     | the VM's wall lifetime (`--timeout`) expired before the command finished  |
 //! | 125     | `vm` itself failed: boot failure, agent error, I/O, unknown VM name       |
-//! | 126     | refused: the spec is invalid or the trust policy forbids it              |
-//! | 127     | no driver on this host can contain the work at the requested trust       |
+//! | 126     | the guest command cannot be executed (as docker/podman); or refused: the spec is invalid or the trust policy forbids it |
+//! | 127     | the guest command was not found (as docker/podman); or no driver on this host can contain the work at the requested trust |
 //! | 130     | interrupted (Ctrl-C or SIGTERM); the guest command tree was cancelled     |
 //!
-//! A guest command that itself exits 124–127 is indistinguishable from `vm`'s own codes by
-//! the number alone; `vm` always prints a one-line `vm: …` message on stderr for its own.
+//! For the guest command itself we follow docker and podman: a program that does not exist
+//! exits 127 and one that cannot be executed (no execute permission, not an executable
+//! format, a directory) exits 126, with a shell-like line on stderr (`vm: NAME: command not
+//! found`, `vm: NAME: cannot execute: REASON`); `vm`'s own failures are 125, as theirs are.
+//! Where we differ: docker and podman use 126 and 127 *only* for the command, while `vm`
+//! also exits 126 when it refuses the work (invalid spec, trust policy) and 127 when no
+//! driver can contain it. Both are "the command did not run, and running it again
+//! unchanged will not help", which is what 126/127 tell a script; the `vm: …` line on
+//! stderr says which. A guest command that itself exits 124–127 is indistinguishable from
+//! these by the number alone.
 
 use std::fmt;
 
@@ -31,6 +39,10 @@ pub const FAILED: u8 = 125;
 pub const REFUSED: u8 = 126;
 /// No driver can contain the work here.
 pub const NO_DRIVER: u8 = 127;
+/// The guest command cannot be executed (docker/podman's code for it).
+pub const NOT_EXECUTABLE: u8 = 126;
+/// The guest command was not found (docker/podman's code for it).
+pub const COMMAND_NOT_FOUND: u8 = 127;
 /// Interrupted by SIGINT/SIGTERM.
 pub const INTERRUPTED: u8 = 130;
 
@@ -41,8 +53,10 @@ Exit status:
   2      usage error (bad flag or value, bad VM name)
   124    the VM's wall lifetime (--timeout) expired
   125    vm itself failed (boot failure, agent or I/O error, unknown VM)
-  126    refused: invalid spec or forbidden by the trust policy
-  127    no driver on this host can contain the work (see `vm drivers`)
+  126    the guest command cannot be executed (as docker/podman), or
+         refused: invalid spec or forbidden by the trust policy
+  127    the guest command was not found (as docker/podman), or
+         no driver on this host can contain the work (see `vm drivers`)
   130    interrupted by Ctrl-C/SIGTERM (the guest command tree is cancelled first)";
 
 /// An error raised by the CLI itself, carrying the exit code it maps to.
@@ -81,23 +95,93 @@ pub fn failed(message: impl Into<String>) -> anyhow::Error {
 }
 
 /// Maps an error to its exit code by looking through its cause chain for the
-/// error types whose meaning is known: CLI-coded errors, spec refusals, driver
-/// selection failures. Anything else is `vm` itself failing.
+/// error types whose meaning is known: CLI-coded errors, then library errors
+/// ([`classify_cause`]). Anything else is `vm` itself failing.
 pub fn classify(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if let Some(c) = cause.downcast_ref::<Coded>() {
             return c.code;
         }
-        if let Some(code) = crate::glue::classify_library_error(cause) {
+        if let Some(code) = classify_cause(cause) {
             return code;
         }
     }
     FAILED
 }
 
+/// The exit code of one library error type found in an error's cause chain, if it has one.
+pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
+    use vm_sandbox::drivers::{MachineError, NoDriverError};
+    use vm_sandbox::{PublishError, SandboxError, SelectError};
+    use vm_spec::{AdmitError, SpecError};
+    if let Some((code, _)) = guest_command_error(e) {
+        return Some(code);
+    }
+    if e.is::<SpecError>() {
+        return Some(REFUSED);
+    }
+    if let Some(a) = e.downcast_ref::<AdmitError>() {
+        return Some(match a {
+            AdmitError::NoneAdmissible { .. } => NO_DRIVER,
+            AdmitError::Forbidden { .. } => REFUSED,
+        });
+    }
+    if e.is::<NoDriverError>() {
+        return Some(NO_DRIVER);
+    }
+    if let Some(s) = e.downcast_ref::<SelectError>() {
+        return Some(match s {
+            SelectError::NoDriver { .. } => NO_DRIVER,
+            SelectError::Unknown { .. } => USAGE,
+            SelectError::Unusable(d) if d.available => REFUSED,
+            SelectError::Unusable(_) => NO_DRIVER,
+        });
+    }
+    if let Some(s) = e.downcast_ref::<SandboxError>() {
+        match s {
+            // Select/Admit/Machine carry their cause in the chain; `classify` reaches it.
+            SandboxError::Path(_) | SandboxError::Glob(_) => return Some(USAGE),
+            SandboxError::Unsupported(_) => return Some(FAILED),
+            _ => {}
+        }
+    }
+    if e.is::<PublishError>() {
+        return Some(USAGE);
+    }
+    if let Some(MachineError::WallExpired { .. }) = e.downcast_ref::<MachineError>() {
+        return Some(TIMEOUT);
+    }
+    if e.is::<crate::state::StateError>() {
+        return Some(FAILED);
+    }
+    None
+}
+
+/// The code and the agent's shell-like message when `e` says the guest command itself
+/// could not be started because it was not found or cannot be executed.
+fn guest_command_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<(u8, &'a str)> {
+    use vm_sandbox::agent::{ClientError, ErrorKind};
+    match e.downcast_ref::<ClientError>()? {
+        ClientError::Agent {
+            kind: ErrorKind::CommandNotFound,
+            message,
+        } => Some((COMMAND_NOT_FOUND, message)),
+        ClientError::Agent {
+            kind: ErrorKind::NotExecutable,
+            message,
+        } => Some((NOT_EXECUTABLE, message)),
+        _ => None,
+    }
+}
+
 /// Renders an error as one line: the messages of the cause chain joined by `: `,
-/// skipping a cause whose text the previous message already contains.
+/// skipping a cause whose text the previous message already contains. A guest command
+/// that was not found or cannot be executed is told the way a shell tells it
+/// (`NAME: command not found`), without the layers it came through.
 pub fn one_line(err: &anyhow::Error) -> String {
+    if let Some((_, message)) = err.chain().find_map(guest_command_error) {
+        return message.replace('\n', " ");
+    }
     let mut out = String::new();
     for cause in err.chain() {
         let msg = cause.to_string();
@@ -151,5 +235,69 @@ mod tests {
     fn one_line_joins_causes() {
         let e = failed("inner").context("outer");
         assert_eq!(one_line(&e), "outer: inner");
+    }
+
+    /// Library errors wrapped in `SandboxError` keep their cause in the chain, so the exit
+    /// code comes from the cause (and the one-line message names it).
+    #[test]
+    fn sandbox_errors_classify_by_their_cause() {
+        use vm_sandbox::{SandboxError, SelectError};
+        use vm_spec::{AdmitError, Containment, Trust};
+        let select = SandboxError::Select(SelectError::Unknown {
+            name: "nope".into(),
+            known: "kvm, tcg".into(),
+        });
+        let err = anyhow::Error::new(select).context("booting");
+        assert_eq!(classify(&err), USAGE);
+        assert!(
+            one_line(&err).contains("\"nope\" is not registered"),
+            "{}",
+            one_line(&err)
+        );
+
+        let admit = SandboxError::Admit(AdmitError::Forbidden {
+            tier: "tcg".into(),
+            trust: Trust::Untrusted,
+            provided: Containment::UserKernel,
+            required: Containment::MicroVm,
+            allowed_by: Some("--allow-emulation"),
+        });
+        let err = anyhow::Error::new(admit);
+        assert_eq!(classify(&err), REFUSED);
+        assert!(one_line(&err).contains("--allow-emulation"));
+    }
+
+    /// A guest command that was not found or cannot be executed: docker/podman's codes and
+    /// a shell-like line, however deep in the chain the agent's verdict is.
+    #[test]
+    fn guest_command_not_found_or_not_executable() {
+        use vm_sandbox::SandboxError;
+        use vm_sandbox::agent::{ClientError, ErrorKind};
+        use vm_sandbox::drivers::MachineError;
+        let wrapped = |kind, message: &str| {
+            let agent = ClientError::Agent {
+                kind,
+                message: message.into(),
+            };
+            let machine = MachineError::Agent(agent);
+            anyhow::Error::new(SandboxError::Machine {
+                op: "exec stream",
+                source: machine,
+            })
+            .context("starting the command in the guest")
+        };
+        let err = wrapped(ErrorKind::CommandNotFound, "nosuch: command not found");
+        assert_eq!(classify(&err), COMMAND_NOT_FOUND);
+        assert_eq!(classify(&err), 127);
+        assert_eq!(one_line(&err), "nosuch: command not found");
+        let msg = "/etc/passwd: cannot execute: Permission denied (os error 13)";
+        let err = wrapped(ErrorKind::NotExecutable, msg);
+        assert_eq!(classify(&err), NOT_EXECUTABLE);
+        assert_eq!(classify(&err), 126);
+        assert_eq!(one_line(&err), msg);
+        // Any other agent error is `vm` failing, with the whole chain.
+        let err = wrapped(ErrorKind::Spawn, "working directory /x: No such file");
+        assert_eq!(classify(&err), FAILED);
+        assert!(one_line(&err).starts_with("starting the command in the guest: "));
     }
 }

@@ -1,11 +1,13 @@
 //! `vm`: the command line of the microVM runtime.
 //!
-//! The CLI parses (clap derive, [`args`]), calls the library crates, prints, and maps
-//! errors to exit codes ([`exit`]). Everything with a policy decision in it lives in the
-//! libraries: spec validation and admission in `vm-spec`, driver selection, booting,
-//! publish-spec normalization and the image cache in `vm-sandbox`, the agent protocol in
-//! `guest-agent`. What the CLI owns itself:
-//! - flag value syntax ([`parse`]): sizes, durations, `-v`, `-e`, VM names;
+//! The CLI parses (clap derive, [`args`]), calls the library crates (`vm-sandbox` and
+//! `vm-spec`, nothing below them), prints, and maps errors to exit codes ([`exit`], the one
+//! table). Everything with a policy decision in it lives in the libraries: spec validation
+//! and admission in `vm-spec`; driver selection, booting, attaching to a named VM, the
+//! rules of every guest operation, publish-spec normalization and the image cache in
+//! `vm-sandbox`. What the CLI owns itself:
+//! - flag value syntax ([`parse`]): sizes, durations, `-v`, `-e`, VM names; resolving the
+//!   flags into a spec, trust and policy ([`resolve`]);
 //! - the runtime state directory of named VMs ([`state`]): one record per VM, so a later
 //!   `vm` invocation can find, use, stop and remove what an earlier one started;
 //! - the detached supervisor ([`supervisor`]) that holds a `vm run -d` VM: `vm` re-executed
@@ -14,16 +16,16 @@
 //!   guest command tree ([`stream`]);
 //! - output formatting ([`output`]).
 //!
-//! Data flows one way: CLI -> vm-sandbox (validate -> admit -> select -> boot) -> driver ->
-//! machine -> agent client -> agent.
+//! Data flows one way: CLI -> vm-sandbox (validate -> admit -> select -> boot, or attach)
+//! -> driver -> machine -> agent client -> agent.
 
 mod args;
 mod cmd;
 mod dryrun;
 mod exit;
-mod glue;
 mod output;
 mod parse;
+mod resolve;
 mod state;
 mod stream;
 mod supervisor;

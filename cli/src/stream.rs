@@ -4,10 +4,9 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use guest_agent::protocol::{ExecRequest, ExitStatus};
-use guest_agent::{AgentClient, ExecEvent, ExecStream};
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
+use vm_sandbox::agent::{ExecEvent, ExecStream, ExitStatus};
 
 use crate::exit;
 
@@ -47,15 +46,6 @@ pub fn status_code(status: &ExitStatus) -> u8 {
     } else {
         exit::from_guest(status.code, status.signal)
     }
-}
-
-/// Runs `req` with the agent's streaming exec (see [`relay_stream`]).
-pub async fn exec(
-    client: &AgentClient,
-    req: ExecRequest,
-    signals: &mut Signals,
-) -> anyhow::Result<u8> {
-    relay_stream(async { Ok(client.exec_stream(req).await?) }, signals).await
 }
 
 /// Starts a streaming exec with `start`, writing the command's stdout/stderr to ours as

@@ -462,5 +462,22 @@ fn real_runs_refuse_before_booting() {
         );
         assert_eq!(out.stderr.lines().count(), 1, "{args:?}: {}", out.stderr);
     }
+    // A working directory outside the guest root: a usage error, the same rule for a VM
+    // booted for one command and for the default directory of a named VM.
+    for head in [vec!["exec"], vec!["run", "-d", "--name", "r2"]] {
+        let mut args = head;
+        args.extend(["--allow-emulation", "-w", "/etc"]);
+        args.extend(img.iter().copied());
+        if args[0] != "run" {
+            args.extend(["--", "true"]);
+        }
+        let out = env.run(&args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("must be under the guest root"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
     assert!(common::files_under(&env.runtime()).is_empty());
 }

@@ -222,6 +222,15 @@ fn run_exec_cp_ps_stop_rm_lifecycle() {
         out.stderr
     );
 
+    // A missing guest command: 127 with a shell-like line (docker/podman's code).
+    let out = env.run(&["exec", "box", "--", "no-such-command"]);
+    assert_eq!(out.code, 127, "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains("no-such-command: command not found"),
+        "{}",
+        out.stderr
+    );
+
     // cp in and out.
     let host_in = env.dir.path().join("in.txt");
     std::fs::write(&host_in, b"payload\n").unwrap();

@@ -8,37 +8,12 @@
 mod common;
 
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Env;
 use guest_agent::agent::{Agent, AgentOptions};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::UnixListener;
-
-/// Accepts hybrid-vsock connections: reads `CONNECT <port>\n`, answers `OK <port>\n`, then
-/// hands the stream to the agent.
-async fn hybrid_vsock_front(listener: UnixListener, agent: Arc<Agent>) {
-    loop {
-        let Ok((mut s, _)) = listener.accept().await else {
-            return;
-        };
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            let mut line = Vec::new();
-            let mut b = [0u8; 1];
-            while s.read_exact(&mut b).await.is_ok() && b[0] != b'\n' && line.len() < 64 {
-                line.push(b[0]);
-            }
-            if line != b"CONNECT 1024" {
-                return;
-            }
-            if s.write_all(b"OK 1024\n").await.is_ok() {
-                agent.spawn_conn(s);
-            }
-        });
-    }
-}
 
 /// A running "VM" named `box`: the record, a stand-in supervisor process, the agent.
 fn write_record(env: &Env, root: &std::path::Path, supervisor: u32, socket: &std::path::Path) {
@@ -102,7 +77,13 @@ async fn named_vm_commands_through_the_agent_protocol() {
         .unwrap();
     let socket = env.runtime().join("box/vsock.sock");
     let listener = UnixListener::bind(&socket).unwrap();
-    let front = tokio::spawn(hybrid_vsock_front(listener, agent.clone()));
+    let front = tokio::spawn(vm_test_support::hybrid::front(listener, 1024, {
+        let agent = agent.clone();
+        move |s| {
+            agent.spawn_conn(s);
+            async {}
+        }
+    }));
     let mut supervisor = std::process::Command::new("sleep")
         .arg("600")
         .spawn()
@@ -152,6 +133,27 @@ async fn named_vm_commands_through_the_agent_protocol() {
     );
     let out = vm(&env, &["exec", "box", "--", "pwd"]).await;
     assert_eq!(out.stdout.trim(), root.to_str().unwrap());
+    // -w outside the VM's root is refused, as for a VM booted for one command.
+    let out = vm(&env, &["exec", "box", "-w", "/", "--", "pwd"]).await;
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("under the guest root"),
+        "{}",
+        out.stderr
+    );
+    // A guest command that does not exist or cannot be executed: docker/podman's 127 and
+    // 126, with a shell-like line.
+    let out = vm(&env, &["exec", "box", "--", "no-such-command"]).await;
+    assert_eq!(out.code, 127, "{}", out.stderr);
+    assert_eq!(out.stderr, "vm: no-such-command: command not found\n");
+    let out = vm(&env, &["exec", "box", "--", root.to_str().unwrap()]).await;
+    assert_eq!(out.code, 126, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .starts_with(&format!("vm: {}: cannot execute: ", root.display())),
+        "{}",
+        out.stderr
+    );
     // A secret-looking variable is refused unless allowed.
     let out = vm(&env, &["exec", "box", "-e", "GH_TOKEN=x", "--", "true"]).await;
     assert_eq!(out.code, 126, "{}", out.stderr);

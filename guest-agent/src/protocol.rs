@@ -220,6 +220,12 @@ pub enum ErrorKind {
     Spawn,
     Unsupported,
     Cancelled,
+    /// Exec/Serve: the program does not exist (on the `PATH` of the request's environment,
+    /// or at the path given). The message reads like a shell's: `NAME: command not found`.
+    CommandNotFound,
+    /// Exec/Serve: the program exists but cannot be executed (no execute permission, not
+    /// an executable format, a directory). The message: `NAME: cannot execute: REASON`.
+    NotExecutable,
 }
 
 /// An error reply.

@@ -7,6 +7,7 @@ use guest_agent::agent::cgroup::CgroupLimits;
 use guest_agent::agent::{Agent, AgentOptions, pid1};
 use guest_agent::token::{AgentToken, GUEST_TOKEN_PATH};
 use guest_agent::{AgentConfig, PROTOCOL_VERSION};
+use vm_error_chain::error_chain as chain;
 
 fn init_logging(level: &str) {
     let level = level.parse().unwrap_or(tracing::Level::INFO);
@@ -45,17 +46,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("runtime: {e}"))
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn run_pid1() -> Result<(), String> {

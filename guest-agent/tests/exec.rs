@@ -27,15 +27,67 @@ async fn echo_and_exit_codes() {
         .await
         .unwrap();
     assert_eq!(out.output, b"a b c\n");
+    // A program that cannot be started is an agent error, never a result (item 2 of issue
+    // #11 gave the missing and the non-executable program their own kinds; see below).
     let err = c
         .exec(ExecRequest::argv(["/nonexistent/prog"]))
         .await
         .unwrap_err();
     assert_eq!(
         err.agent_kind(),
-        Some(guest_agent::ErrorKind::Spawn),
+        Some(guest_agent::ErrorKind::CommandNotFound),
         "{err}"
     );
+}
+
+/// A missing program and one that cannot be executed get their own error kinds and a
+/// shell-like message (the host maps them to 127 and 126); a missing working directory
+/// is neither.
+#[tokio::test]
+async fn missing_and_unexecutable_programs() {
+    use guest_agent::ErrorKind;
+    let a = TestAgent::start();
+    let c = a.client();
+    let mut req = ExecRequest::argv(["no-such-program-here"]);
+    req.env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+    let err = c.exec(req).await.unwrap_err();
+    assert_eq!(err.agent_kind(), Some(ErrorKind::CommandNotFound), "{err}");
+    assert!(
+        err.to_string()
+            .ends_with("no-such-program-here: command not found"),
+        "{err}"
+    );
+    let script = a.root().join("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
+    let path = script.to_str().unwrap();
+    let err = c.exec(ExecRequest::argv([path])).await.unwrap_err();
+    assert_eq!(err.agent_kind(), Some(ErrorKind::NotExecutable), "{err}");
+    assert!(
+        err.to_string().contains(&format!("{path}: cannot execute")),
+        "{err}"
+    );
+    let dir = a.root().to_str().unwrap().to_string();
+    let err = c.exec(ExecRequest::argv([dir])).await.unwrap_err();
+    assert_eq!(err.agent_kind(), Some(ErrorKind::NotExecutable), "{err}");
+    // Streaming exec (on its first event) and Serve report the same kinds.
+    let mut stream = c
+        .exec_stream(ExecRequest::argv(["/nonexistent/prog"]))
+        .await
+        .unwrap();
+    let err = stream.next().await.unwrap_err();
+    assert_eq!(err.agent_kind(), Some(ErrorKind::CommandNotFound), "{err}");
+    let serve = guest_agent::ServeRequest {
+        command: guest_agent::Command::Argv(vec![path.into()]),
+        ..Default::default()
+    };
+    let err = c.serve_start(serve).await.unwrap_err();
+    assert_eq!(err.agent_kind(), Some(ErrorKind::NotExecutable), "{err}");
+    // A working directory that does not exist is a spawn failure naming it.
+    let mut req = ExecRequest::argv(["/bin/true"]);
+    req.cwd = Some("/nonexistent/dir".into());
+    let err = c.exec(req).await.unwrap_err();
+    assert_eq!(err.agent_kind(), Some(ErrorKind::Spawn), "{err}");
+    assert!(err.to_string().contains("/nonexistent/dir"), "{err}");
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
-//! Host-side checks for paths given to file operations, applied before a request reaches
-//! the agent (which applies its own, stricter `openat2(RESOLVE_BENEATH)` confinement).
+//! Host-side checks for paths given to file operations and for working directories,
+//! applied before a request reaches the agent (which applies its own, stricter
+//! `openat2(RESOLVE_BENEATH)` confinement to file operations).
 
 use thiserror::Error;
 
@@ -19,6 +20,10 @@ pub enum PathError {
     TooLong(String),
     #[error("path {0:?}: empty")]
     Empty(String),
+    #[error("path {0:?}: a guest path must be absolute")]
+    NotAbsolute(String),
+    #[error("working directory {path:?}: must be under the guest root {root} (or relative to it)")]
+    OutsideRoot { path: String, root: String },
 }
 
 /// Check a path relative to the sandbox root and return it normalized (`a/b`, no `.`, no
@@ -47,6 +52,47 @@ pub fn relative(path: &str, allow_root: bool) -> Result<String, PathError> {
         return Err(PathError::Empty(owned()));
     }
     Ok(parts.join("/"))
+}
+
+/// Check an absolute guest path (a file anywhere in the guest, as `vm cp` names it) and
+/// return it relative to `/`, normalized as [`relative`] does.
+pub fn absolute(path: &str) -> Result<String, PathError> {
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(PathError::NotAbsolute(path.to_string()));
+    };
+    relative(rest.trim_start_matches('/'), false)
+}
+
+/// The working directory of a command: `cwd` relative to the guest `root`, or an absolute
+/// path that is the root or under it. Returns the absolute guest path.
+pub fn workdir(root: &str, cwd: &str) -> Result<String, PathError> {
+    let rel = match cwd.strip_prefix('/') {
+        None => relative(cwd, true)?,
+        Some(_) => {
+            let base = root.trim_end_matches('/');
+            match cwd.strip_prefix(base) {
+                Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                    relative(rest.trim_start_matches('/'), true)?
+                }
+                _ => {
+                    return Err(PathError::OutsideRoot {
+                        path: cwd.to_string(),
+                        root: root.to_string(),
+                    });
+                }
+            }
+        }
+    };
+    Ok(join(root, &rel))
+}
+
+/// `root` joined with a normalized relative path (`""` = the root itself).
+pub(crate) fn join(root: &str, rel: &str) -> String {
+    match (root, rel) {
+        (_, "") => root.to_string(),
+        ("/", r) => format!("/{r}"),
+        (root, r) => format!("{}/{r}", root.trim_end_matches('/')),
+    }
 }
 
 #[cfg(test)]
@@ -84,5 +130,27 @@ mod tests {
         }
         let long = "a/".repeat(MAX_PATH_BYTES);
         assert!(matches!(relative(&long, false), Err(PathError::TooLong(_))));
+    }
+
+    #[test]
+    fn absolute_guest_paths() {
+        assert_eq!(absolute("/tmp//x").unwrap(), "tmp/x");
+        assert!(matches!(absolute("tmp/x"), Err(PathError::NotAbsolute(_))));
+        assert!(matches!(absolute("/tmp/../etc"), Err(PathError::DotDot(_))));
+        assert!(matches!(absolute("/"), Err(PathError::Empty(_))));
+    }
+
+    #[test]
+    fn workdirs_are_under_the_root() {
+        assert_eq!(workdir("/work", "sub/dir").unwrap(), "/work/sub/dir");
+        assert_eq!(workdir("/work", "/work").unwrap(), "/work");
+        assert_eq!(workdir("/work", "").unwrap(), "/work");
+        assert_eq!(workdir("/work", "/work/a").unwrap(), "/work/a");
+        assert_eq!(workdir("/", "/tmp").unwrap(), "/tmp");
+        for bad in ["/workshop", "/tmp", "../x", "/work/../etc"] {
+            assert!(workdir("/work", bad).is_err(), "{bad}");
+        }
+        let e = workdir("/work", "/tmp").unwrap_err();
+        assert!(e.to_string().contains("under the guest root /work"), "{e}");
     }
 }

@@ -10,19 +10,26 @@
 //!   available but weaker driver (QEMU TCG, `user-kernel`) is used for untrusted work only
 //!   when `Policy::allow_emulation` is set, and the refusal names that flag
 //!   (`--allow-emulation`). When nothing qualifies the error lists every driver's diagnosis.
-//! - **Defense in depth on paths.** [`MicroVm`] file operations check paths host-side
+//! - **Defense in depth on paths.** [`Guest`] file operations check paths host-side
 //!   ([`confine::relative`]: relative, no `..`, no NUL) before the agent checks them again
 //!   beneath the root with `openat2(RESOLVE_BENEATH)`.
 //! - **Explicit environment.** Every process started in the guest gets exactly
-//!   `Guarantees.env`; nothing is inherited from the host and nothing is added here. The
+//!   `Guarantees.env` plus the variables its [`Run`] sets (checked by the same secret rules);
+//!   nothing is inherited from the host and nothing is added here. The
 //!   default guest `PATH` (`vm_spec::DEFAULT_GUEST_PATH`) applies only when written into the
 //!   spec (`Guarantees::with_default_env`), as the CLI does.
 //! - **Read-only mounts only.** A host file becomes a raw read-only disk; a host directory
 //!   an erofs image cached by content key (see [`mounts`]).
 //! - **Lifetime.** The wall limit goes into the `BootPlan` and the `Machine` enforces it.
 //!   [`MicroVm::close`] is idempotent and removes the per-VM run directory; `Drop` kills.
-//! - **Serving.** [`MicroVm::serve`] publishes a guest port on a host loopback address
+//! - **Serving.** [`Guest::serve`] publishes a guest port on a host loopback address
 //!   (never a non-loopback one unless written out, see [`PublishSpec`]).
+//! - **One set of rules for every VM.** A [`MicroVm`] (booted here, owned) and a
+//!   [`RunningVm`] (held by another process, e.g. a `vm run -d` supervisor, attached by its
+//!   agent socket) both dereference to [`Guest`], the one implementation of request
+//!   building, path confinement and environment checks.
+//! - **Callers need only this crate and `vm-spec`.** The agent types a caller handles are
+//!   re-exported in [`agent`], the driver registry in [`drivers`].
 //!
 //! # Example
 //! ```no_run
@@ -61,38 +68,39 @@
 //! vm.close().await;
 //! # Ok(()) }
 //! ```
-//!
-//! # Public API (signatures)
-//! ```text
-//! select_driver(&Registry, Trust, &Policy) -> Result<&dyn Driver, SelectError>
-//! select_named(&Registry, name, Trust, &Policy) -> Result<&dyn Driver, SelectError>
-//! MicroVm::create(&Spec, &Options) -> Result<MicroVm, SandboxError>        (blocking)
-//! MicroVm::create_with(&Registry, &Spec, &Options) -> Result<MicroVm, SandboxError>
-//! MicroVm::boot(Spec, Options).await -> Result<MicroVm, SandboxError>      (spawn_blocking)
-//! vm.containment() / driver() / root() / spec() / machine() / run_dir() -> &Path / agent_socket() -> &Path
-//! vm.exec(line) / capture(&[argv]) / run(Run) -> ExecOutput ; exec_stream(Run) -> ExecStream
-//! vm.read_file(path) / write_file(path, bytes) / walk(dir) / glob(pattern) ; serve(ServeSpec) -> Serving
-//! vm.close().await   (idempotent)
-//! Serving: addr(), running(), exit(), output(), done().await, stop().await (idempotent)
-//! PublishSpec::parse(&str) / parse_all(&[S]) ; Display = IP:HOST:GUEST
-//! Glob::new(pattern)?.matches(path) ; confine::relative(path, allow_root)
-//! MountCache::new(dir) / default_location() ; .prepare(&[ValidMount]) -> Vec<DiskPlan> ; dir_key(dir, max)
-//! images::{images_dir, default_images, default_spec_image, list, prune, images_in, list_in, prune_in}
-//! ```
 
 pub mod confine;
+mod error;
 pub mod glob;
+mod guest;
 pub mod images;
+mod link;
 mod microvm;
 pub mod mounts;
 pub mod publish;
 pub mod rundir;
+mod running;
 mod select;
 mod serving;
 
+pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
-pub use microvm::{MicroVm, Options, Run, SandboxError};
+pub use guest::{Guest, Run};
+pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};
-pub use select::{Diagnosis, SelectError, select_driver, select_named};
+pub use running::{Attach, RunningVm};
+pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+
+/// The guest agent's types a caller of this API handles: the command, its output and exit
+/// status, the streaming events, and the client error that carries the agent's verdict.
+pub mod agent {
+    pub use guest_agent::client::{ClientError, ExecEvent, ExecStream};
+    pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus};
+}
+
+/// The driver registry and the driver-level errors a caller may need to tell apart.
+pub mod drivers {
+    pub use vm_drivers::{Availability, Driver, MachineError, NoDriverError, Registry};
+}

@@ -2,30 +2,22 @@
 //!
 //! `create` runs the whole pipeline in one direction: validate the spec -> select an
 //! available, admissible driver -> prepare the read-only disks -> build the `BootPlan` ->
-//! `driver.boot`. Every guest operation afterwards goes through the machine's agent client,
-//! with host-side checks first: file paths must be relative to the root (no `..`, no
-//! absolute path, no NUL; the agent checks again beneath the root) and every process gets
-//! exactly `Guarantees.env` as its environment.
+//! `driver.boot`. Every guest operation afterwards is a [`Guest`] operation over the
+//! machine (see [`crate::guest`] for the host-side checks it applies first).
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use guest_agent::client::ExecStream;
-use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExecRequest};
-use thiserror::Error;
-use vm_drivers::{BootPlan, Driver, DriverError, ImagePaths, Machine, MachineError, Registry};
-use vm_spec::{Containment, Policy, Spec, SpecError, Trust, ValidSpec};
+use vm_drivers::{BootPlan, Driver, ImagePaths, Machine, Registry};
+use vm_spec::{Containment, Policy, Spec, Trust, ValidSpec};
 
-use crate::confine::{self, PathError};
-use crate::glob::{Glob, GlobError};
-use crate::mounts::{DEFAULT_MAX_DIR_BYTES, MountCache, MountError};
-use crate::select::{SelectError, select_driver, select_named};
-use crate::serving::{ServeError, ServeSpec, Serving};
-
-/// `PATH` for the runtime's own setup commands (never for the caller's work, whose
-/// environment is exactly `Guarantees.env`).
-const SETUP_PATH: &str = vm_spec::DEFAULT_GUEST_PATH;
+use crate::error::SandboxError;
+use crate::guest::{Confinement, Guest};
+use crate::link::Link;
+use crate::mounts::{DEFAULT_MAX_DIR_BYTES, MountCache};
+use crate::select::select;
 
 /// How to create a [`MicroVm`]. `Options::default()` is untrusted work under the strict
 /// policy on the first available admissible driver.
@@ -64,70 +56,34 @@ impl Default for Options {
     }
 }
 
-/// One command to run with more control than [`MicroVm::exec`]/[`MicroVm::capture`].
-#[derive(Debug, Clone, Default)]
-pub struct Run {
-    pub command: Command,
-    /// Written to stdin, then closed (the way to pass a secret: never on the command line).
-    pub stdin: Vec<u8>,
-    /// Working directory relative to the root; `None` = the root.
-    pub cwd: Option<String>,
-    /// Kill the process tree after this long; `None` = the client default.
-    pub timeout: Option<Duration>,
-}
-
-/// Errors of creating and using a [`MicroVm`].
-#[derive(Debug, Error)]
-pub enum SandboxError {
-    #[error("spec refused")]
-    Spec(#[from] SpecError),
-    /// No driver was selected; the [`SelectError`] (the cause) lists every diagnosis.
-    #[error("selecting a driver")]
-    Select(#[from] SelectError),
-    /// The booted machine's containment was refused by the admission gate (the cause).
-    #[error("admission refused")]
-    Admit(#[from] vm_spec::AdmitError),
-    #[error("preparing mounts")]
-    Mount(#[from] MountError),
-    #[error("{0}")]
-    Unsupported(&'static str),
-    #[error("creating run directory")]
-    RunDir(#[source] std::io::Error),
-    #[error("boot on {driver} failed")]
-    Boot {
-        driver: &'static str,
-        #[source]
-        source: DriverError,
-    },
-    #[error(transparent)]
-    Path(#[from] PathError),
-    #[error(transparent)]
-    Glob(#[from] GlobError),
-    #[error("{op} failed")]
-    Machine {
-        op: &'static str,
-        #[source]
-        source: MachineError,
-    },
-    #[error("serve failed")]
-    Serve(#[from] ServeError),
-    #[error("cannot create the guest root: {0}")]
-    Root(String),
-    #[error("a blocking boot task failed: {0}")]
-    Join(String),
+/// The checks [`MicroVm::create`] runs before anything is created — validate the spec,
+/// select an available, admissible driver — on the default registry, for a caller that
+/// boots later or elsewhere (`vm run -d` refuses before it starts its supervisor).
+pub fn preflight(spec: &Spec, options: &Options) -> Result<ValidSpec, SandboxError> {
+    let valid = spec.validate()?;
+    select(
+        &Registry::with_defaults(),
+        options.driver.as_deref(),
+        options.trust,
+        &options.policy,
+    )?;
+    Ok(valid)
 }
 
 /// A guest with its own kernel, confined to a validated [`Spec`]. See the crate docs for
 /// an example. Dropping it kills the VM and removes its run directory; prefer
 /// [`MicroVm::close`], which first asks the guest to power off.
+///
+/// It dereferences to [`Guest`], which holds the operations (`exec`, `run`, `exec_stream`,
+/// files, `walk`, `glob`, `serve`) it shares with [`crate::RunningVm`].
 #[derive(Debug)]
 pub struct MicroVm {
+    guest: Guest,
     machine: Arc<Machine>,
     spec: ValidSpec,
     /// The per-VM run directory (removed by `close`/drop; the path stays for callers).
     run_dir_path: PathBuf,
     run_dir: Mutex<Option<tempfile::TempDir>>,
-    root_ready: tokio::sync::OnceCell<()>,
 }
 
 impl MicroVm {
@@ -151,16 +107,20 @@ impl MicroVm {
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
         let valid = spec.validate()?;
-        let driver = match &options.driver {
-            Some(name) => select_named(registry, name, options.trust, &options.policy)?,
-            None => select_driver(registry, options.trust, &options.policy)?,
-        };
-        MicroVm::create_on(driver, valid, options)
+        let driver = select(
+            registry,
+            options.driver.as_deref(),
+            options.trust,
+            &options.policy,
+        )?;
+        let env_allow = spec.guarantees.env_allow.clone();
+        MicroVm::create_on(driver, valid, env_allow, options)
     }
 
     fn create_on(
         driver: &dyn Driver,
         spec: ValidSpec,
+        env_allow: Vec<String>,
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
         let image = spec.image();
@@ -233,12 +193,18 @@ impl MicroVm {
             machine.close_now();
             return Err(SandboxError::Admit(e));
         }
+        let machine = Arc::new(machine);
+        let confinement = Confinement {
+            root: spec.root().to_string(),
+            env: spec.env().to_vec(),
+            env_allow,
+        };
         Ok(MicroVm {
-            machine: Arc::new(machine),
+            guest: Guest::new(Link::Booted(machine.clone()), confinement, false),
+            machine,
             spec,
             run_dir_path: run_dir.path().to_path_buf(),
             run_dir: Mutex::new(Some(run_dir)),
-            root_ready: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -250,11 +216,6 @@ impl MicroVm {
     /// The driver that booted the guest.
     pub fn driver(&self) -> &'static str {
         self.machine.driver()
-    }
-
-    /// The guest working root.
-    pub fn root(&self) -> &str {
-        self.spec.root()
     }
 
     /// The validated spec the guest runs under.
@@ -282,146 +243,6 @@ impl MicroVm {
         self.machine.agent_socket()
     }
 
-    fn machine_err(op: &'static str) -> impl FnOnce(MachineError) -> SandboxError {
-        move |source| SandboxError::Machine { op, source }
-    }
-
-    /// Create the guest root once, before the first operation that needs it.
-    async fn ensure_root(&self) -> Result<(), SandboxError> {
-        self.root_ready
-            .get_or_try_init(|| async {
-                let req = ExecRequest {
-                    command: Command::Argv(vec!["mkdir".into(), "-p".into(), self.root().into()]),
-                    env: vec![("PATH".into(), SETUP_PATH.into())],
-                    timeout: Some(Duration::from_secs(60)),
-                    ..Default::default()
-                };
-                let out = self
-                    .machine
-                    .exec(req)
-                    .await
-                    .map_err(Self::machine_err("creating root"))?;
-                if !out.status.success() {
-                    return Err(SandboxError::Root(
-                        String::from_utf8_lossy(&out.output).into(),
-                    ));
-                }
-                Ok(())
-            })
-            .await
-            .map(|_| ())
-    }
-
-    fn request(&self, run: Run) -> Result<ExecRequest, SandboxError> {
-        let cwd = match run.cwd.as_deref() {
-            Some(rel) => join(self.root(), &confine::relative(rel, true)?),
-            None => self.root().to_string(),
-        };
-        Ok(ExecRequest {
-            command: run.command,
-            stdin: run.stdin,
-            env: self.spec.env().to_vec(),
-            cwd: Some(cwd),
-            timeout: run.timeout,
-            max_output: None,
-        })
-    }
-
-    /// Run a shell line (`/bin/sh -c`) in the root; a non-zero exit is a result.
-    pub async fn exec(&self, line: &str) -> Result<ExecOutput, SandboxError> {
-        self.run(Run {
-            command: Command::Shell(line.into()),
-            ..Default::default()
-        })
-        .await
-    }
-
-    /// Run an argv directly (no shell) in the root and collect its combined output.
-    pub async fn capture<S: AsRef<str>>(&self, argv: &[S]) -> Result<ExecOutput, SandboxError> {
-        let argv = argv.iter().map(|s| s.as_ref().to_string()).collect();
-        self.run(Run {
-            command: Command::Argv(argv),
-            ..Default::default()
-        })
-        .await
-    }
-
-    /// Run with stdin, a working directory or a timeout.
-    pub async fn run(&self, run: Run) -> Result<ExecOutput, SandboxError> {
-        let req = self.request(run)?;
-        self.ensure_root().await?;
-        self.machine
-            .exec(req)
-            .await
-            .map_err(Self::machine_err("exec"))
-    }
-
-    /// Start a command and stream its stdout/stderr; dropping the stream kills it.
-    pub async fn exec_stream(&self, run: Run) -> Result<ExecStream, SandboxError> {
-        let req = self.request(run)?;
-        self.ensure_root().await?;
-        self.machine
-            .exec_stream(req)
-            .await
-            .map_err(Self::machine_err("exec stream"))
-    }
-
-    /// Read a file relative to the root.
-    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError> {
-        let rel = confine::relative(path, false)?;
-        self.ensure_root().await?;
-        self.machine
-            .read_file(self.root(), &rel)
-            .await
-            .map_err(Self::machine_err("read file"))
-    }
-
-    /// Write a file relative to the root (parents are created).
-    pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError> {
-        let rel = confine::relative(path, false)?;
-        self.ensure_root().await?;
-        self.machine
-            .write_file(self.root(), &rel, data)
-            .await
-            .map_err(Self::machine_err("write file"))
-    }
-
-    /// Regular files under `dir` (relative to the root; `""` = the root), as sorted paths
-    /// relative to the root.
-    pub async fn walk(&self, dir: &str) -> Result<Vec<String>, SandboxError> {
-        let rel = confine::relative(dir, true)?;
-        self.ensure_root().await?;
-        let entries = match self.machine.list(self.root(), &rel).await {
-            Ok(e) => e,
-            Err(MachineError::Agent(e)) if e.agent_kind() == Some(ErrorKind::NotFound) => {
-                Vec::new()
-            }
-            Err(source) => return Err(SandboxError::Machine { op: "list", source }),
-        };
-        let mut out: Vec<String> = entries
-            .into_iter()
-            .map(|e| join_rel(&rel, &e.path))
-            .collect();
-        out.sort();
-        Ok(out)
-    }
-
-    /// Regular files matching a glob (see [`crate::glob`]), relative to the root, sorted.
-    /// Matching happens here, over the agent's listing.
-    pub async fn glob(&self, pattern: &str) -> Result<Vec<String>, SandboxError> {
-        let g = Glob::new(pattern)?;
-        let files = self.walk(g.literal_prefix()).await?;
-        Ok(files.into_iter().filter(|p| g.matches(p)).collect())
-    }
-
-    /// Start a long-lived process and forward a host loopback port to its guest port.
-    pub async fn serve(&self, spec: ServeSpec) -> Result<Serving, SandboxError> {
-        self.ensure_root().await?;
-        let cwd = self.root().to_string();
-        let env = self.spec.env().to_vec();
-        Ok(Serving::start(self.machine.clone(), spec, env, cwd).await?)
-    }
-
     /// Power the guest off, kill what is left, and remove the run directory. Idempotent.
     pub async fn close(&self) {
         self.machine.close().await;
@@ -443,25 +264,17 @@ impl MicroVm {
     }
 }
 
+impl Deref for MicroVm {
+    type Target = Guest;
+
+    fn deref(&self) -> &Guest {
+        &self.guest
+    }
+}
+
 impl Drop for MicroVm {
     fn drop(&mut self) {
         self.machine.close_now();
         self.remove_run_dir();
-    }
-}
-
-fn join(root: &str, rel: &str) -> String {
-    match (root, rel) {
-        (_, "") => root.to_string(),
-        ("/", r) => format!("/{r}"),
-        (root, r) => format!("{root}/{r}"),
-    }
-}
-
-fn join_rel(dir: &str, path: &str) -> String {
-    if dir.is_empty() {
-        path.to_string()
-    } else {
-        format!("{dir}/{path}")
     }
 }

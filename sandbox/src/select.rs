@@ -154,3 +154,16 @@ pub fn select_named<'r>(
     }
     Ok(d)
 }
+
+/// [`select_named`] when a driver is asked for by name, else [`select_driver`].
+pub fn select<'r>(
+    registry: &'r Registry,
+    name: Option<&str>,
+    trust: Trust,
+    policy: &Policy,
+) -> Result<&'r dyn Driver, SelectError> {
+    match name {
+        Some(name) => select_named(registry, name, trust, policy),
+        None => select_driver(registry, trust, policy),
+    }
+}

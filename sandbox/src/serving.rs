@@ -23,8 +23,9 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
-use vm_drivers::{Machine, MachineError};
+use vm_drivers::MachineError;
 
+use crate::link::Link;
 use crate::publish::PublishSpec;
 
 /// How often the monitor asks the agent about the process.
@@ -69,14 +70,14 @@ struct State {
 pub struct Serving {
     addr: SocketAddr,
     id: ServeId,
-    machine: Arc<Machine>,
+    machine: Link,
     state: Arc<watch::Sender<State>>,
     tasks: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
 }
 
 impl Serving {
     pub(crate) async fn start(
-        machine: Arc<Machine>,
+        machine: Link,
         spec: ServeSpec,
         env: Vec<(String, String)>,
         cwd: String,
@@ -191,7 +192,7 @@ impl Drop for Serving {
     }
 }
 
-async fn accept_loop(listener: TcpListener, machine: Arc<Machine>, guest_port: u16) {
+async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut conns = JoinSet::new(); // aborted (every connection) when this task is aborted
     loop {
@@ -222,7 +223,7 @@ async fn accept_loop(listener: TcpListener, machine: Arc<Machine>, guest_port: u
     }
 }
 
-async fn monitor(machine: Arc<Machine>, id: ServeId, tx: Arc<watch::Sender<State>>) {
+async fn monitor(machine: Link, id: ServeId, tx: Arc<watch::Sender<State>>) {
     let mut failures = 0u32;
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;

@@ -6,7 +6,6 @@ mod common;
 use std::time::Duration;
 
 use common::hostagent::{HostAgentDriver, agent_bin};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vm_drivers::Registry;
 use vm_sandbox::{MicroVm, Options, PublishSpec, SandboxError, ServeSpec};
 use vm_spec::{Containment, Spec};
@@ -133,40 +132,12 @@ async fn serve_forwards_a_loopback_port_and_stop_closes_it() {
         return;
     };
     let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
-    // A free port for the "guest" server (the host agent's guest is the host).
-    let guest_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let code = format!(
-        "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
-         s.bind(('127.0.0.1',{guest_port}))\ns.listen()\nprint('listening',flush=True)\n\
-         while True:\n c,_=s.accept()\n d=c.recv(100)\n c.sendall(b'echo:'+d)\n c.close()\n"
-    );
-    let serving = vm
-        .serve(ServeSpec {
-            argv: vec!["python3".into(), "-c".into(), code],
-            publish: PublishSpec::loopback(0, guest_port),
-        })
-        .await
-        .unwrap();
+    let (serving, guest_port) = common::echo::serve(&vm).await;
     let addr = serving.addr();
     assert!(addr.ip().is_loopback() && addr.port() != 0);
     assert!(serving.running());
 
-    let mut reply = Vec::new();
-    for _ in 0..100 {
-        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        c.write_all(b"ping").await.unwrap();
-        reply.clear();
-        let _ = c.read_to_end(&mut reply).await;
-        if !reply.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await; // the server is still starting
-    }
-    assert_eq!(reply, b"echo:ping");
+    assert_eq!(common::echo::ping(addr).await, b"echo:ping");
     tokio::time::sleep(vm_sandbox::POLL_INTERVAL * 2).await;
     assert!(
         serving.output().contains("listening"),

@@ -4,8 +4,13 @@
 //! named by `VM_TEST_SKIP_LOG` (set by `ci/test.sh`, which lists those lines and counts them in
 //! its `N passed, N failed, N skipped` summary). A skip is never a pass in disguise: the reason
 //! is always visible, and counted.
+//!
+//! [`hybrid`] is the hybrid-vsock handshake in front of a test server, for tests that reach
+//! a stand-in VM the way a host client reaches a real one.
 
 use std::io::Write;
+
+pub mod hybrid;
 
 /// Report `test` as skipped for `reason`.
 pub fn skip(test: &str, reason: &str) {

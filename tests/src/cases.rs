@@ -79,20 +79,7 @@ impl Cases {
     }
 }
 
-/// An error and all its sources, `a: b: c`.
-pub fn error_chain(e: &(dyn Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        src = s.source();
-    }
-    out
-}
+pub use vm_error_chain::error_chain;
 
 /// Adds what was being done to an error, with its whole chain.
 pub trait Ctx<T> {

@@ -29,9 +29,9 @@
 mod cases;
 mod guest;
 pub mod host;
+pub mod proof;
 
 use std::future::Future;
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 pub use cases::{Cases, Ctx, error_chain};
@@ -53,11 +53,15 @@ pub struct DriverUnderTest {
     pub availability: Availability,
 }
 
-/// Every driver of the default registry, in preference order, with its `detect()` verdict.
+/// Every driver of the default registry, in preference order, with its `detect()` verdict;
+/// only those named in `VM_TEST_DRIVERS` (comma-separated) when it is set, as the kvm proof
+/// does to run the suite on kvm alone.
 pub fn drivers_to_test() -> Vec<DriverUnderTest> {
+    let only = std::env::var("VM_TEST_DRIVERS").ok();
     let registry = Registry::with_defaults();
     registry
         .drivers()
+        .filter(|d| selected(only.as_deref(), d.name()))
         .map(|d| DriverUnderTest {
             name: d.name(),
             availability: d.detect(),
@@ -65,18 +69,15 @@ pub fn drivers_to_test() -> Vec<DriverUnderTest> {
         .collect()
 }
 
-/// Prints a skip line to stderr and appends it to `$VM_TEST_SKIP_LOG` when set.
-pub fn skip(line: &str) {
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("VM_TEST_SKIP_LOG") {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path);
-        if let Ok(mut f) = file {
-            let _ = writeln!(f, "{line}");
-        }
-    }
+/// Whether `driver` is in the comma-separated `only` list (every driver when there is none).
+fn selected(only: Option<&str>, driver: &str) -> bool {
+    only.is_none_or(|list| list.split(',').any(|n| n.trim() == driver))
+}
+
+/// Reports a skipped scenario on one driver, the workspace's way
+/// ([`vm_test_support::skip`]: stderr and `$VM_TEST_SKIP_LOG`).
+fn skip(name: &str, driver: &str, reason: &str) {
+    vm_test_support::skip(&format!("{name} [{driver}]"), reason);
 }
 
 fn init_logs() {
@@ -117,14 +118,11 @@ where
     let mut failures = Vec::new();
     for d in drivers_to_test() {
         if !d.availability.ok {
-            skip(&format!(
-                "SKIP {name} [{}]: {}",
-                d.name, d.availability.detail
-            ));
+            skip(name, d.name, &d.availability.detail);
             continue;
         }
         if needs_images && let Err(e) = default_image() {
-            skip(&format!("SKIP {name} [{}]: {e}", d.name));
+            skip(name, d.name, &e.to_string());
             continue;
         }
         let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -171,4 +169,34 @@ macro_rules! ensure {
             return Err(format!($($fmt)+));
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::selected;
+
+    #[test]
+    fn driver_selection() {
+        assert!(selected(None, "tcg"));
+        assert!(selected(Some("kvm"), "kvm"));
+        assert!(!selected(Some("kvm"), "tcg"));
+        assert!(selected(Some("tcg, kvm"), "kvm"));
+        assert!(!selected(Some(""), "kvm"));
+    }
+
+    /// `proof/all.rs` (the suite as one binary for the kvm proof pack) includes every
+    /// scenario file, so the proof never silently runs less than `cargo nextest` does.
+    #[test]
+    fn the_proof_binary_includes_every_scenario() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let all = std::fs::read_to_string(root.join("proof/all.rs")).unwrap();
+        let mut missing = Vec::new();
+        for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".rs") && !all.contains(&format!("#[path = \"../tests/{name}\"]")) {
+                missing.push(name);
+            }
+        }
+        assert!(missing.is_empty(), "tests/proof/all.rs lacks {missing:?}");
+    }
 }

@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use vm_error_chain::error_chain;
 use vmm::{ConsoleConfig, CpuProfile, KernelFormat, Vm, VmConfig, VmExit};
 
 /// 64-bit code that resets the machine through the i8042 at once:
@@ -91,17 +92,6 @@ fn run(mut a: Args) -> Result<VmExit, String> {
     let vm = created.map_err(|e| error_chain(&e))?;
     let running = vm.start().map_err(|e| error_chain(&e))?;
     running.wait().map_err(|e| error_chain(&e))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn main() -> ExitCode {

@@ -39,11 +39,7 @@ fn req(d: &mut Driver, kind: u32, sector: u64, data: Option<(u32, bool)>) -> (u8
     d.write_mem(h, &hdr);
     let st = d.alloc(1);
     d.write_mem(st, &[0xff]);
-    let mut segs = vec![Seg {
-        addr: h,
-        len: 16,
-        write: false,
-    }];
+    let mut segs = vec![Seg::readable(h, 16)];
     let mut addr = 0;
     if let Some((len, write)) = data {
         addr = d.alloc(u64::from(len));
@@ -52,11 +48,7 @@ fn req(d: &mut Driver, kind: u32, sector: u64, data: Option<(u32, bool)>) -> (u8
         }
         segs.push(Seg { addr, len, write });
     }
-    segs.push(Seg {
-        addr: st,
-        len: 1,
-        write: true,
-    });
+    segs.push(Seg::writable(st, 1));
     d.add_chain(0, &segs);
     d.notify(0);
     let (_, used) = d.wait_used(0, T).expect("no completion");
@@ -133,14 +125,7 @@ fn chain_without_status_buffer_is_returned_and_device_continues() {
     let (p, _) = image(dir.path());
     let mut d = disk(&p, true);
     let h = d.alloc(16);
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: h,
-            len: 16,
-            write: false,
-        }],
-    );
+    d.add_chain(0, &[Seg::readable(h, 16)]);
     d.notify(0);
     assert_eq!(d.wait_used(0, T).unwrap().1, 0);
     assert_eq!(

@@ -14,22 +14,8 @@ fn fills_buffer_with_random_bytes() {
     d.activate(0);
     let a = d.alloc(4096);
     let b = d.alloc(4096);
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: a,
-            len: 4096,
-            write: true,
-        }],
-    );
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: b,
-            len: 4096,
-            write: true,
-        }],
-    );
+    d.add_chain(0, &[Seg::writable(a, 4096)]);
+    d.add_chain(0, &[Seg::writable(b, 4096)]);
     d.notify(0);
     assert_eq!(d.wait_used(0, T).unwrap().1, 4096);
     assert_eq!(d.wait_used(0, T).unwrap().1, 4096);
@@ -48,14 +34,7 @@ fn large_request_is_bounded() {
     d.activate(0);
     let len = 4 * MAX_BYTES_PER_REQUEST;
     let a = d.alloc(u64::from(len));
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: a,
-            len,
-            write: true,
-        }],
-    );
+    d.add_chain(0, &[Seg::writable(a, len)]);
     d.notify(0);
     assert_eq!(d.wait_used(0, T).unwrap().1, MAX_BYTES_PER_REQUEST);
     let tail = d.read_mem(a + u64::from(MAX_BYTES_PER_REQUEST), 4096);
@@ -67,14 +46,7 @@ fn readable_only_chain_gets_nothing() {
     let mut d = Driver::new(&DeviceConfig::Rng).unwrap();
     d.activate(0);
     let a = d.alloc(64);
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: a,
-            len: 64,
-            write: false,
-        }],
-    );
+    d.add_chain(0, &[Seg::readable(a, 64)]);
     d.notify(0);
     assert_eq!(d.wait_used(0, T).unwrap().1, 0);
     assert!(d.read_mem(a, 64).iter().all(|&v| v == 0));

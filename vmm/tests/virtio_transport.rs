@@ -16,14 +16,7 @@ fn rng() -> Driver {
 
 fn request(d: &mut Driver, len: u32) -> (u16, u32) {
     let a = d.alloc(u64::from(len));
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: a,
-            len,
-            write: true,
-        }],
-    );
+    d.add_chain(0, &[Seg::writable(a, len)]);
     d.notify(0);
     d.wait_used(0, T).expect("no used buffer")
 }
@@ -158,11 +151,7 @@ fn descriptor_loop_fails_request_and_device_keeps_serving() {
     let mut d = rng();
     d.activate(0);
     let a = d.alloc(64);
-    let seg = Seg {
-        addr: a,
-        len: 16,
-        write: true,
-    };
+    let seg = Seg::writable(a, 16);
     d.write_desc(0, 10, seg, F_NEXT, 11);
     d.write_desc(0, 11, seg, F_NEXT, 10);
     d.push_avail(0, 10);
@@ -179,14 +168,7 @@ fn buffer_outside_ram_fails_request() {
     let mut d = rng();
     d.activate(0);
     let far = MEM_SIZE as u64 - 8;
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: far,
-            len: 64,
-            write: true,
-        }],
-    );
+    d.add_chain(0, &[Seg::writable(far, 64)]);
     d.notify(0);
     let (_, len) = d.wait_used(0, T).unwrap();
     assert_eq!(len, 0);
@@ -197,11 +179,7 @@ fn chain_length_overflow_fails_request() {
     let mut d = rng();
     d.activate(0);
     let a = d.alloc(16);
-    let big = Seg {
-        addr: a,
-        len: u32::MAX,
-        write: true,
-    };
+    let big = Seg::writable(a, u32::MAX);
     d.add_chain(0, &[big, big]);
     d.notify(0);
     let (_, len) = d.wait_used(0, T).unwrap();
@@ -226,14 +204,7 @@ fn notify_events_and_shutdown() {
     assert_eq!(evs[0].0, 0);
     d.activate(0);
     let a = d.alloc(16);
-    d.add_chain(
-        0,
-        &[Seg {
-            addr: a,
-            len: 16,
-            write: true,
-        }],
-    );
+    d.add_chain(0, &[Seg::writable(a, 16)]);
     // Notify through the ioeventfd path instead of the register.
     evs[0].1.write(1).unwrap();
     assert_eq!(d.wait_used(0, T).unwrap().1, 16);

@@ -1,5 +1,6 @@
-//! `vm cp`: copy one file into or out of a running named VM through the agent's
-//! WriteFile/ReadFile (bounded by the agent protocol's file size limit).
+//! `vm cp`: copy one file into or out of a running named VM by its absolute guest path
+//! (`vm_sandbox::Guest::read_absolute`/`write_absolute`; bounded by the agent protocol's
+//! file size limit).
 
 use std::io::Write;
 
@@ -9,9 +10,6 @@ use crate::args::CpArgs;
 use crate::exit;
 use crate::parse;
 use crate::state::Runtime;
-
-/// The guest root file paths are resolved under (the agent confines each operation to it).
-const GUEST_ROOT: &str = "/";
 
 /// `NAME:PATH` → (name, guest path relative to `/`), when `s` is a guest reference.
 /// Anything with a `/` before the first `:` (or no `:`) is a host path.
@@ -23,16 +21,12 @@ fn guest_ref(s: &str) -> Option<(&str, &str)> {
     Some((name, path))
 }
 
-fn guest_path(name: &str, path: &str) -> anyhow::Result<(String, String)> {
+/// Checks a `NAME:PATH` before anything is read or attached: a valid name and an absolute
+/// guest path without `..` (the sandbox's rule, [`vm_sandbox::confine::absolute`]).
+fn guest_path(name: &str, path: &str) -> anyhow::Result<String> {
     let name = parse::vm_name(name).map_err(|e| exit::usage(e.to_string()))?;
-    if !path.starts_with('/') {
-        return Err(exit::usage(format!(
-            "{name}:{path}: the guest path must be absolute"
-        )));
-    }
-    let rel = vm_sandbox::confine::relative(path.trim_start_matches('/'), false)
-        .map_err(|e| exit::usage(e.to_string()))?;
-    Ok((name, rel))
+    vm_sandbox::confine::absolute(path).map_err(|e| exit::usage(format!("{name}:{path}: {e}")))?;
+    Ok(name)
 }
 
 /// `vm cp SRC DST`.
@@ -40,21 +34,20 @@ pub async fn run(a: CpArgs) -> anyhow::Result<u8> {
     let rt = Runtime::from_env()?;
     match (guest_ref(&a.src), guest_ref(&a.dst)) {
         (None, Some((name, path))) => {
-            let (name, rel) = guest_path(name, path)?;
+            let name = guest_path(name, path)?;
             let data = std::fs::read(&a.src).with_context(|| format!("reading {}", a.src))?;
-            let (client, _) = super::attach(&rt, &name)?;
-            client
-                .write_file(GUEST_ROOT, &rel, &data)
+            let (vm, _) = super::attach(&rt, &name)?;
+            vm.write_absolute(path, &data)
                 .await
-                .with_context(|| format!("writing {name}:/{rel}"))?;
+                .with_context(|| format!("writing {name}:{path}"))?;
         }
         (Some((name, path)), None) => {
-            let (name, rel) = guest_path(name, path)?;
-            let (client, _) = super::attach(&rt, &name)?;
-            let data = client
-                .read_file(GUEST_ROOT, &rel)
+            let name = guest_path(name, path)?;
+            let (vm, _) = super::attach(&rt, &name)?;
+            let data = vm
+                .read_absolute(path)
                 .await
-                .with_context(|| format!("reading {name}:/{rel}"))?;
+                .with_context(|| format!("reading {name}:{path}"))?;
             if a.dst == "-" {
                 let mut out = std::io::stdout().lock();
                 out.write_all(&data)?;
@@ -90,6 +83,7 @@ mod tests {
         assert_eq!(guest_ref(":x"), None);
         assert!(guest_path("box", "tmp/x").is_err());
         assert!(guest_path("box", "/tmp/../etc").is_err());
-        assert_eq!(guest_path("box", "/tmp//x").unwrap().1, "tmp/x");
+        assert!(guest_path("bad name", "/tmp/x").is_err());
+        assert_eq!(guest_path("box", "/tmp//x").unwrap(), "box");
     }
 }

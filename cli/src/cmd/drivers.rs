@@ -1,7 +1,7 @@
 //! `vm drivers`: the driver registry as a table.
 
 use serde_json::json;
-use vm_drivers::Registry;
+use vm_sandbox::drivers::Registry;
 
 use crate::args::DriversArgs;
 use crate::output::{Table, print_json, print_table};

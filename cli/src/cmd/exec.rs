@@ -3,17 +3,16 @@
 
 use std::time::Duration;
 
-use guest_agent::protocol::{Command, ExecRequest};
+use vm_sandbox::agent::Command;
 use vm_sandbox::{MicroVm, Options, Run};
 
 use crate::args::ExecArgs;
 use crate::dryrun;
 use crate::exit;
-use crate::glue;
 use crate::parse;
+use crate::resolve;
 use crate::state::Runtime;
 use crate::stream::{self, Signals};
-use crate::supervisor::StartRequest;
 
 /// `vm exec`.
 pub async fn run(a: ExecArgs) -> anyhow::Result<u8> {
@@ -47,8 +46,8 @@ fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
 }
 
 /// `vm exec NAME -- CMD`: the command runs in the named VM with the VM's environment plus
-/// `-e`, in `-w` (else the VM's default directory, else its root); `--timeout` bounds the
-/// command.
+/// `-e`, in `-w` (else the VM's default directory, else its root; under the root either
+/// way); `--timeout` bounds the command.
 async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     let name = parse::vm_name(&name).map_err(|e| exit::usage(e.to_string()))?;
     let given = boot_flags_given(&a);
@@ -60,58 +59,22 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     }
     let mut signals = Signals::install()?;
     let rt = Runtime::from_env()?;
-    let (client, record) = super::attach(&rt, &name)?;
-    let req: StartRequest = serde_json::from_value(record.request)?;
-    let g = &req.spec.guarantees;
-    let mut env = g.env.clone();
-    for (k, v) in parse::resolve_env(&a.cmd.env, |k| std::env::var(k).ok()) {
-        env.retain(|(ek, _)| *ek != k);
-        env.push((k, v));
-    }
-    let allow: Vec<String> = g
-        .env_allow
-        .iter()
-        .chain(&a.cmd.env_allow)
-        .cloned()
-        .collect();
-    vm_spec::env::check_env(&env, &allow)?;
-    let cwd = a
-        .cmd
-        .workdir
-        .clone()
-        .or(req.workdir.clone())
-        .unwrap_or(req.spec.root.clone());
-    let exec = ExecRequest {
+    let (vm, req) = super::attach(&rt, &name)?;
+    let run = Run {
         command: Command::Argv(a.command.clone()),
-        env,
-        cwd: Some(cwd),
+        cwd: a.cmd.workdir.clone().or(req.workdir),
         timeout: a.vm.timeout,
+        env: resolve::env(&a.cmd.env),
+        env_allow: a.cmd.env_allow.clone(),
         ..Default::default()
     };
-    stream::exec(&client, exec, &mut signals).await
-}
-
-/// `-w` as the sandbox wants it: relative to the guest root. An absolute path must be the
-/// root or under it.
-fn workdir_rel(root: &str, w: &str) -> anyhow::Result<String> {
-    if !w.starts_with('/') {
-        return Ok(w.to_string());
-    }
-    let root = root.trim_end_matches('/');
-    match w.strip_prefix(root) {
-        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
-            Ok(rest.trim_start_matches('/').to_string())
-        }
-        _ => Err(exit::usage(format!(
-            "-w {w}: the working directory must be under the guest root {root} (or relative to it)"
-        ))),
-    }
+    stream::relay_stream(async { Ok(vm.exec_stream(run).await?) }, &mut signals).await
 }
 
 /// `vm exec [OPTIONS] -- CMD`.
 async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
-    let resolved = glue::resolve(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),
@@ -120,17 +83,12 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         };
         return dryrun::report(&plan, a.dry.json);
     }
-    let glue::Resolved {
+    let resolve::Resolved {
         spec,
         trust,
         policy,
     } = resolved;
-    let cwd = a
-        .cmd
-        .workdir
-        .as_deref()
-        .map(|w| workdir_rel(&spec.root, w))
-        .transpose()?;
+    resolve::check_workdir(&spec, a.cmd.workdir.as_deref())?;
     let options = Options {
         trust,
         policy,
@@ -149,7 +107,7 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
     tracing::info!(driver = vm.driver(), containment = %vm.containment(), "VM booted");
     let run = Run {
         command: Command::Argv(a.command.clone()),
-        cwd,
+        cwd: a.cmd.workdir.clone(),
         timeout: a.vm.timeout,
         ..Default::default()
     };
@@ -166,19 +124,5 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         }
         .into()),
         other => other,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn workdir_is_made_relative_to_the_root() {
-        assert_eq!(workdir_rel("/work", "sub/dir").unwrap(), "sub/dir");
-        assert_eq!(workdir_rel("/work", "/work").unwrap(), "");
-        assert_eq!(workdir_rel("/work", "/work/a").unwrap(), "a");
-        assert!(workdir_rel("/work", "/workshop").is_err());
-        assert!(workdir_rel("/work", "/tmp").is_err());
     }
 }

@@ -8,14 +8,15 @@ pub mod manage;
 pub mod run;
 pub mod serve;
 
-use guest_agent::AgentClient;
+use vm_sandbox::{Attach, RunningVm};
 
 use crate::exit;
-use crate::state::{Record, Runtime, VmState};
+use crate::state::{Runtime, VmState};
+use crate::supervisor::StartRequest;
 
-/// The agent client of a running named VM (its record's hybrid-vsock socket), with the
-/// record. Refuses a VM that is not running.
-pub fn attach(rt: &Runtime, name: &str) -> anyhow::Result<(AgentClient, Record)> {
+/// A running named VM, attached through its record's agent socket, with the request it
+/// was started from. Refuses a VM that is not running.
+pub fn attach(rt: &Runtime, name: &str) -> anyhow::Result<(RunningVm, StartRequest)> {
     let mut record = rt.load(name)?;
     rt.reap_stale(&mut record)?;
     let state = record.effective_state();
@@ -35,9 +36,10 @@ pub fn attach(rt: &Runtime, name: &str) -> anyhow::Result<(AgentClient, Record)>
             "VM {name} has no agent socket recorded"
         )));
     };
-    let client = vm_drivers::attach_client(&sock).map_err(|e| {
-        let e = anyhow::Error::new(e);
-        exit::failed(format!("VM {name}: {}", exit::one_line(&e)))
+    let request: StartRequest = serde_json::from_value(record.request)?;
+    let vm = RunningVm::attach(Attach {
+        agent_socket: sock,
+        spec: request.spec.clone(),
     })?;
-    Ok((client, record))
+    Ok((vm, request))
 }

@@ -7,13 +7,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use vm_drivers::Registry;
-use vm_sandbox::{select_driver, select_named};
+use vm_sandbox::Options;
 
 use crate::args::RunArgs;
 use crate::dryrun;
 use crate::exit;
-use crate::glue;
+use crate::resolve;
 use crate::state::{Record, Runtime, VmState, labels, now_unix};
 use crate::stream::Signals;
 use crate::supervisor::{SUPERVISOR_LOG, StartRequest};
@@ -33,7 +32,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         ));
     }
     let mut signals = Signals::install()?;
-    let resolved = glue::resolve(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             workdir: a.cmd.workdir.as_deref(),
@@ -42,18 +41,20 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         };
         return dryrun::report(&plan, a.dry.json);
     }
-    let glue::Resolved {
+    let resolve::Resolved {
         spec,
         trust,
         policy,
     } = resolved;
     // Refuse before anything is created: the same checks the boot runs first.
-    spec.validate()?;
-    let registry = Registry::with_defaults();
-    match a.vm.driver.as_deref() {
-        Some(name) => select_named(&registry, name, trust, &policy)?,
-        None => select_driver(&registry, trust, &policy)?,
+    resolve::check_workdir(&spec, a.cmd.workdir.as_deref())?;
+    let options = Options {
+        trust,
+        policy,
+        driver: a.vm.driver.clone(),
+        ..Options::default()
     };
+    vm_sandbox::preflight(&spec, &options)?;
 
     let rt = Runtime::from_env()?;
     let request = StartRequest {

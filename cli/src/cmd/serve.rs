@@ -5,7 +5,7 @@ use vm_sandbox::{MicroVm, Options, PublishSpec, ServeSpec};
 use crate::args::ServeArgs;
 use crate::dryrun;
 use crate::exit;
-use crate::glue;
+use crate::resolve;
 use crate::stream::{self, Signals};
 
 /// `vm serve`.
@@ -17,7 +17,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     }
     let publish = PublishSpec::parse(&a.publish)?;
     let mut signals = Signals::install()?;
-    let resolved = glue::resolve(&a.vm, &a.cmd)?;
+    let resolved = resolve::flags(&a.vm, &a.cmd)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),
@@ -26,7 +26,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         };
         return dryrun::report(&plan, a.dry.json);
     }
-    let glue::Resolved {
+    let resolve::Resolved {
         spec,
         trust,
         policy,

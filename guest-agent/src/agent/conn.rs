@@ -14,17 +14,6 @@ use crate::protocol::{
 };
 
 /// Join an error and its sources into one line.
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 pub(super) async fn send<W: AsyncWrite + Unpin>(
     w: &mut W,
     f: &AgentFrame,
@@ -96,15 +85,15 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
         Request::List { root, path } => list(agent, &mut s, root, path).await,
         Request::ServeStart(r) => match agent.serves().start(agent, &r, agent.max_serves()) {
             Ok(id) => send(&mut s, &AgentFrame::ServeStarted(id), t).await,
-            Err((k, m)) => send_error(&mut s, k, &m, t).await,
+            Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
         },
         Request::ServeStatus(id) => match agent.serves().status(id) {
             Ok(st) => send(&mut s, &AgentFrame::ServeState(st), t).await,
-            Err((k, m)) => send_error(&mut s, k, &m, t).await,
+            Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
         },
         Request::ServeStop(id) => match agent.serves().stop(id).await {
             Ok(st) => send(&mut s, &AgentFrame::ServeState(st), t).await,
-            Err((k, m)) => send_error(&mut s, k, &m, t).await,
+            Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
         },
         Request::Forward { port } => super::forward::run(agent, s, port).await,
         Request::Shutdown => {
@@ -117,7 +106,7 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
 }
 
 async fn file_error<S: Stream>(s: &mut S, e: FileError, t: Duration) -> Result<(), FrameError> {
-    send_error(s, e.kind(), &error_chain(&e), t).await
+    send_error(s, e.kind(), &vm_error_chain::error_chain(&e), t).await
 }
 
 async fn read_file<S: Stream>(

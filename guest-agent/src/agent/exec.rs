@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tokio::net::unix::pipe;
 
-use super::conn::{error_chain, send, send_error};
+use super::conn::{send, send_error};
 use super::process::{self, OutputMode, SpawnSpec};
 use super::{Agent, Stream};
 use crate::frame::{FrameError, read_frame};
@@ -25,6 +25,7 @@ use crate::protocol::{
     AgentFrame, ClientFrame, DEFAULT_EXEC_OUTPUT, ErrorKind, ExecRequest, ExitStatus,
     MAX_EXEC_OUTPUT, MAX_FRAME, MAX_STDIN_BYTES,
 };
+use vm_error_chain::error_chain;
 
 const READ_BUF: usize = 64 * 1024;
 const DRAIN_IDLE: Duration = Duration::from_secs(2);
@@ -115,7 +116,7 @@ pub(super) async fn run<S: Stream>(
     };
     let mut p = match process::spawn(agent.reaper(), agent.cgroups(), &spec) {
         Ok(p) => p,
-        Err(e) => return send_error(&mut wr, ErrorKind::Spawn, &error_chain(&e), t).await,
+        Err(e) => return send_error(&mut wr, e.kind(), &error_chain(&e), t).await,
     };
     tracing::debug!(pid = p.pid, name, "exec started");
     if let Some(mut s) = p.stdin.take() {

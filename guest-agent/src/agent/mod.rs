@@ -221,7 +221,7 @@ impl Agent {
                 return;
             };
             if let Err(e) = conn::handle(&agent, s).await {
-                tracing::debug!(error = %conn::error_chain(&e), "connection ended");
+                tracing::debug!(error = %vm_error_chain::error_chain(&e), "connection ended");
             }
             drop(permit);
         });

@@ -127,7 +127,7 @@ pub fn early_mounts() -> Vec<Pid1Error> {
     let mut errs = Vec::new();
     for (src, target, fs, flags, data) in steps {
         if let Err(e) = mount(src, target, fs, flags, data) {
-            tracing::warn!(error = %super::conn::error_chain(&e), "early mount");
+            tracing::warn!(error = %vm_error_chain::error_chain(&e), "early mount");
             errs.push(e);
         }
     }

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::cgroup::{CgroupDir, Cgroups};
 use super::reaper::{Reaper, ReaperError};
-use crate::protocol::{Command, ExitStatus};
+use crate::protocol::{Command, ErrorKind, ExitStatus};
 
 /// Process errors.
 #[derive(Debug, thiserror::Error)]
@@ -21,12 +21,57 @@ pub enum ProcessError {
     EmptyArgv,
     #[error("invalid environment variable name {0:?}")]
     BadEnv(String),
+    #[error("working directory {path}")]
+    Cwd {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}: command not found")]
+    NotFound(String),
+    #[error("{program}: cannot execute: {source}")]
+    NotExecutable {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("cannot create pipe")]
     Pipe(#[source] std::io::Error),
     #[error("cannot create cgroup")]
     Cgroup(#[source] super::cgroup::CgroupError),
     #[error("spawn failed")]
     Spawn(#[source] ReaperError),
+}
+
+impl ProcessError {
+    /// The error kind reported to the host: a program that is missing or cannot be
+    /// executed gets its own kind (the host maps them to exit codes 127 and 126, as
+    /// container CLIs and shells do); anything else is a spawn failure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ProcessError::NotFound(_) => ErrorKind::CommandNotFound,
+            ProcessError::NotExecutable { .. } => ErrorKind::NotExecutable,
+            _ => ErrorKind::Spawn,
+        }
+    }
+
+    /// Sorts the failure of `exec` of `program` (the working directory is known good):
+    /// ENOENT means no such program, EACCES/ENOEXEC/EISDIR/ENOTDIR/EPERM a program that
+    /// cannot be executed.
+    fn from_exec(program: &str, e: ReaperError) -> ProcessError {
+        match e {
+            ReaperError::Spawn(io) => match io.raw_os_error() {
+                Some(libc::ENOENT) => ProcessError::NotFound(program.to_string()),
+                Some(libc::EACCES | libc::ENOEXEC | libc::EISDIR | libc::ENOTDIR | libc::EPERM) => {
+                    ProcessError::NotExecutable {
+                        program: program.to_string(),
+                        source: io,
+                    }
+                }
+                _ => ProcessError::Spawn(ReaperError::Spawn(io)),
+            },
+            other => ProcessError::Spawn(other),
+        }
+    }
 }
 
 /// How the child's stdout/stderr are connected.
@@ -95,17 +140,17 @@ pub fn spawn(
     cgroups: Option<&Cgroups>,
     spec: &SpawnSpec<'_>,
 ) -> Result<Proc, ProcessError> {
-    let mut cmd = match spec.command {
+    let (mut cmd, program) = match spec.command {
         Command::Shell(line) => {
             let mut c = std::process::Command::new("/bin/sh");
             c.arg("-c").arg(line);
-            c
+            (c, "/bin/sh")
         }
         Command::Argv(argv) => {
             let (first, rest) = argv.split_first().ok_or(ProcessError::EmptyArgv)?;
             let mut c = std::process::Command::new(first);
             c.args(rest);
-            c
+            (c, first.as_str())
         }
     };
     cmd.env_clear();
@@ -115,10 +160,24 @@ pub fn spawn(
         }
         cmd.env(k, v);
     }
-    match spec.cwd {
-        Some(d) => cmd.current_dir(d),
-        None => cmd.current_dir(spec.default_cwd),
-    };
+    let cwd = spec.cwd.map(Path::new).unwrap_or(spec.default_cwd);
+    // Checked here so that a failed exec's ENOENT can only be the program's.
+    match std::fs::metadata(cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(ProcessError::Cwd {
+                path: cwd.display().to_string(),
+                source: std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            });
+        }
+        Err(source) => {
+            return Err(ProcessError::Cwd {
+                path: cwd.display().to_string(),
+                source,
+            });
+        }
+    }
+    cmd.current_dir(cwd);
     cmd.stdin(if spec.with_stdin {
         Stdio::piped()
     } else {
@@ -169,7 +228,7 @@ pub fn spawn(
             if let Some(cg) = cgroup {
                 tokio::spawn(cg.remove());
             }
-            return Err(ProcessError::Spawn(e));
+            return Err(ProcessError::from_exec(program, e));
         }
     };
     let pid = child.id() as i32;

@@ -34,8 +34,29 @@ pub struct Serves {
     map: Mutex<HashMap<u64, Arc<Entry>>>,
 }
 
-/// Serve errors: the wire kind and a message.
-pub type ServeError = (ErrorKind, String);
+/// Why a Serve request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("at most {0} serve processes")]
+    Busy(usize),
+    #[error("no serve process {0}")]
+    Unknown(u64),
+    /// The process could not be started (its message is the spawn error's own, e.g.
+    /// `NAME: command not found`).
+    #[error(transparent)]
+    Spawn(#[from] process::ProcessError),
+}
+
+impl ServeError {
+    /// The error kind reported on the wire.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ServeError::Busy(_) => ErrorKind::Busy,
+            ServeError::Unknown(_) => ErrorKind::NotFound,
+            ServeError::Spawn(e) => e.kind(),
+        }
+    }
+}
 
 impl Entry {
     fn kill(&self) {
@@ -66,7 +87,7 @@ impl Serves {
         max: usize,
     ) -> Result<ServeId, ServeError> {
         if self.lock().len() >= max {
-            return Err((ErrorKind::Busy, format!("at most {max} serve processes")));
+            return Err(ServeError::Busy(max));
         }
         let id = agent.next_id();
         let name = format!("serve-{id}");
@@ -79,8 +100,7 @@ impl Serves {
             output: OutputMode::Combined,
             name: &name,
         };
-        let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)
-            .map_err(|e| (ErrorKind::Spawn, super::conn::error_chain(&e)))?;
+        let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)?;
         let (tx, rx) = watch::channel(None);
         let entry = Arc::new(Entry {
             pid: p.pid,
@@ -120,15 +140,11 @@ impl Serves {
 
     pub fn status(&self, id: ServeId) -> Result<ServeStatus, ServeError> {
         let e = self.lock().get(&id.0).cloned();
-        e.map(|e| e.status())
-            .ok_or((ErrorKind::NotFound, format!("no serve process {}", id.0)))
+        e.map(|e| e.status()).ok_or(ServeError::Unknown(id.0))
     }
 
     pub async fn stop(&self, id: ServeId) -> Result<ServeStatus, ServeError> {
-        let e = self
-            .lock()
-            .remove(&id.0)
-            .ok_or((ErrorKind::NotFound, format!("no serve process {}", id.0)))?;
+        let e = self.lock().remove(&id.0).ok_or(ServeError::Unknown(id.0))?;
         e.kill();
         let mut rx = e.exit.clone();
         let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| s.is_some())).await;

@@ -1,6 +1,7 @@
 //! Test doubles shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod echo;
 pub mod hostagent;
 
 use std::path::Path;

@@ -18,7 +18,8 @@
 //!   checked against guest RAM, its total length bounded, and loops/truncation detected.
 //! - [`block`], [`vsock`], [`rng`]: the devices; `block::request` and `vsock::packet` hold the
 //!   pure parsers (fuzzed by the `fuzz/` crate).
-//! - [`test_utils`]: a harness that plays the guest driver against a real `GuestMemoryMmap`.
+//! - `test_utils` (feature `test-utils`, as rust-vmm's `virtio-queue` does it): a harness that
+//!   plays the guest driver against a real `GuestMemoryMmap`; not in normal builds.
 //!
 //! Interrupts go through an `EventFd` ([`MmioDevice::interrupt_event`]) the VMM registers as an
 //! irqfd; the interrupt status register is set before the event is signalled.
@@ -43,6 +44,7 @@ pub mod block;
 pub mod mmio;
 pub mod queue;
 pub mod rng;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 pub mod vsock;
 pub mod worker;

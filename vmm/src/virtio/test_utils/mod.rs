@@ -51,6 +51,26 @@ pub struct Seg {
     pub write: bool,
 }
 
+impl Seg {
+    /// A buffer the device reads (driver to device).
+    pub fn readable(addr: u64, len: u32) -> Seg {
+        Seg {
+            addr,
+            len,
+            write: false,
+        }
+    }
+
+    /// A buffer the device writes (device to driver).
+    pub fn writable(addr: u64, len: u32) -> Seg {
+        Seg {
+            addr,
+            len,
+            write: true,
+        }
+    }
+}
+
 /// The fake guest driver.
 pub struct Driver {
     /// Guest memory.

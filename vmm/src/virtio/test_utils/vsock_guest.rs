@@ -113,28 +113,16 @@ impl VsockGuest {
             let a = g.d.alloc((HDR_SIZE + CHUNK) as u64);
             g.post_rx(a);
         }
-        g.d.add_chain(
-            2,
-            &[Seg {
-                addr: ev_addr,
-                len: 8,
-                write: true,
-            }],
-        );
+        g.d.add_chain(2, &[Seg::writable(ev_addr, 8)]);
         g.d.notify(2);
         g.d.notify(RXQ as u32);
         Ok(g)
     }
 
     fn post_rx(&mut self, addr: u64) {
-        let head = self.d.add_chain(
-            RXQ,
-            &[Seg {
-                addr,
-                len: (HDR_SIZE + CHUNK) as u32,
-                write: true,
-            }],
-        );
+        let head = self
+            .d
+            .add_chain(RXQ, &[Seg::writable(addr, (HDR_SIZE + CHUNK) as u32)]);
         self.rx_addr.insert(head, addr);
     }
 
@@ -182,14 +170,7 @@ impl VsockGuest {
         self.d.write_mem(addr, &hdr.to_bytes());
         self.d.write_mem(addr + HDR_SIZE as u64, payload);
         let len = (HDR_SIZE + payload.len()) as u32;
-        let head = self.d.add_chain(
-            TXQ,
-            &[Seg {
-                addr,
-                len,
-                write: false,
-            }],
-        );
+        let head = self.d.add_chain(TXQ, &[Seg::readable(addr, len)]);
         self.tx_inflight.insert(head, addr);
         self.d.notify(TXQ as u32);
         true
@@ -219,11 +200,7 @@ impl VsockGuest {
             }
             self.d.write_mem(addr + head as u64, &payload[off..off + n]);
             off += n;
-            segs.push(Seg {
-                addr,
-                len: (head + n) as u32,
-                write: false,
-            });
+            segs.push(Seg::readable(addr, (head + n) as u32));
         }
         self.d.add_chain(TXQ, &segs);
         self.d.notify(TXQ as u32);
@@ -288,14 +265,7 @@ impl VsockGuest {
                 self.transport_resets += 1;
                 self.conns.clear();
             }
-            self.d.add_chain(
-                2,
-                &[Seg {
-                    addr: self.ev_addr,
-                    len: 8,
-                    write: true,
-                }],
-            );
+            self.d.add_chain(2, &[Seg::writable(self.ev_addr, 8)]);
             self.d.notify(2);
         }
         let mut reposted = false;

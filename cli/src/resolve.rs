@@ -1,5 +1,7 @@
-//! Glue between flags and the library types: turning [`VmOpts`] into a `vm_spec::Spec`,
-//! and mapping library errors to exit codes. No policy is decided here.
+//! Resolving flags into what the library takes: [`VmOpts`] and [`CmdOpts`] into a
+//! `vm_spec::Spec`, its trust and its policy, before anything boots. No policy is decided
+//! here (validation, admission and selection are the library's); exit codes are
+//! [`crate::exit`]'s.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -107,7 +109,7 @@ pub struct Resolved {
 }
 
 /// The spec, trust and policy of a booting command's options.
-pub fn resolve(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
+pub fn flags(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
     Ok(Resolved {
         spec: spec(vm, env(&cmd.env), cmd.env_allow.clone())?,
         trust: vm.trust.into(),
@@ -115,91 +117,18 @@ pub fn resolve(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
     })
 }
 
+/// Refuses a `-w` that is not relative to the guest root or under it (the sandbox's rule,
+/// [`vm_sandbox::confine::workdir`]), before anything boots.
+pub fn check_workdir(spec: &Spec, workdir: Option<&str>) -> anyhow::Result<()> {
+    if let Some(w) = workdir {
+        vm_sandbox::confine::workdir(&spec.root, w).map_err(|e| exit::usage(format!("-w: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Resolves `-e` flags against this process's environment. The default guest `PATH` is not
 /// added here: [`spec`] writes `vm_spec`'s default environment into the spec, where
 /// `--dry-run` shows it.
 pub fn env(args: &[EnvArg]) -> Vec<(String, String)> {
     parse::resolve_env(args, |k| std::env::var(k).ok())
-}
-
-/// Maps a library error type found in an error's cause chain to its exit code.
-pub fn classify_library_error(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
-    if e.is::<vm_spec::SpecError>() {
-        return Some(exit::REFUSED);
-    }
-    if let Some(a) = e.downcast_ref::<vm_spec::AdmitError>() {
-        return Some(match a {
-            vm_spec::AdmitError::NoneAdmissible { .. } => exit::NO_DRIVER,
-            vm_spec::AdmitError::Forbidden { .. } => exit::REFUSED,
-        });
-    }
-    if e.is::<vm_drivers::NoDriverError>() {
-        return Some(exit::NO_DRIVER);
-    }
-    if let Some(s) = e.downcast_ref::<vm_sandbox::SelectError>() {
-        use vm_sandbox::SelectError;
-        return Some(match s {
-            SelectError::NoDriver { .. } => exit::NO_DRIVER,
-            SelectError::Unknown { .. } => exit::USAGE,
-            SelectError::Unusable(d) if d.available => exit::REFUSED,
-            SelectError::Unusable(_) => exit::NO_DRIVER,
-        });
-    }
-    if let Some(s) = e.downcast_ref::<vm_sandbox::SandboxError>() {
-        use vm_sandbox::SandboxError;
-        match s {
-            // Select/Admit/Machine carry their cause in the chain; `classify` reaches it.
-            SandboxError::Path(_) | SandboxError::Glob(_) => return Some(exit::USAGE),
-            SandboxError::Unsupported(_) => return Some(exit::FAILED),
-            _ => {}
-        }
-    }
-    if e.is::<vm_sandbox::PublishError>() {
-        return Some(exit::USAGE);
-    }
-    if let Some(vm_drivers::MachineError::WallExpired { .. }) =
-        e.downcast_ref::<vm_drivers::MachineError>()
-    {
-        return Some(exit::TIMEOUT);
-    }
-    if e.is::<crate::state::StateError>() {
-        return Some(exit::FAILED);
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use vm_sandbox::{SandboxError, SelectError};
-    use vm_spec::{AdmitError, Containment, Trust};
-
-    use crate::exit;
-
-    /// Library errors wrapped in `SandboxError` keep their cause in the chain, so the exit
-    /// code comes from the cause (and the one-line message names it).
-    #[test]
-    fn sandbox_errors_classify_by_their_cause() {
-        let select = SandboxError::Select(SelectError::Unknown {
-            name: "nope".into(),
-            known: "kvm, tcg".into(),
-        });
-        let err = anyhow::Error::new(select).context("booting");
-        assert_eq!(exit::classify(&err), exit::USAGE);
-        assert!(
-            exit::one_line(&err).contains("\"nope\" is not registered"),
-            "{}",
-            exit::one_line(&err)
-        );
-
-        let admit = SandboxError::Admit(AdmitError::Forbidden {
-            tier: "tcg".into(),
-            trust: Trust::Untrusted,
-            provided: Containment::UserKernel,
-            required: Containment::MicroVm,
-            allowed_by: Some("--allow-emulation"),
-        });
-        let err = anyhow::Error::new(admit);
-        assert_eq!(exit::classify(&err), exit::REFUSED);
-        assert!(exit::one_line(&err).contains("--allow-emulation"));
-    }
 }

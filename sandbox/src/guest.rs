@@ -1,0 +1,272 @@
+//! [`Guest`]: the operations on a running guest, one implementation for every way of
+//! reaching it. [`crate::MicroVm`] (a VM this process booted) and [`crate::RunningVm`] (a VM
+//! another process holds, attached by its agent socket) both dereference to a `Guest`, so
+//! request building, path confinement and the environment checks live here once.
+//!
+//! Host-side rules, applied before a request reaches the agent:
+//! - file paths are relative to the root (no `..`, no absolute path, no NUL; see
+//!   [`confine`]), or, for [`Guest::read_absolute`]/[`Guest::write_absolute`], absolute guest
+//!   paths checked the same way; the agent checks again beneath its root;
+//! - a working directory is relative to the root or an absolute path under it
+//!   ([`confine::workdir`]);
+//! - every process gets exactly the VM's environment, plus the variables its [`Run`] sets,
+//!   and that whole environment passes [`vm_spec::env::check_env`] (secret-looking values
+//!   are refused unless allowed by the spec's or the run's `env_allow`).
+
+use std::time::Duration;
+
+use guest_agent::client::ExecStream;
+use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExecRequest};
+use vm_drivers::MachineError;
+
+use crate::confine;
+use crate::error::SandboxError;
+use crate::glob::Glob;
+use crate::link::Link;
+use crate::serving::{ServeSpec, Serving};
+
+/// `PATH` for the runtime's own setup commands (never for the caller's work, whose
+/// environment is exactly the VM's).
+const SETUP_PATH: &str = vm_spec::DEFAULT_GUEST_PATH;
+
+/// One command to run with more control than [`Guest::exec`]/[`Guest::capture`].
+#[derive(Debug, Clone, Default)]
+pub struct Run {
+    pub command: Command,
+    /// Written to stdin, then closed (the way to pass a secret: never on the command line).
+    pub stdin: Vec<u8>,
+    /// Working directory: relative to the root, or absolute under it; `None` = the root.
+    pub cwd: Option<String>,
+    /// Kill the process tree after this long; `None` = the client default.
+    pub timeout: Option<Duration>,
+    /// Variables set for this command on top of the VM's environment (a name the VM
+    /// already has is replaced).
+    pub env: Vec<(String, String)>,
+    /// Names in `env` allowed to look like secrets, besides the spec's `env_allow`.
+    pub env_allow: Vec<String>,
+}
+
+/// What a [`Guest`] is confined to: its working root and its environment.
+#[derive(Debug, Clone)]
+pub(crate) struct Confinement {
+    /// The guest working root (absolute, normalized).
+    pub root: String,
+    /// The environment of every process.
+    pub env: Vec<(String, String)>,
+    /// Names allowed to look like secrets.
+    pub env_allow: Vec<String>,
+}
+
+/// The operations on one running guest (see the module docs).
+#[derive(Debug)]
+pub struct Guest {
+    link: Link,
+    confinement: Confinement,
+    root_ready: tokio::sync::OnceCell<()>,
+}
+
+impl Guest {
+    /// A guest reached through `link`. `root_exists` says the root was already created (a
+    /// VM attached after its boot); otherwise it is created before the first operation.
+    pub(crate) fn new(link: Link, confinement: Confinement, root_exists: bool) -> Guest {
+        let root_ready = match root_exists {
+            true => tokio::sync::OnceCell::new_with(Some(())),
+            false => tokio::sync::OnceCell::new(),
+        };
+        Guest {
+            link,
+            confinement,
+            root_ready,
+        }
+    }
+
+    /// The guest working root.
+    pub fn root(&self) -> &str {
+        &self.confinement.root
+    }
+
+    /// The environment every process in the guest gets (before a [`Run`]'s own variables).
+    pub fn env(&self) -> &[(String, String)] {
+        &self.confinement.env
+    }
+
+    /// Create the guest root once, before the first operation that needs it.
+    async fn ensure_root(&self) -> Result<(), SandboxError> {
+        self.root_ready
+            .get_or_try_init(|| async {
+                let req = ExecRequest {
+                    command: Command::Argv(vec!["mkdir".into(), "-p".into(), self.root().into()]),
+                    env: vec![("PATH".into(), SETUP_PATH.into())],
+                    timeout: Some(Duration::from_secs(60)),
+                    ..Default::default()
+                };
+                let out = self
+                    .link
+                    .exec(req)
+                    .await
+                    .map_err(SandboxError::machine("creating root"))?;
+                if !out.status.success() {
+                    return Err(SandboxError::Root(
+                        String::from_utf8_lossy(&out.output).into(),
+                    ));
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// The agent request for `run`: working directory confined, environment merged and
+    /// checked.
+    fn request(&self, run: Run) -> Result<ExecRequest, SandboxError> {
+        let cwd = match run.cwd.as_deref() {
+            Some(cwd) => confine::workdir(self.root(), cwd)?,
+            None => self.root().to_string(),
+        };
+        let mut env = self.confinement.env.clone();
+        for (k, v) in run.env {
+            env.retain(|(ek, _)| *ek != k);
+            env.push((k, v));
+        }
+        let allow: Vec<String> = self
+            .confinement
+            .env_allow
+            .iter()
+            .chain(&run.env_allow)
+            .cloned()
+            .collect();
+        vm_spec::env::check_env(&env, &allow).map_err(SandboxError::Env)?;
+        Ok(ExecRequest {
+            command: run.command,
+            stdin: run.stdin,
+            env,
+            cwd: Some(cwd),
+            timeout: run.timeout,
+            max_output: None,
+        })
+    }
+
+    /// Run a shell line (`/bin/sh -c`) in the root; a non-zero exit is a result.
+    pub async fn exec(&self, line: &str) -> Result<ExecOutput, SandboxError> {
+        self.run(Run {
+            command: Command::Shell(line.into()),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Run an argv directly (no shell) in the root and collect its combined output.
+    pub async fn capture<S: AsRef<str>>(&self, argv: &[S]) -> Result<ExecOutput, SandboxError> {
+        let argv = argv.iter().map(|s| s.as_ref().to_string()).collect();
+        self.run(Run {
+            command: Command::Argv(argv),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Run with stdin, a working directory, a timeout or extra variables.
+    pub async fn run(&self, run: Run) -> Result<ExecOutput, SandboxError> {
+        let req = self.request(run)?;
+        self.ensure_root().await?;
+        self.link
+            .exec(req)
+            .await
+            .map_err(SandboxError::machine("exec"))
+    }
+
+    /// Start a command and stream its stdout/stderr; dropping the stream kills it.
+    pub async fn exec_stream(&self, run: Run) -> Result<ExecStream, SandboxError> {
+        let req = self.request(run)?;
+        self.ensure_root().await?;
+        self.link
+            .exec_stream(req)
+            .await
+            .map_err(SandboxError::machine("exec stream"))
+    }
+
+    /// Read a file relative to the root.
+    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, SandboxError> {
+        let rel = confine::relative(path, false)?;
+        self.ensure_root().await?;
+        self.read_under(self.root(), &rel).await
+    }
+
+    /// Write a file relative to the root (parents are created).
+    pub async fn write_file(&self, path: &str, data: &[u8]) -> Result<(), SandboxError> {
+        let rel = confine::relative(path, false)?;
+        self.ensure_root().await?;
+        self.write_under(self.root(), &rel, data).await
+    }
+
+    /// Read a file by its absolute guest path (anywhere in the guest, like `docker cp`).
+    pub async fn read_absolute(&self, path: &str) -> Result<Vec<u8>, SandboxError> {
+        let rel = confine::absolute(path)?;
+        self.read_under("/", &rel).await
+    }
+
+    /// Write a file by its absolute guest path (parents are created).
+    pub async fn write_absolute(&self, path: &str, data: &[u8]) -> Result<(), SandboxError> {
+        let rel = confine::absolute(path)?;
+        self.write_under("/", &rel, data).await
+    }
+
+    async fn read_under(&self, base: &str, rel: &str) -> Result<Vec<u8>, SandboxError> {
+        self.link
+            .read_file(base, rel)
+            .await
+            .map_err(SandboxError::machine("read file"))
+    }
+
+    async fn write_under(&self, base: &str, rel: &str, data: &[u8]) -> Result<(), SandboxError> {
+        self.link
+            .write_file(base, rel, data)
+            .await
+            .map_err(SandboxError::machine("write file"))
+    }
+
+    /// Regular files under `dir` (relative to the root; `""` = the root), as sorted paths
+    /// relative to the root.
+    pub async fn walk(&self, dir: &str) -> Result<Vec<String>, SandboxError> {
+        let rel = confine::relative(dir, true)?;
+        self.ensure_root().await?;
+        let entries = match self.link.list(self.root(), &rel).await {
+            Ok(e) => e,
+            Err(MachineError::Agent(e)) if e.agent_kind() == Some(ErrorKind::NotFound) => {
+                Vec::new()
+            }
+            Err(source) => return Err(SandboxError::Machine { op: "list", source }),
+        };
+        let mut out: Vec<String> = entries
+            .into_iter()
+            .map(|e| join_rel(&rel, &e.path))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Regular files matching a glob (see [`crate::glob`]), relative to the root, sorted.
+    /// Matching happens here, over the agent's listing.
+    pub async fn glob(&self, pattern: &str) -> Result<Vec<String>, SandboxError> {
+        let g = Glob::new(pattern)?;
+        let files = self.walk(g.literal_prefix()).await?;
+        Ok(files.into_iter().filter(|p| g.matches(p)).collect())
+    }
+
+    /// Start a long-lived process in the root and forward a host loopback port to its
+    /// guest port.
+    pub async fn serve(&self, spec: ServeSpec) -> Result<Serving, SandboxError> {
+        self.ensure_root().await?;
+        let cwd = self.root().to_string();
+        let env = self.env().to_vec();
+        Ok(Serving::start(self.link.clone(), spec, env, cwd).await?)
+    }
+}
+
+fn join_rel(dir: &str, path: &str) -> String {
+    if dir.is_empty() {
+        path.to_string()
+    } else {
+        format!("{dir}/{path}")
+    }
+}

@@ -1,0 +1,233 @@
+//! The proof's verdict: its exit-code contract, the per-case results parsed from the
+//! end-to-end suite's output, and the JSON report and human summary written under `$OUT`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::bench::BenchReport;
+use super::facts::HostReport;
+
+/// How a proof run ended. Each has its own exit code, so a caller (CI, a person, a script
+/// on a lent machine) can tell "this host cannot run kvm" from "kvm is broken".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// kvm ran and every case and benchmark passed.
+    Passed,
+    /// kvm ran and at least one case (or a benchmark's boots) failed.
+    Failed,
+    /// The pack itself is unusable (missing file, bad arguments): nothing was proved.
+    Broken,
+    /// This host cannot run the kvm driver (the facts say why): not a failure of `vm`.
+    HostCannotRunKvm,
+}
+
+impl Outcome {
+    /// The process exit code: 0 passed, 1 failed, 2 broken pack / usage, 3 host cannot run kvm.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Outcome::Passed => 0,
+            Outcome::Failed => 1,
+            Outcome::Broken => 2,
+            Outcome::HostCannotRunKvm => 3,
+        }
+    }
+
+    /// Passed unless any case failed or nothing ran at all.
+    pub fn from_cases(cases: &[CaseResult], bench_ok: bool) -> Outcome {
+        if !cases.is_empty() && bench_ok && cases.iter().all(|c| c.passed) {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        }
+    }
+}
+
+/// One case of the end-to-end suite on the kvm driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CaseResult {
+    /// `scenario/case`, or `scenario` for a scenario that failed before its cases ran.
+    pub name: String,
+    pub passed: bool,
+}
+
+/// The per-case results in the suite's output: its `  ok   scenario/case [kvm] (..)` and
+/// `  FAIL scenario/case [kvm] (..)` lines, plus one failed entry named `scenario` for a
+/// `FAIL scenario [kvm] after ..` line with no failed case of its own (a boot failure).
+/// Lines for other drivers are ignored.
+pub fn parse_cases(output: &str, driver: &str) -> Vec<CaseResult> {
+    let tag = format!("[{driver}]");
+    let mut cases: Vec<CaseResult> = Vec::new();
+    let mut failed_scenarios = Vec::new();
+    for line in output.lines() {
+        let t = line.trim_start();
+        let (passed, rest) = if let Some(r) = t.strip_prefix("ok   ") {
+            (true, r)
+        } else if let Some(r) = t.strip_prefix("FAIL ") {
+            (false, r)
+        } else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let (Some(name), Some(d)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if d != tag {
+            continue;
+        }
+        if name.contains('/') {
+            cases.push(CaseResult {
+                name: name.to_string(),
+                passed,
+            });
+        } else if !passed {
+            failed_scenarios.push(name.to_string());
+        }
+    }
+    for scenario in failed_scenarios {
+        let prefix = format!("{scenario}/");
+        if !cases
+            .iter()
+            .any(|c| !c.passed && c.name.starts_with(&prefix))
+        {
+            cases.push(CaseResult {
+                name: scenario,
+                passed: false,
+            });
+        }
+    }
+    cases
+}
+
+/// Everything one run found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub outcome: Outcome,
+    pub exit_code: i32,
+    /// UTC, `date -u +%FT%TZ` style.
+    pub date: String,
+    pub host: HostReport,
+    /// The driver the suite and benchmarks ran on (`kvm` unless told otherwise).
+    pub driver: String,
+    /// What `vm drivers` printed.
+    pub drivers: String,
+    pub cases: Vec<CaseResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bench: Option<BenchReport>,
+    /// Why the run is `broken`, or other notes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// The human summary (`summary.txt`).
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "vm kvm proof, {}", self.date);
+        for l in self.host.lines() {
+            let _ = writeln!(s, "  {l}");
+        }
+        let passed = self.cases.iter().filter(|c| c.passed).count();
+        if !self.cases.is_empty() {
+            let _ = writeln!(
+                s,
+                "end-to-end on kvm: {passed}/{} cases passed",
+                self.cases.len()
+            );
+            for c in self.cases.iter().filter(|c| !c.passed) {
+                let _ = writeln!(s, "  FAILED {}", c.name);
+            }
+        }
+        if let Some(b) = &self.bench {
+            for l in b.lines() {
+                let _ = writeln!(s, "  {l}");
+            }
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
+        let d = &self.driver;
+        let verdict = match self.outcome {
+            Outcome::Passed => format!("PASSED: the {d} driver runs the whole suite on this host"),
+            Outcome::Failed => format!("FAILED: the {d} driver ran but not every case passed"),
+            Outcome::Broken => "BROKEN: the proof could not run (see notes)".to_string(),
+            Outcome::HostCannotRunKvm => {
+                format!("HOST CANNOT RUN {} (not a failure of vm)", d.to_uppercase())
+            }
+        };
+        let _ = writeln!(s, "{verdict}; exit {}", self.exit_code);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_distinct_and_fixed() {
+        let codes = [
+            Outcome::Passed,
+            Outcome::Failed,
+            Outcome::Broken,
+            Outcome::HostCannotRunKvm,
+        ]
+        .map(Outcome::exit_code);
+        assert_eq!(codes, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn cases_are_read_for_one_driver_only() {
+        let out = "\
+running 3 tests
+boot+agent ready in 0.9 s [kvm]
+  ok   boot/agent_answers_as_pid1 [kvm] (0.1 s)
+  FAIL boot/uname_is_our_kernel [kvm] (0.2 s): guest runs \"x\"
+FAIL boot [kvm] after 1.2 s: uname_is_our_kernel: guest runs \"x\"
+  ok   boot/agent_answers_as_pid1 [tcg] (0.1 s)
+FAIL exec [tcg] after 1.0 s: boom
+SKIP boot [hvf]: Hypervisor.framework requires macOS
+FAIL mounts [kvm] after 3.0 s: booting e2e-mounts on kvm: agent not ready
+PASS env [kvm] in 2.0 s
+test boot_and_kernel ... FAILED
+";
+        let cases = parse_cases(out, "kvm");
+        assert_eq!(
+            cases,
+            vec![
+                CaseResult {
+                    name: "boot/agent_answers_as_pid1".into(),
+                    passed: true
+                },
+                CaseResult {
+                    name: "boot/uname_is_our_kernel".into(),
+                    passed: false
+                },
+                CaseResult {
+                    name: "mounts".into(),
+                    passed: false
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_ran_is_not_a_pass() {
+        assert_eq!(Outcome::from_cases(&[], true), Outcome::Failed);
+        let ok = vec![CaseResult {
+            name: "a/b".into(),
+            passed: true,
+        }];
+        assert_eq!(Outcome::from_cases(&ok, true), Outcome::Passed);
+        assert_eq!(Outcome::from_cases(&ok, false), Outcome::Failed);
+        let bad = vec![
+            ok[0].clone(),
+            CaseResult {
+                name: "a/c".into(),
+                passed: false,
+            },
+        ];
+        assert_eq!(Outcome::from_cases(&bad, true), Outcome::Failed);
+    }
+}
