@@ -12,9 +12,13 @@ use vm_tests::{Cases, GuestSpec, MicroVm, boot, ensure, exec_ok, sh};
 
 const PROBE: &str = "vsock-probe";
 
+/// The probe's source, embedded so the suite binary needs only a C compiler where it runs.
+const PROBE_SOURCE: &str = include_str!("../guest-tools/vsock_probe.c");
+
 /// Builds the probe for the guest (static: the guest has no libc).
 fn build_probe(dir: &Path) -> Result<Vec<u8>, String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest-tools/vsock_probe.c");
+    let src = dir.join("vsock_probe.c");
+    std::fs::write(&src, PROBE_SOURCE).map_err(|e| format!("writing {}: {e}", src.display()))?;
     let out = dir.join(PROBE);
     let r = std::process::Command::new("cc")
         .args(["-static", "-O2", "-o"])
