@@ -10,7 +10,7 @@ say() { echo "setup: $*" >&2; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 packages=(qemu-system-x86 busybox-static erofs-utils e2fsprogs cpio lz4 linux-source-6.12 bc flex
-    bison libelf-dev libssl-dev file build-essential patch binutils)
+    bison libelf-dev libssl-dev file build-essential patch binutils docker-registry skopeo python3)
 vhost_vsock_version=0.3.0
 
 command -v dpkg-query >/dev/null || die "not a Debian machine (dpkg-query missing)"
@@ -25,8 +25,19 @@ if ((${#missing[@]})); then
     ((EUID == 0)) || sudo=(sudo)
     say "apt-get install ${missing[*]}"
     "${sudo[@]}" apt-get update -qq || die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" ||
-        die "apt-get install ${missing[*]} failed"
+    # Some packages (docker-registry) start a service when installed; the tests start their
+    # own on a free port, so installs run under a policy-rc.d that refuses (exit 101).
+    policy=/usr/sbin/policy-rc.d
+    own_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+        "${sudo[@]}" chmod 755 "$policy"
+        own_policy=1
+    fi
+    rc=0
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" || rc=$?
+    ((own_policy)) && "${sudo[@]}" rm -f "$policy"
+    ((rc == 0)) || die "apt-get install ${missing[*]} failed"
 else
     say "apt packages present"
 fi

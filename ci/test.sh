@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Runs every test tier and prints one summary line:
+# Runs every test tier and every check, and ends with one summary line that counts tests:
 #
+#   checks: N ok, N failed, N skipped: build ok, fmt ok, clippy ok, ...
+#   N flaky (passed on retry, counted in passed): <tests>
 #   N passed, N failed, N skipped
 #
-# Tiers: `cargo build --workspace --all-targets`; rustfmt and clippy (one check
-# each); the fast tests
-# (`cargo nextest run --workspace`); the slow tier (the #[ignore]d KVM and
-# real-kernel tests, `--run-ignored ignored-only`); images/verify.sh on the
-# current guest images (one check); the agent's PID-1 test in a TCG guest
-# (one check); a 60 s fuzz smoke run per cargo-fuzz
-# target when fuzz/ exists (one check each).
+# Tests: the fast tests (`cargo nextest run --workspace`) and the slow tier (the #[ignore]d
+# KVM and real-kernel tests, `--run-ignored ignored-only`). Each test counts once, as passed,
+# failed or skipped: a test that skipped (its `SKIP <test>: <reason>` line is in
+# $VM_TEST_SKIP_LOG) is skipped, not also passed. A test run once per driver (the end-to-end
+# scenarios) counts one unit per driver: `boot [tcg]` passed, `boot [kvm]` skipped (its
+# `UNITS` record replaces libtest's single result; ci/count-tests.awk does the arithmetic).
+# FLAKY tests (failed, then passed on nextest's retry) are counted in passed and listed on
+# the line above the summary. A tier that cannot run at all counts as one failed test.
 #
-# passed/failed come from nextest's own summary (or libtest's "test result"
-# lines when cargo-nextest is missing), plus the checks above; a tier that
-# cannot run at all (build error) counts as one failure. skipped = lines that
-# tests appended to $VM_TEST_SKIP_LOG ("SKIP <test>: <reason>"), printed above
-# the summary. Exits 1 if anything failed. Expects ci/setup.sh to have run.
+# Checks (not tests, their own line): the workspace build, rustfmt, clippy, images/verify.sh,
+# the agent's PID-1 test in a TCG guest (guest-agent/tests/guest/run-tcg.sh), the kvm proof
+# (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), and a 60 s
+# cargo-fuzz run per target from its seed corpus (fuzz/seeds/<target>, plus what earlier runs
+# found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
+# is skipped, visibly. A failed check fails the run.
+#
+# Exits 1 if any test or check failed. Expects ci/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,10 +30,29 @@ trap 'rm -rf "$work"' EXIT
 export VM_TEST_SKIP_LOG=$work/skipped.log
 : >"$VM_TEST_SKIP_LOG"
 
-passed=0 failed=0
-failures=()
+passed=0 failed=0 flaky=0
+failures=() flaky_tests=() checks=()
+checks_ok=0 checks_failed=0 checks_skipped=0
 step() { printf '\n==== %s ====\n' "$*" >&2; }
 fail() { failed=$((failed + 1)); failures+=("$1"); echo "ci: FAILED: $1" >&2; }
+# check <name> <command...>: one check, ok or failed.
+check() {
+    local name=$1
+    shift
+    if "$@"; then
+        checks+=("$name ok")
+        checks_ok=$((checks_ok + 1))
+    else
+        checks+=("$name FAILED")
+        checks_failed=$((checks_failed + 1))
+        failures+=("check $name")
+        echo "ci: FAILED: check $name" >&2
+    fi
+}
+check_skipped() { # check_skipped <name> <reason>
+    checks+=("$1 skipped ($2)")
+    checks_skipped=$((checks_skipped + 1))
+}
 sum_matches() { # sum_matches <regex with one number> <file>
     { grep -oE "$1" "$2" || true; } | awk '{s += $1} END {print s + 0}'
 }
@@ -46,6 +71,10 @@ run_tests() {
         fi
         p=$(sum_matches '[0-9]+ passed' <(echo "$summary"))
         f=$(($(sum_matches '[0-9]+ failed' <(echo "$summary")) + $(sum_matches '[0-9]+ timed out' <(echo "$summary"))))
+        flaky=$((flaky + $(sum_matches '[0-9]+ flaky' <(echo "$summary"))))
+        # nextest's final status lines: "FLAKY 2/2 [   1.234s] crate::binary test".
+        while read -r t; do flaky_tests+=("$t"); done < <(
+            sed -nE 's/^ *FLAKY [0-9]+\/[0-9]+ \[[^]]*\] +(\([^)]*\) +)?//p' "$out" | sort -u)
     else
         local args=()
         [[ ${1:-} == --run-ignored ]] && args=(-- --ignored)
@@ -64,15 +93,11 @@ run_tests() {
 }
 
 step "build: cargo build --workspace --all-targets"
-cargo build --workspace --all-targets || fail "cargo build --workspace --all-targets"
+check build cargo build --workspace --all-targets
 
 step "lint: cargo fmt --check, cargo clippy -D warnings"
-if cargo fmt --all --check; then passed=$((passed + 1)); else fail "cargo fmt --all --check"; fi
-if cargo clippy --workspace --all-targets -- -D warnings; then
-    passed=$((passed + 1))
-else
-    fail "cargo clippy --workspace --all-targets -- -D warnings"
-fi
+check fmt cargo fmt --all --check
+check clippy cargo clippy --workspace --all-targets -- -D warnings
 
 step "tests"
 run_tests "tests"
@@ -81,46 +106,66 @@ step "slow tier: ignored tests (KVM / real kernel)"
 run_tests "slow tier" --run-ignored ignored-only
 
 step "guest images: images/verify.sh"
-if dir=$(images/build.sh --print-dir) && images/verify.sh "$dir"; then
-    passed=$((passed + 1))
-else
-    fail "images/verify.sh (run ci/setup.sh or images/build.sh first)"
-fi
+dir=$(images/build.sh --print-dir) || dir=
+verify_images() { [[ -n $dir ]] && images/verify.sh "$dir"; }
+check images/verify.sh verify_images
 
 step "agent PID-1 duties in a real TCG guest: guest-agent/tests/guest/run-tcg.sh"
 # The agent's own guest test (mounts, lo, cgroup limits, fork bomb, OOM, cancel, large
 # transfers, Forward EOF, Shutdown), run against the static agent the image build produced.
-agent_bin=${VM_AGENT_TARGET_DIR:-$(dirname "$dir")/agent-target}/x86_64-unknown-linux-gnu/release/vm-agent
-if [[ -n ${dir:-} ]] && guest-agent/tests/guest/run-tcg.sh "$dir/bzImage" "$agent_bin"; then
-    passed=$((passed + 1))
-else
-    fail "guest-agent/tests/guest/run-tcg.sh"
-fi
+agent_guest() {
+    [[ -n $dir ]] || return 1
+    local agent_bin=${VM_AGENT_TARGET_DIR:-$(dirname "$dir")/agent-target}/x86_64-unknown-linux-gnu/release/vm-agent
+    guest-agent/tests/guest/run-tcg.sh "$dir/bzImage" "$agent_bin"
+}
+check agent-guest agent_guest
 
+step "kvm proof: ci/kvm-proof.sh pack, run.sh here, and the same pipeline on tcg"
+# The pack must build and stay under its size limit; run.sh must answer 0 (kvm proven) or 3
+# (this host cannot run kvm, with its facts) — never 1 or 2; and the runner's suite and
+# benchmark paths run end to end on tcg (--quick), so they never rot on hosts without kvm.
+kvm_proof() {
+    local pack=$work/kvm-proof code=0
+    bash ci/kvm-proof.sh pack "$pack" || return 1
+    OUT=$work/kvm-proof-out "$pack/run.sh" || code=$?
+    echo "kvm proof: run.sh exited $code" >&2
+    [[ $code == 0 || $code == 3 ]] || return 1
+    OUT=$work/kvm-proof-tcg "$pack/run.sh" --quick --driver tcg || return 1
+    rm -rf "$pack"
+}
+check kvm-proof kvm_proof
+
+# fuzz_target <target>: a 60 s run from the in-repo seeds (read only) plus the corpus earlier
+# runs grew (fuzz/corpus/<target>, git-ignored, where libFuzzer writes what it finds).
+fuzz_target() {
+    local t=$1 fuzz_dir_args=()
+    [[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
+    [[ -d fuzz/seeds/$t ]] || { echo "ci: no seed corpus fuzz/seeds/$t" >&2; return 1; }
+    mkdir -p "fuzz/corpus/$t"
+    timeout 1200 cargo +nightly fuzz run "${fuzz_dir_args[@]}" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" \
+        -- -max_total_time=60
+}
 if [[ -d fuzz ]] && ! cargo +nightly --version >/dev/null 2>&1; then
-    echo "SKIP fuzz smoke: no nightly Rust toolchain on this machine (cargo-fuzz needs one)" >>"$VM_TEST_SKIP_LOG"
+    check_skipped fuzz "no nightly Rust toolchain on this machine; cargo-fuzz needs one"
 elif [[ -d fuzz ]]; then
     step "fuzz smoke: 60 s per target"
-    fuzz_dir_args=()
-    [[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
     if targets=$(cargo +nightly fuzz list 2>"$work/fuzz-list.err"); then
         for t in $targets; do
             echo "fuzz: $t" >&2
-            if timeout 1200 cargo +nightly fuzz run "${fuzz_dir_args[@]}" "$t" -- -max_total_time=60; then
-                passed=$((passed + 1))
-            else
-                fail "fuzz target $t"
-            fi
+            check "fuzz $t" fuzz_target "$t"
         done
     else
         cat "$work/fuzz-list.err" >&2
-        fail "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup.sh)"
+        check "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup.sh)" false
     fi
 fi
 
-skipped=$(wc -l <"$VM_TEST_SKIP_LOG")
+counts=$(awk -v passed="$passed" -v failed="$failed" -f ci/count-tests.awk "$VM_TEST_SKIP_LOG")
+read -r _ passed failed skipped < <(grep '^COUNTS ' <<<"$counts")
 echo
-if ((skipped)); then cat "$VM_TEST_SKIP_LOG"; fi
+grep -v '^COUNTS ' <<<"$counts" || true
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
+(IFS=,; echo "checks: $checks_ok ok, $checks_failed failed, $checks_skipped skipped: ${checks[*]/#/ }" | sed 's/:  /: /')
+echo "$flaky flaky (passed on retry, counted in passed)${flaky_tests[*]:+: ${flaky_tests[*]}}"
 echo "$passed passed, $failed failed, $skipped skipped"
-((failed == 0))
+((failed == 0 && checks_failed == 0))

@@ -317,19 +317,65 @@ streaming its progress; extra arguments after -- are passed to the script.")]
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// List built images
+    /// List the guest image sets and the OCI images (size, digest, names)
     #[command(after_help = "Examples:
   vm images ls
-  vm images ls --json")]
+  vm images ls --json
+
+Guest image sets (kernel + initramfs, from images/build.sh) are listed first, then OCI images
+(root filesystems, from `vm images pull/import`). In JSON each entry has \"kind\": \"set\" or \"oci\".")]
     Ls {
         /// Print JSON
         #[arg(long)]
         json: bool,
     },
-    /// Remove images other than the current one
+    /// Remove image sets other than the current one, unnamed OCI images and abandoned builds
     #[command(after_help = "Examples:
   vm images prune")]
     Prune,
+    /// Pull an OCI image from a registry and convert it to a read-only erofs root
+    #[command(after_help = "Examples:
+  vm images pull 127.0.0.1:5000/python:3.11
+  vm images pull registry.example.com/team/server@sha256:<64 hex>
+
+Manifest lists resolve to linux/amd64. Loopback registries are reached over plain HTTP,
+all others over HTTPS; credentials come from the docker config.json ($DOCKER_CONFIG or
+~/.docker). The image is cached by manifest digest in $VM_OCI_DIR (default: oci/ next to the
+guest image directory); an image already there is not fetched again.")]
+    Pull {
+        /// Image reference: NAME[:TAG] or NAME@sha256:DIGEST
+        reference: String,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import an OCI image layout directory, an oci-archive or a docker save tarball
+    #[command(after_help = "Examples:
+  vm images import ./layout-dir
+  vm images import image.oci.tar --name 127.0.0.1:5000/mine:1
+  docker save busybox:latest -o busybox.tar && vm images import busybox.tar")]
+    Import {
+        /// Directory or tarball (gzipped or not)
+        path: std::path::PathBuf,
+        /// Also name the image REF (repeatable)
+        #[arg(long = "name", value_name = "REF")]
+        names: Vec<String>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove OCI images by name or digest
+    #[command(after_help = "Examples:
+  vm images rm 127.0.0.1:5000/python:3.11
+  vm images rm sha256:3f1c...   (a unique prefix of 6+ hex digits is enough)
+
+A name is removed, and the image with it when no other name points at it; a digest removes
+the image and all its names.")]
+    Rm {
+        /// Names or digests
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
 }
 
 /// Internal supervisor arguments.

@@ -1,14 +1,15 @@
 //! `vm` against a real guest under the tcg driver: output and exit-code passthrough,
 //! interrupt and timeout codes, and the `run -d` / `exec NAME` / `cp` / `ps` / `stop` /
-//! `rm` lifecycle with no leftovers. Each test SKIPs (with the reason) when the built-in
-//! images are not built or tcg is unavailable.
+//! `rm` lifecycle with no leftovers. When the built-in images are not built or tcg is
+//! unavailable each test fails, naming why (a SKIP only with `VM_TEST_ALLOW_NO_DRIVER=1`).
 
 mod common;
 
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::{Env, skip};
+use common::Env;
+use vm_test_support::no_guest_driver;
 
 /// Longer than tokio's default blocking-thread keep-alive (10 s) plus a margin.
 const IDLE_PAST_KEEP_ALIVE: Duration = Duration::from_secs(16);
@@ -30,7 +31,7 @@ fn guest_unavailable(env: &Env) -> Option<String> {
 fn exec_passes_output_and_exit_code_through() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("exec_passes_output_and_exit_code_through", &why);
+        return no_guest_driver("exec_passes_output_and_exit_code_through", &why);
     }
     let out = env.run(&[
         "exec",
@@ -67,7 +68,7 @@ fn exec_passes_output_and_exit_code_through() {
 fn exec_timeout_exits_124() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("exec_timeout_exits_124", &why);
+        return no_guest_driver("exec_timeout_exits_124", &why);
     }
     let started = Instant::now();
     let out = env.run(&[
@@ -87,22 +88,12 @@ fn exec_timeout_exits_124() {
     );
 }
 
-#[test]
-fn ctrl_c_cancels_the_guest_command_and_exits_130() {
-    let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return skip("ctrl_c_cancels_the_guest_command_and_exits_130", &why);
-    }
+/// Starts `vm ARGS` with piped output and waits for the guest command's first output line,
+/// which must be `started`.
+fn spawn_until_started(env: &Env, args: &[&str]) -> common::ChildGuard {
     let mut child = common::ChildGuard(
         env.cmd()
-            .args([
-                "exec",
-                "--allow-emulation",
-                "--",
-                "sh",
-                "-c",
-                "echo started; sleep 600",
-            ])
+            .args(args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -114,6 +105,11 @@ fn ctrl_c_cancels_the_guest_command_and_exits_130() {
         .read_exact(&mut buf)
         .expect("the command's output was not streamed");
     assert_eq!(&buf, b"started\n");
+    child
+}
+
+/// SIGINT to `vm`, which must exit 130 within 30 s.
+fn interrupt_expecting_130(child: &mut common::ChildGuard) {
     let sent = Instant::now();
     // SAFETY: kill(2) on our own unreaped child.
     unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
@@ -127,10 +123,77 @@ fn ctrl_c_cancels_the_guest_command_and_exits_130() {
 }
 
 #[test]
+fn ctrl_c_cancels_the_guest_command_and_exits_130() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return no_guest_driver("ctrl_c_cancels_the_guest_command_and_exits_130", &why);
+    }
+    // A one-shot `vm exec`: Ctrl-C exits 130 and the VM's host processes (QEMU and the vsock
+    // backend, children of `vm`) are gone with it.
+    let mut child = spawn_until_started(
+        &env,
+        &[
+            "exec",
+            "--allow-emulation",
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 600",
+        ],
+    );
+    let vm_processes = common::descendants(child.0.id());
+    assert!(
+        !vm_processes.is_empty(),
+        "no host process of the VM found under vm"
+    );
+    interrupt_expecting_130(&mut child);
+    for pid in &vm_processes {
+        assert!(
+            !common::pid_alive(*pid),
+            "VM host process {pid} outlived the interrupted vm exec"
+        );
+    }
+
+    // In a named VM that outlives the command: Ctrl-C kills the guest command's whole
+    // tree (a background grandchild included), and the VM itself keeps running.
+    let _cleanup = common::VmGuard {
+        env: &env,
+        name: "intr",
+    };
+    let out = env.run(&["run", "-d", "--name", "intr", "--allow-emulation"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    let mut child = spawn_until_started(
+        &env,
+        &[
+            "exec",
+            "intr",
+            "--",
+            "sh",
+            "-c",
+            "sleep 601 & echo started; sleep 602",
+        ],
+    );
+    let out = env.run(&["exec", "intr", "--", "ps"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    for sleeper in ["sleep 601", "sleep 602"] {
+        assert!(out.stdout.contains(sleeper), "before: {}", out.stdout);
+    }
+    interrupt_expecting_130(&mut child);
+    let out = env.run(&["exec", "intr", "--", "ps"]);
+    assert_eq!(out.code, 0, "the VM did not survive: {}", out.stderr);
+    let left: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("sleep 60"))
+        .collect();
+    assert_eq!(left, Vec::<&str>::new(), "guest command tree left behind");
+}
+
+#[test]
 fn run_exec_cp_ps_stop_rm_lifecycle() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("run_exec_cp_ps_stop_rm_lifecycle", &why);
+        return no_guest_driver("run_exec_cp_ps_stop_rm_lifecycle", &why);
     }
     let _cleanup = common::VmGuard {
         env: &env,
@@ -276,7 +339,7 @@ fn run_exec_cp_ps_stop_rm_lifecycle() {
 fn rm_force_stops_a_running_vm() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("rm_force_stops_a_running_vm", &why);
+        return no_guest_driver("rm_force_stops_a_running_vm", &why);
     }
     let _cleanup = common::VmGuard {
         env: &env,
@@ -298,7 +361,7 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
     use std::io::{BufRead, BufReader, Write};
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("serve_publishes_a_guest_port_until_ctrl_c", &why);
+        return no_guest_driver("serve_publishes_a_guest_port_until_ctrl_c", &why);
     }
     let mut child = common::ChildGuard(
         env.cmd()
@@ -370,7 +433,7 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
 fn named_vm_ends_at_its_wall_lifetime() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("named_vm_ends_at_its_wall_lifetime", &why);
+        return no_guest_driver("named_vm_ends_at_its_wall_lifetime", &why);
     }
     let _cleanup = common::VmGuard {
         env: &env,

@@ -135,11 +135,27 @@ fn close_is_idempotent_and_calls_fail_after() {
 #[test]
 fn drop_kills_the_vm_and_stops_the_watchdog() {
     let (m, state) = machine(Some(Duration::from_secs(3600)), nowhere());
-    assert_eq!(m.host_pids(), vec![4242]);
-    assert_eq!(m.console_tail(), "fake console");
-    assert_eq!(m.driver(), "fake");
+    // The handle (and with it `state`) is shared by the machine and its watchdog thread.
+    assert!(Arc::strong_count(&state) > 1);
     drop(m);
     assert!(state.killed.load(Ordering::SeqCst));
+    assert_eq!(state.kills.load(Ordering::SeqCst), 1);
+    // The watchdog, an hour from its deadline, must end now and release the handle: only
+    // this test's reference to the state is left once that thread is gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(&state) > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        Arc::strong_count(&state),
+        1,
+        "the wall watchdog thread still holds the VM after drop"
+    );
+    assert_eq!(
+        state.kills.load(Ordering::SeqCst),
+        1,
+        "the watchdog killed a dropped VM again"
+    );
 }
 
 #[test]

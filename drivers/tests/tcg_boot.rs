@@ -1,6 +1,8 @@
 //! TCG boots through the real `qemu-system-x86_64` and `vhost-device-vsock` (the ones that need
-//! guest images are `#[ignore]`d: the slow tier, `cargo test -- --ignored`). Each test checks that nothing is left behind: no child
-//! process whose command line names the run dir, and no socket file.
+//! guest images are `#[ignore]`d: the slow tier, `cargo test -- --ignored`). Each test checks
+//! that nothing is left behind: no child process whose command line names the run dir, and no
+//! socket file. Without tcg or the guest images each test fails (a SKIP only with
+//! `VM_TEST_ALLOW_NO_DRIVER=1`); a guest whose agent never answers is a failure, never a skip.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,7 +12,7 @@ use vm_drivers::{
     BootPlan, Driver, DriverError, ImagePaths, MachineError, TcgDriver, default_images_dir,
 };
 
-use vm_test_support::skip_line as skip;
+use vm_test_support::no_guest_driver;
 
 /// Pids of processes whose command line mentions `needle`.
 fn processes_mentioning(needle: &str) -> Vec<u32> {
@@ -52,30 +54,60 @@ fn assert_nothing_left(run_dir: &Path) {
     }
 }
 
-fn tcg_or_skip(test: &str) -> Option<TcgDriver> {
+/// The tcg driver, or `None` after [`no_guest_driver`] (a failure unless
+/// `VM_TEST_ALLOW_NO_DRIVER=1`) when it cannot run here.
+fn tcg_or_no_driver(test: &str) -> Option<TcgDriver> {
     let d = TcgDriver::new();
     let a = d.detect();
     if !a.ok {
-        skip(&format!("SKIP {test}: {}", a.detail));
+        no_guest_driver(test, &a.detail);
         return None;
     }
     Some(d)
 }
 
-fn images_or_skip(test: &str) -> Option<ImagePaths> {
+/// The built guest images, or `None` after [`no_guest_driver`] when they are missing.
+fn images_or_no_driver(test: &str) -> Option<ImagePaths> {
     let Some(dir) = default_images_dir() else {
-        skip(&format!("SKIP {test}: no images dir (HOME unset)"));
+        no_guest_driver(test, "no images dir (HOME unset)");
         return None;
     };
     let images = ImagePaths::in_dir(&dir.join("current"));
     if !images.bz_image.is_file() || !images.initramfs.is_file() {
-        skip(&format!(
-            "SKIP {test}: no guest images at {}",
-            dir.join("current").display()
-        ));
+        no_guest_driver(
+            test,
+            &format!(
+                "no guest images at {} (images/build.sh)",
+                dir.join("current").display()
+            ),
+        );
         return None;
     }
     Some(images)
+}
+
+/// Boots `plan`; a boot whose agent never answered fails the test with its reason and the
+/// console's last line, after checking that it left nothing behind.
+fn boot_or_fail(driver: &TcgDriver, plan: BootPlan) -> vm_drivers::Machine {
+    let run_dir = plan.run_dir.clone();
+    match driver.boot(plan) {
+        Ok(m) => m,
+        Err(DriverError::AgentNotReady {
+            reason,
+            console_tail,
+            ..
+        }) => {
+            let last = console_tail
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .to_string();
+            assert_nothing_left(&run_dir);
+            panic!("guest agent did not answer ({reason}); last console line: {last}");
+        }
+        Err(e) => panic!("boot failed: {e} ({e:?})"),
+    }
 }
 
 fn plan(name: &str, images: ImagePaths, run_dir: PathBuf) -> BootPlan {
@@ -96,7 +128,7 @@ fn plan(name: &str, images: ImagePaths, run_dir: PathBuf) -> BootPlan {
 /// whole boot timeout), say why, and leave no process or socket behind.
 #[test]
 fn failed_boot_cleans_up_children_and_sockets() {
-    let Some(driver) = tcg_or_skip("failed_boot_cleans_up_children_and_sockets") else {
+    let Some(driver) = tcg_or_no_driver("failed_boot_cleans_up_children_and_sockets") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -140,35 +172,15 @@ fn failed_boot_cleans_up_children_and_sockets() {
 #[ignore = "slow tier: boots the real guest images under QEMU TCG"]
 fn boot_exec_uname_and_close() {
     let test = "boot_exec_uname_and_close";
-    let Some(driver) = tcg_or_skip(test) else {
+    let Some(driver) = tcg_or_no_driver(test) else {
         return;
     };
-    let Some(images) = images_or_skip(test) else {
+    let Some(images) = images_or_no_driver(test) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
-    let machine = match driver.boot(plan("uname", images, run_dir.clone())) {
-        Ok(m) => m,
-        Err(DriverError::AgentNotReady {
-            reason,
-            console_tail,
-            ..
-        }) => {
-            let last = console_tail
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .to_string();
-            assert_nothing_left(&run_dir);
-            skip(&format!(
-                "SKIP {test}: guest agent did not answer ({reason}); last console line: {last}"
-            ));
-            return;
-        }
-        Err(e) => panic!("boot failed: {e} ({e:?})"),
-    };
+    let machine = boot_or_fail(&driver, plan("uname", images, run_dir.clone()));
     assert_eq!(machine.driver(), "tcg");
     let pids = machine.host_pids();
     assert_eq!(pids.len(), 2);
@@ -215,27 +227,17 @@ fn boot_exec_uname_and_close() {
 #[ignore = "slow tier: boots the real guest images under QEMU TCG"]
 fn wall_expiry_tears_the_vm_down() {
     let test = "wall_expiry_tears_the_vm_down";
-    let Some(driver) = tcg_or_skip(test) else {
+    let Some(driver) = tcg_or_no_driver(test) else {
         return;
     };
-    let Some(images) = images_or_skip(test) else {
+    let Some(images) = images_or_no_driver(test) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     let mut p = plan("wall", images, run_dir.clone());
     p.wall = Some(Duration::from_secs(2));
-    let machine = match driver.boot(p) {
-        Ok(m) => m,
-        Err(DriverError::AgentNotReady { reason, .. }) => {
-            assert_nothing_left(&run_dir);
-            skip(&format!(
-                "SKIP {test}: guest agent did not answer ({reason})"
-            ));
-            return;
-        }
-        Err(e) => panic!("boot failed: {e} ({e:?})"),
-    };
+    let machine = boot_or_fail(&driver, p);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

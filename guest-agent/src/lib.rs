@@ -76,9 +76,9 @@
 //! `tests/*.rs` run the real `vm-agent` binary on the host over a Unix socket inside a temp root
 //! (exec, files, serve, forward, hostile peers, config). cgroup and PID-1 duties cannot run on
 //! these hosts (cgroup v1, no guest user space under KVM): the agent skips cgroup setup cleanly
-//! when its base is not cgroup2, `tests/cgroup.rs` prints a SKIP line for the limit checks, and
-//! `tests/guest.rs` checks the PID-1 duties in a QEMU TCG guest booted by
-//! `tests/guest/run-tcg.sh BZIMAGE` (SKIP without `VM_AGENT_GUEST_SOCK`).
+//! when its base is not cgroup2 (`tests/cgroup.rs`), and `tests/guest.rs` checks the PID-1
+//! duties and the cgroup limits in a QEMU TCG guest booted by `tests/guest/run-tcg.sh BZIMAGE`
+//! (SKIP without `VM_AGENT_GUEST_SOCK`).
 
 #[cfg(target_os = "linux")]
 pub mod agent;

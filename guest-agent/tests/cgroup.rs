@@ -1,6 +1,8 @@
-//! cgroup2 containment. Needs a cgroup2 hierarchy we may write to (a guest); on hosts with v1
-//! cgroups it prints a SKIP line. The skip path itself is tested: the agent must run without
-//! cgroups and report it.
+//! The agent without a cgroup2 hierarchy: it must run and report it. The limits themselves
+//! (`pids.max`, `memory.max`, `cgroup.kill`) need the agent to be PID 1 of its own cgroup2
+//! hierarchy, so they are tested where that is real: in a guest, by `tests/guest.rs` (run by
+//! `tests/guest/run-tcg.sh`) and the end-to-end suite (`tests/tests/pids.rs`, `memory.rs`,
+//! `cancel.rs`).
 mod common;
 
 use std::path::Path;
@@ -26,22 +28,4 @@ async fn without_cgroup2_the_agent_runs_and_says_so() {
         .await
         .unwrap();
     assert_eq!(out.output, b"ok\n");
-}
-
-#[tokio::test]
-async fn limits_apply_in_a_cgroup2_hierarchy() {
-    let base = Path::new("/sys/fs/cgroup");
-    if !base.join("cgroup.controllers").exists() {
-        common::skip(
-            "limits_apply_in_a_cgroup2_hierarchy",
-            "host cgroups are not cgroup2; pids.max/memory.max/cgroup.kill are tested in a guest by the TCG suite",
-        );
-        return;
-    }
-    // A cgroup2 host that is not a guest: the agent would have to run as PID 1 of its own
-    // hierarchy to own `<base>/work`; that is what the TCG end-to-end suite checks in a guest.
-    common::skip(
-        "limits_apply_in_a_cgroup2_hierarchy",
-        "not PID 1 of a guest; pids.max/memory.max/cgroup.kill are tested in a guest by the TCG suite",
-    );
 }

@@ -177,15 +177,22 @@ async fn directory_swapped_for_symlink_during_reads() {
                 assert_eq!(data, b"inside", "read returned outside content");
                 ok += 1;
             }
-            Err(_) => refused += 1,
+            // While `d` is the symlink out, the agent refuses: that and nothing else.
+            Err(e) => {
+                assert_eq!(e.agent_kind(), Some(ErrorKind::Escape), "read: {e}");
+                refused += 1;
+            }
         }
-        if let Ok(l) = c.list("/", "d").await {
-            assert!(
+        match c.list("/", "d").await {
+            Ok(l) => assert!(
                 l.iter().all(|e| e.size == 6 && e.path == "f"),
                 "list saw outside entries: {l:?}"
-            );
+            ),
+            Err(e) => assert_eq!(e.agent_kind(), Some(ErrorKind::Escape), "list: {e}"),
         }
-        let _ = c.write_file("/", "d/f", b"inside").await;
+        if let Err(e) = c.write_file("/", "d/f", b"inside").await {
+            assert_eq!(e.agent_kind(), Some(ErrorKind::Escape), "write: {e}");
+        }
     }
     stop.store(true, Ordering::Relaxed);
     let swaps = swapper.join().unwrap();
@@ -196,5 +203,7 @@ async fn directory_swapped_for_symlink_during_reads() {
     );
     eprintln!("race: {ok} reads ok, {refused} refused, {swaps} swaps");
     assert!(swaps > 100, "the swapper did not run");
-    assert_eq!(ok + refused, 300);
+    // Both sides of the race were hit: reads through the real directory succeeded and reads
+    // through the swapped-in symlink were refused.
+    assert!(ok > 0 && refused > 0, "{ok} ok, {refused} refused");
 }

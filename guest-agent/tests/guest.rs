@@ -34,6 +34,15 @@ async fn sh(c: &AgentClient, line: &str) -> (String, guest_agent::ExitStatus) {
     )
 }
 
+/// The `oom_kill` count of a cgroup2 `memory.events` file.
+fn oom_kills(events: &str) -> u64 {
+    events
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no oom_kill count in memory.events: {events}"))
+}
+
 #[tokio::test]
 async fn pid1_duties_in_a_guest() {
     let Some((c, token_hex)) = client() else {
@@ -138,19 +147,25 @@ async fn pid1_duties_in_a_guest() {
         out.contains("Resource temporarily unavailable") || out.contains("can't fork"),
         "{out}"
     );
-    // Memory past memory.max: the allocating process is OOM-killed, not the agent.
+    // Memory past memory.max: the allocating process is OOM-killed, not the agent, and the
+    // kill is counted in the work cgroup's (hierarchical) memory.events.
+    let (events, _) = sh(&c, "cat /sys/fs/cgroup/work/memory.events").await;
+    let oom_kills_before = oom_kills(&events);
     let (_, st) = sh(
         &c,
         "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo survived",
     )
     .await;
     assert_eq!(st.signal, Some(9), "{st:?}");
-    let (out, _) = sh(
-        &c,
-        "echo after; grep oom_kill /sys/fs/cgroup/work/memory.events",
-    )
-    .await;
-    assert!(out.starts_with("after"), "{out}");
+    let (out, _) = sh(&c, "echo after; cat /sys/fs/cgroup/work/memory.events").await;
+    let events = out
+        .strip_prefix("after\n")
+        .unwrap_or_else(|| panic!("the agent did not run the next command: {out}"));
+    let oom_kills_after = oom_kills(events);
+    assert!(
+        oom_kills_after > oom_kills_before,
+        "memory.events oom_kill {oom_kills_before} -> {oom_kills_after}: {events}"
+    );
 
     // Cancel kills a grandchild through cgroup.kill, even one that left the process group.
     let mut s = c

@@ -28,6 +28,10 @@
 //!   [`RunningVm`] (held by another process, e.g. a `vm run -d` supervisor, attached by its
 //!   agent socket) both dereference to [`Guest`], the one implementation of request
 //!   building, path confinement and environment checks.
+//! - **Images as roots.** [`oci`] (the `vm-oci` crate) pulls or imports OCI images into
+//!   cached read-only erofs files with their process defaults: `oci::Store::open(dir)`,
+//!   `.pull(&Reference, &Auth)`, `.get_or_pull(name_or_ref)`, `.import(path)`, `.get(..)`,
+//!   `.list()`, `.remove(..)`, `.prune()` → `oci::Image { digest, erofs, size, config, refs }`.
 //! - **Callers need only this crate and `vm-spec`.** The agent types a caller handles are
 //!   re-exported in [`agent`], the driver registry in [`drivers`].
 //!
@@ -77,6 +81,8 @@ pub mod images;
 mod link;
 mod microvm;
 pub mod mounts;
+/// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
+pub use vm_oci as oci;
 pub mod publish;
 pub mod rundir;
 mod running;

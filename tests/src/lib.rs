@@ -7,7 +7,10 @@
 //!   [`vm_drivers::Registry::with_defaults`] with its `detect()` verdict; [`scenario`] runs a
 //!   scenario once per available driver and prints `SKIP <scenario> [<driver>]: <detail>`
 //!   for every other one (also appended to `$VM_TEST_SKIP_LOG`, the project's skip
-//!   convention), so a missing KVM is visible and counted rather than silently absent;
+//!   convention), so a missing KVM is visible and counted rather than silently absent. Each
+//!   scenario x driver is one counted unit (`boot [tcg]` passed, `boot [kvm]` skipped), and a
+//!   scenario that ran on no driver **fails** unless `VM_TEST_ALLOW_NO_DRIVER=1`
+//!   ([`vm_test_support::DriverRuns`]);
 //!   [`boot`] starts a [`MicroVm`] on one named driver from a [`GuestSpec`] and prints
 //!   `boot+agent ready in X s [driver]`; [`Cases`] runs the named cases of a scenario against
 //!   one guest, each under a timeout, and reports every failure (not only the first).
@@ -20,8 +23,9 @@
 //! `cargo nextest run -p vm-tests` (the repo's `.config/nextest.toml` puts these binaries in a
 //! test group of two threads: each guest is a QEMU TCG process on this 2-core host). The
 //! guest images must be built first (`images/build.sh`); without them every scenario that
-//! boots prints a SKIP line naming the missing file. `VM_E2E_BOOT_TIMEOUT` (seconds)
-//! overrides the agent wait; `RUST_LOG` enables the runtime's logs.
+//! boots prints a SKIP line naming the missing file, and fails because no driver ran.
+//! `VM_E2E_BOOT_TIMEOUT` (seconds) overrides the agent wait; `RUST_LOG` enables the runtime's
+//! logs.
 //!
 //! Everything that can fail returns `Result<_, String>` with the whole error chain
 //! ([`Ctx::ctx`]), so a failure names the operation, the driver and the cause.
@@ -42,6 +46,7 @@ pub use guest::{
 pub use vm_sandbox::MicroVm;
 
 use vm_drivers::{Availability, Registry};
+use vm_test_support::DriverRuns;
 
 /// Upper bound on one scenario on one driver (boot included).
 pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(600);
@@ -74,11 +79,10 @@ fn selected(only: Option<&str>, driver: &str) -> bool {
     only.is_none_or(|list| list.split(',').any(|n| n.trim() == driver))
 }
 
-/// Reports a skipped scenario on one driver, the workspace's way
-/// ([`vm_test_support::skip`]: stderr and `$VM_TEST_SKIP_LOG`).
-fn skip(name: &str, driver: &str, reason: &str) {
-    vm_test_support::skip(&format!("{name} [{driver}]"), reason);
-}
+/// Prints a whole-test `SKIP <test>: <reason>` line to stderr and appends it to
+/// `$VM_TEST_SKIP_LOG` when set (the test counts as skipped, not passed). Only for a fact about
+/// the host; a scenario's skipped drivers are recorded by [`scenario`] itself.
+pub use vm_test_support::skip_line as skip;
 
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -91,7 +95,9 @@ fn init_logs() {
 
 /// Runs `f(driver)` for every available driver on its own tokio runtime; skips (with a
 /// SKIP line) every driver whose detection is not OK and, when the scenario boots guests,
-/// every driver when the guest images are missing. Panics listing every failed driver.
+/// every driver when the guest images are missing. Panics listing every failed driver, and
+/// when no driver ran at all unless `VM_TEST_ALLOW_NO_DRIVER=1` (see [`vm_test_support`]):
+/// a scenario that ran nowhere has not passed. Each driver is one counted unit.
 pub fn scenario<F, Fut>(name: &str, f: F)
 where
     F: Fn(&'static str) -> Fut,
@@ -115,14 +121,14 @@ where
     Fut: Future<Output = Result<(), String>>,
 {
     init_logs();
-    let mut failures = Vec::new();
+    let mut runs = DriverRuns::new(name);
     for d in drivers_to_test() {
         if !d.availability.ok {
-            skip(name, d.name, &d.availability.detail);
+            runs.skipped(d.name, &d.availability.detail);
             continue;
         }
         if needs_images && let Err(e) = default_image() {
-            skip(name, d.name, &e.to_string());
+            runs.skipped(d.name, &e);
             continue;
         }
         let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -132,7 +138,7 @@ where
         {
             Ok(rt) => rt,
             Err(e) => {
-                failures.push(format!("[{}] cannot build a tokio runtime: {e}", d.name));
+                runs.failed(d.name, &format!("cannot build a tokio runtime: {e}"));
                 continue;
             }
         };
@@ -146,18 +152,16 @@ where
         rt.shutdown_timeout(Duration::from_secs(10));
         let took = start.elapsed().as_secs_f64();
         match outcome {
-            Ok(()) => eprintln!("PASS {name} [{}] in {took:.1} s", d.name),
-            Err(e) => {
-                eprintln!("FAIL {name} [{}] after {took:.1} s: {e}", d.name);
-                failures.push(format!("[{}] {e}", d.name));
+            Ok(()) => {
+                eprintln!("{name} [{}] took {took:.1} s", d.name);
+                runs.passed(d.name);
             }
+            Err(e) => runs.failed(d.name, &format!("after {took:.1} s: {e}")),
         }
     }
-    assert!(
-        failures.is_empty(),
-        "scenario {name} failed:\n{}",
-        failures.join("\n")
-    );
+    if let Err(e) = runs.finish() {
+        panic!("scenario {e}");
+    }
 }
 
 /// Fails with `msg` unless `cond` holds: `ensure!(cond, "format", args..)` in a function

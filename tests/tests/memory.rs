@@ -9,6 +9,15 @@ use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok};
 
 const MEM_MIB: i64 = 192;
 
+/// What the guest kernel keeps for itself out of [`MEM_MIB`], in KiB (MemTotal = asked -
+/// reserved). Measured on the tcg driver with the built-in images (MemTotal for 128 / 192 /
+/// 256 / 512 / 1024 MiB asked: 114128 / 177420 / 242956 / 500620 / 1015948 kB): its image
+/// (~10.6 MiB of text, data and bss), the struct-page map (2 MiB per 128 MiB memory section:
+/// 4 MiB here), the low-memory holes (~0.4 MiB) and early allocations, 18.7 MiB at 192 MiB.
+/// The window allows ~4.5 MiB either side of that for another driver's memory map or a
+/// kernel config change; a guest given much more or much less memory than asked fails.
+const RESERVED_KIB: std::ops::RangeInclusive<i64> = (14 * 1024)..=(23 * 1024);
+
 async fn mem_total_matches(vm: &MicroVm) -> Result<(), String> {
     let info = exec_ok(vm, "cat /proc/meminfo").await?;
     let kb: i64 = info
@@ -18,11 +27,12 @@ async fn mem_total_matches(vm: &MicroVm) -> Result<(), String> {
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| format!("no MemTotal in {info:?}"))?;
     let asked = MEM_MIB * 1024;
-    eprintln!("    MemTotal {kb} kB for {MEM_MIB} MiB asked");
-    ensure!(kb <= asked, "MemTotal {kb} kB exceeds the {asked} kB asked");
+    let reserved = asked - kb;
+    eprintln!("    MemTotal {kb} kB for {MEM_MIB} MiB asked: {reserved} kB reserved");
     ensure!(
-        kb > asked / 2,
-        "MemTotal {kb} kB is under half of the {asked} kB asked"
+        RESERVED_KIB.contains(&reserved),
+        "MemTotal {kb} kB for {asked} kB asked: the kernel would keep {reserved} kB, \
+         outside the expected {RESERVED_KIB:?} kB"
     );
     Ok(())
 }
