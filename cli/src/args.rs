@@ -86,6 +86,9 @@ pub struct VmOpts {
     /// Mount a host path read-only: HOST:GUEST[:ro] (`:rw` is refused for untrusted work)
     #[arg(short = 'v', long = "volume", value_name = "HOST:GUEST[:ro]", value_parser = parse::volume)]
     pub volumes: Vec<VolumeArg>,
+    /// Mount this host path even though it is or holds credentials (~/.ssh, ~/.aws, …)
+    #[arg(long = "allow-mount-secret", value_name = "PATH")]
+    pub allow_mount_secret: Vec<PathBuf>,
     /// Guest kernel (vmlinux or bzImage) instead of the built-in image's
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,

@@ -66,6 +66,11 @@ fn init_logging(quiet: bool, verbose: u8) {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    // Whatever a killed `vm` or supervisor left behind goes first (best effort: a runtime
+    // directory we cannot use is reported by the command that needs it).
+    if let Ok(rt) = state::Runtime::from_env() {
+        rt.sweep();
+    }
     match cli.command {
         Command::Exec(a) => cmd::exec::run(a).await,
         Command::Run(a) => cmd::run::run(a).await,

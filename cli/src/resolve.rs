@@ -95,6 +95,7 @@ pub fn spec(
         mounts,
         env,
         env_allow,
+        mount_secret_allow: opts.allow_mount_secret.clone(),
     };
     Ok(Spec::new(image(opts)?, guarantees))
 }

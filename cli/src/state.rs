@@ -17,6 +17,11 @@
 //! A record whose supervisor is gone while it still says starting/running is *stale*: it is
 //! shown as `exited` and cleaned (leftover VM processes killed, sockets removed) by `ps`,
 //! `stop` and `rm`.
+//!
+//! `<runtime dir>/.exec/` holds the run directories of ephemeral VMs (`vm exec`, `vm serve`).
+//! Every run directory names its owner process (pid + start time); every `vm` invocation
+//! first sweeps the run directories whose owner is gone ([`Runtime::sweep`]), so a `kill -9`
+//! of `vm exec` or of a supervisor leaves nothing behind past the next `vm` command.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -26,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use vm_sandbox::rundir::{self, ProcIdentity};
 use vm_sandbox::sys::{self, Signal};
 
 /// Label keys stamped on every VM record (the record is the state store: a fact not
@@ -121,7 +127,10 @@ pub struct ProcId {
 impl ProcId {
     /// The identity of a live process, if it exists.
     pub fn of(pid: u32) -> Option<ProcId> {
-        proc_stat(pid).map(|(_, start_ticks)| ProcId { pid, start_ticks })
+        ProcIdentity::of(pid).map(|p| ProcId {
+            pid,
+            start_ticks: p.start_ticks,
+        })
     }
 
     /// The identity of this process.
@@ -131,20 +140,12 @@ impl ProcId {
 
     /// True while that same process exists and is not a zombie.
     pub fn alive(&self) -> bool {
-        matches!(proc_stat(self.pid), Some((state, t)) if t == self.start_ticks && state != 'Z' && state != 'X')
+        ProcIdentity {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+        }
+        .alive()
     }
-}
-
-/// Reads (state char, start ticks) from `/proc/<pid>/stat`.
-fn proc_stat(pid: u32) -> Option<(char, u64)> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may contain spaces or ')': split after the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // After ')' the fields start at #3 (state); starttime is #22 → index 19 after state.
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
 }
 
 /// One VM's record (`record.json`).
@@ -212,6 +213,9 @@ pub fn now_unix() -> u64 {
         .unwrap_or(Duration::ZERO)
         .as_secs()
 }
+
+/// The directory under the runtime root holding ephemeral VMs' run directories.
+pub const EPHEMERAL_DIR: &str = ".exec";
 
 /// The runtime directory holding one directory per VM.
 #[derive(Debug, Clone)]
@@ -391,6 +395,27 @@ impl Runtime {
             .exit_reason
             .get_or_insert_with(|| "supervisor gone".to_string());
         self.save(record)
+    }
+
+    /// Where ephemeral VMs (`vm exec`, `vm serve`) put their run directories: one directory
+    /// under the runtime root (its name is not a valid VM name), created 0700 by the sandbox
+    /// only once a VM is about to boot, so a refused command leaves nothing behind.
+    pub fn ephemeral_parent(&self) -> PathBuf {
+        self.root.join(EPHEMERAL_DIR)
+    }
+
+    /// Removes the run directories of VMs whose owning `vm` process or supervisor is gone
+    /// (killed without its teardown): under [`EPHEMERAL_DIR`] and under every VM's state
+    /// directory. Returns how many were removed. Every `vm` invocation runs it first.
+    pub fn sweep(&self) -> usize {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| rundir::sweep(&e.path()).len())
+            .sum()
     }
 
     /// Removes VM `name`'s state directory.

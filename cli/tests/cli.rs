@@ -207,7 +207,13 @@ fn refusals_exit_126_with_the_reason() {
     std::fs::create_dir(&host).unwrap();
     let rw = format!("{}:/data:rw", host.display());
     let home_mount = format!("{}:/h", home.display());
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    let ssh_mount = format!("{}:/keys", home.join(".ssh").display());
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["-v", &ssh_mount],
+            "(SSH keys); name it with --allow-mount-secret",
+        ),
         (vec!["-v", &rw], "writable mount"),
         (vec!["-v", "relative/dir:/data"], "relative path"),
         (vec!["-v", "/:/host"], "guarantees.mounts[0].host_path"),
@@ -252,6 +258,24 @@ fn refusals_exit_126_with_the_reason() {
     // The secret refusal is lifted by naming the variable.
     let out = dry(&env, &["-e", "API_TOKEN=abc", "--env-allow", "API_TOKEN"]);
     assert!(out.stdout.contains("validation   ok"), "{}", out.stdout);
+    // The credential-mount refusal by naming the path; the exception shows in the spec.
+    let ssh = home.join(".ssh");
+    let mut args: Vec<String> = ["exec", "--dry-run", "--json", "--allow-emulation"]
+        .map(String::from)
+        .to_vec();
+    args.extend(env.image_args());
+    args.extend([
+        "-v".into(),
+        ssh_mount.clone(),
+        "--allow-mount-secret".into(),
+    ]);
+    args.extend([ssh.display().to_string(), "--".into(), "true".into()]);
+    let out = common::Out::from(env.cmd().env("HOME", &home).args(&args).output().unwrap());
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.json()["spec"]["guarantees"]["mount_secret_allow"],
+        serde_json::json!([ssh.display().to_string()])
+    );
 }
 
 #[test]

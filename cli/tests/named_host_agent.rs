@@ -70,12 +70,18 @@ struct HostBox {
 fn start_box(env: &Env) -> HostBox {
     let root = env.dir.path().join("guest-root");
     std::fs::create_dir(&root).unwrap();
+    // The boot's token beside the socket, as the drivers leave it: `vm exec NAME` presents it.
+    let token = guest_agent::AgentToken::generate().unwrap();
     let agent = Agent::new(AgentOptions {
         root: root.clone(),
+        token: Some(token.clone()),
         ..AgentOptions::default()
     })
     .unwrap();
     std::fs::create_dir(env.runtime().join("box")).unwrap();
+    token
+        .write_file(&env.runtime().join("box/agent.token"))
+        .unwrap();
     let socket = env.runtime().join("box/vsock.sock");
     let listener = UnixListener::bind(&socket).unwrap();
     let front = tokio::spawn(vm_test_support::hybrid::front(listener, 1024, {

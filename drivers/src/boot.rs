@@ -1,5 +1,6 @@
 //! Boot steps shared by the real backends: checking a plan, the run directory, the agent's
-//! configuration, and waiting for the agent to answer.
+//! configuration and per-boot token (with the initrd that carries it), and waiting for the
+//! agent to answer.
 
 use std::fs;
 use std::io;
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
 use guest_agent::config::{AgentConfig, DiskMount, RootDisk};
+use guest_agent::token::AgentToken;
 
 use crate::machine::VmHandle;
 use crate::{BootPlan, DriverError};
@@ -16,8 +18,19 @@ use crate::{BootPlan, DriverError};
 /// The guest's vsock context id.
 pub(crate) const GUEST_CID: u64 = 3;
 
-/// The hybrid-vsock socket the agent client connects to, inside the run dir.
+/// The hybrid-vsock socket the agent client connects to, inside the run dir (kvm; the tcg
+/// driver pads this name, see [`unreachable_peer_socket_name`]).
 pub(crate) const VSOCK_SOCKET: &str = "vsock.sock";
+
+/// The per-boot agent token (hex, mode 0600), beside [`VSOCK_SOCKET`]: how a later `vm`
+/// process attaches to a named VM ([`attach_client`]).
+pub(crate) const AGENT_TOKEN: &str = "agent.token";
+
+/// The per-boot initrd: the image's initramfs with the token archive appended (mode 0600).
+pub(crate) const BOOT_INITRD: &str = "initrd.cpio";
+
+/// The run-dir files every real backend creates besides its sockets.
+pub(crate) const RUN_FILES: [&str; 2] = [AGENT_TOKEN, BOOT_INITRD];
 
 /// Longest Unix socket path (sun_path is 108 bytes including the NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -29,6 +42,17 @@ pub(crate) fn disk_id(index: usize) -> String {
 
 fn invalid(reason: String) -> DriverError {
     DriverError::InvalidPlan { reason }
+}
+
+/// The hybrid-vsock socket name for a backend whose vsock device connects a guest connection
+/// to host port P to `<socket>_P` (vhost-device-vsock does): `vsock.sock` padded so the socket
+/// path in `run_dir` is exactly [`MAX_SOCKET_PATH`] bytes. Every `<socket>_P` is then longer
+/// than any Unix socket path, so no host listener can ever be reached from the guest, whatever
+/// is created in the directory. `None` when `run_dir` is already too long.
+pub(crate) fn unreachable_peer_socket_name(run_dir: &Path) -> Option<String> {
+    let base = run_dir.as_os_str().len() + 1 + VSOCK_SOCKET.len();
+    let pad = MAX_SOCKET_PATH.checked_sub(base)?;
+    Some(format!("vsock{}.sock", "-".repeat(pad)))
 }
 
 /// Checks that `path` is an existing regular file.
@@ -108,6 +132,53 @@ pub(crate) fn agent_cmdline(plan: &BootPlan) -> Result<String, DriverError> {
     };
     cfg.to_cmdline()
         .map_err(|e| invalid(format!("agent configuration: {e}")))
+}
+
+/// Make this boot's agent token: write it to [`AGENT_TOKEN`] and write [`BOOT_INITRD`] (the
+/// plan's initramfs, zero-padded to 4 bytes, then [`AgentToken::initrd_archive`]); the kernel
+/// unpacks both archives, and the agent takes the token from its rootfs before it listens.
+/// Returns the token and the initrd path the backend boots with.
+pub(crate) fn boot_secret(
+    plan: &BootPlan,
+    run: &RunDir,
+) -> Result<(AgentToken, PathBuf), DriverError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = AgentToken::generate().map_err(DriverError::Token)?;
+    token
+        .write_file(&run.path(AGENT_TOKEN))
+        .map_err(DriverError::Token)?;
+    let path = run.path(BOOT_INITRD);
+    let io_err = |what, p: &Path| {
+        let p = p.to_path_buf();
+        move |source| DriverError::Io {
+            what,
+            path: p,
+            source,
+        }
+    };
+    let mut base = fs::File::open(&plan.images.initramfs)
+        .map_err(io_err("opening initramfs", &plan.images.initramfs))?;
+    let mut out = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io_err("creating boot initrd", &path))?;
+    let n = io::copy(&mut base, &mut out).map_err(io_err("writing boot initrd", &path))?;
+    let pad = [0u8; 4];
+    out.write_all(&pad[..((4 - n % 4) % 4) as usize])
+        .and_then(|()| out.write_all(&token.initrd_archive()))
+        .map_err(io_err("writing boot initrd", &path))?;
+    Ok((token, path))
+}
+
+/// The agent client for a VM whose hybrid-vsock socket is `agent_socket`, presenting the token
+/// its boot left beside it. For a process other than the one that booted it (`vm exec NAME`).
+pub fn attach_client(agent_socket: &Path) -> Result<AgentClient, DriverError> {
+    let token = AgentToken::read_file(&agent_socket.with_file_name(AGENT_TOKEN))
+        .map_err(DriverError::Token)?;
+    Ok(AgentClient::hybrid_vsock(agent_socket, AGENT_PORT).with_token(token))
 }
 
 /// The files a driver creates in the run dir; removed (and the dir, if we created it) on drop.
@@ -235,7 +306,7 @@ pub(crate) fn wait_for_agent_after_console(
     };
     while !handle.console_tail().contains(marker) {
         if !handle.is_running() {
-            return Err(fail("the vm stopped before the agent answered"));
+            return Err(fail(&stopped_reason(handle)));
         }
         if start.elapsed() >= timeout {
             return Err(fail(&format!(
@@ -258,6 +329,17 @@ pub(crate) fn wait_for_agent_after_console(
         },
         e => e,
     })
+}
+
+/// "the vm stopped before the agent answered", with the backend's account of how.
+fn stopped_reason(handle: &dyn VmHandle) -> String {
+    let detail = handle.stop_detail();
+    let why = "the vm stopped before the agent answered";
+    if detail.is_empty() {
+        why.to_string()
+    } else {
+        format!("{why}: {detail}")
+    }
 }
 
 /// Waits until the agent answers a ping, the VM stops, or `timeout` passes. Runs the async
@@ -286,7 +368,7 @@ pub(crate) fn wait_for_agent(
                         Ok(_) => Ok(()),
                         Err(e) => Err(("timed out or refused".to_string(), None, Some(e))),
                     },
-                    () = stopped => Err(("the vm stopped before the agent answered".to_string(), None, None)),
+                    () = stopped => Err((stopped_reason(handle), None, None)),
                 }
             })
         })
@@ -521,5 +603,48 @@ mod tests {
         fs::create_dir(&dir).unwrap();
         drop(RunDir::prepare(&dir, &["a.sock"]).unwrap());
         assert!(dir.exists());
+    }
+
+    #[test]
+    fn padded_socket_leaves_no_reachable_peer_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let name = unreachable_peer_socket_name(tmp.path()).unwrap();
+        let sock = tmp.path().join(&name);
+        assert_eq!(sock.as_os_str().len(), MAX_SOCKET_PATH);
+        // The agent socket itself binds and connects ...
+        let l = UnixListener::bind(&sock).unwrap();
+        UnixStream::connect(&sock).unwrap();
+        drop(l);
+        // ... but nothing can ever listen where a guest connection to a host port would go.
+        for port in [0u32, 1, 5555, u32::MAX] {
+            let peer = format!("{}_{port}", sock.display());
+            assert!(UnixListener::bind(&peer).is_err(), "{peer} bindable");
+            assert!(UnixStream::connect(&peer).is_err(), "{peer} connectable");
+        }
+        let long = PathBuf::from(format!("/{}", "d".repeat(100)));
+        assert_eq!(unreachable_peer_socket_name(&long), None);
+    }
+
+    #[test]
+    fn boot_secret_writes_a_private_token_and_an_initrd_that_ends_with_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut plan = dummy_plan();
+        plan.images.initramfs = tmp.path().join("base.cpio");
+        fs::write(&plan.images.initramfs, b"0707010base").unwrap(); // 11 bytes: padded to 12
+        let run = RunDir::prepare(&tmp.path().join("run"), &RUN_FILES).unwrap();
+        let (token, initrd) = boot_secret(&plan, &run).unwrap();
+        let bytes = fs::read(&initrd).unwrap();
+        assert!(bytes.starts_with(b"0707010base\0"));
+        assert_eq!(&bytes[12..], &token.initrd_archive()[..]);
+        for p in [&initrd, &run.path(AGENT_TOKEN)] {
+            let mode = fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", p.display());
+        }
+        let sock = run.path(VSOCK_SOCKET);
+        let client = attach_client(&sock).unwrap();
+        drop(client);
+        // A second boot in the same run dir refuses to reuse the files.
+        assert!(boot_secret(&plan, &run).is_err());
     }
 }

@@ -36,6 +36,8 @@ pub enum DriverError {
         source: io::Error,
     },
     /// A helper process could not be started.
+    #[error("agent token")]
+    Token(#[source] guest_agent::token::TokenError),
     #[error("cannot start {program}")]
     Spawn {
         /// The program.

@@ -57,6 +57,7 @@ pub mod tcg;
 #[cfg(test)]
 mod test_support;
 
+pub use boot::attach_client;
 pub use error::DriverError;
 
 impl BootPlan {

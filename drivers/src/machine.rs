@@ -43,6 +43,11 @@ pub trait VmHandle: Send + Sync {
     fn console_tail(&self) -> String;
     /// Host processes that make up this VM.
     fn host_pids(&self) -> Vec<u32>;
+    /// Once stopped: which part ended and how, with what it printed (bounded); empty when
+    /// there is nothing to add to the console tail.
+    fn stop_detail(&self) -> String {
+        String::new()
+    }
 }
 
 /// Errors of guest operations on a [`Machine`].
@@ -87,7 +92,8 @@ pub struct MachineInfo {
     /// Wall-clock lifetime, enforced by a watchdog.
     pub wall: Option<Duration>,
     /// The host Unix socket the agent client connects to: the VM's hybrid-vsock socket for
-    /// the real drivers (`<run_dir>/vsock.sock`; a client writes `CONNECT <port>\n` first).
+    /// the real drivers (`<run_dir>/vsock.sock`, padded under tcg; a client writes
+    /// `CONNECT <port>\n` first, then presents the boot's token: `vm_drivers::attach_client`).
     /// It exists while the machine runs and is removed when it is closed.
     pub agent_socket: PathBuf,
 }

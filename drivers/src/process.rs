@@ -230,6 +230,7 @@ impl Drop for Supervised {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::ExitStatusExt;
     use std::process::Stdio;
 
     fn alive(pid: u32) -> bool {

@@ -207,14 +207,23 @@ fn boot_exec_uname_and_close() {
     assert!(out.status.success(), "{:?}", out.status);
     let release = String::from_utf8_lossy(&out.output).trim().to_string();
     assert!(release.starts_with("6."), "unexpected release {release:?}");
-    // The recorded agent socket reaches the same agent from a fresh client.
-    assert_eq!(machine.agent_socket(), run_dir.join("vsock.sock"));
-    let other = guest_agent::client::AgentClient::hybrid_vsock(
+    // The recorded agent socket reaches the same agent from a fresh client with the boot's
+    // token; without the token the agent answers nothing.
+    assert_eq!(machine.agent_socket().parent(), Some(run_dir.as_path()));
+    assert_eq!(
+        machine.agent_socket().as_os_str().len(),
+        107,
+        "padded socket path"
+    );
+    let other = vm_drivers::attach_client(machine.agent_socket()).expect("token beside socket");
+    rt.block_on(other.ping())
+        .expect("ping through Machine::agent_socket()");
+    let stranger = guest_agent::client::AgentClient::hybrid_vsock(
         machine.agent_socket(),
         guest_agent::AGENT_PORT,
     );
-    rt.block_on(other.ping())
-        .expect("ping through Machine::agent_socket()");
+    let e = rt.block_on(stranger.ping()).unwrap_err();
+    assert!(e.agent_kind().is_none(), "tokenless ping answered: {e}");
     rt.block_on(machine.close());
     assert!(!machine.is_running());
     for pid in pids {

@@ -74,19 +74,10 @@ impl FrameReader {
 
     /// Bytes of the current frame still missing (0 = complete).
     fn missing(&self) -> Result<usize, FrameError> {
-        let Some(len) = self.buf.get(..4) else {
-            return Ok(4 - self.buf.len());
-        };
-        let mut b = [0u8; 4];
-        b.copy_from_slice(len);
-        let n = u32::from_le_bytes(b);
-        if n > self.max {
-            return Err(FrameError::TooLarge {
-                len: u64::from(n),
-                max: self.max,
-            });
+        match body_len(&self.buf, self.max)? {
+            None => Ok(4 - self.buf.len()),
+            Some(n) => Ok(4 + n - self.buf.len()),
         }
-        Ok(4 + n as usize - self.buf.len())
     }
 
     /// Read (the rest of) one frame; see [`read_frame`] for `first` and `rest`.
@@ -130,6 +121,35 @@ impl FrameReader {
             self.started.get_or_insert_with(Instant::now);
         }
     }
+}
+
+/// The body length announced by the length prefix at the start of `bytes`, refused above
+/// `max`; `None` while fewer than 4 bytes are there.
+fn body_len(bytes: &[u8], max: u32) -> Result<Option<usize>, FrameError> {
+    let Some(prefix) = bytes.get(..4) else {
+        return Ok(None);
+    };
+    let mut b = [0u8; 4];
+    b.copy_from_slice(prefix);
+    let n = u32::from_le_bytes(b);
+    if n > max {
+        return Err(FrameError::TooLarge {
+            len: u64::from(n),
+            max,
+        });
+    }
+    Ok(Some(n as usize))
+}
+
+/// Decode the frame at the start of `bytes` without I/O (what [`FrameReader`] does once a
+/// frame is complete): the message and the bytes it used. `Closed` when `bytes` ends before
+/// the frame does. Allocates nothing beyond what the decoded message holds. The fuzz targets
+/// and property tests drive both sides' decoders through it.
+pub fn decode_frame<T: DeserializeOwned>(bytes: &[u8], max: u32) -> Result<(T, usize), FrameError> {
+    let n = body_len(bytes, max)?.ok_or(FrameError::Closed)?;
+    let body = bytes.get(4..4 + n).ok_or(FrameError::Closed)?;
+    let msg = postcard::from_bytes(body).map_err(FrameError::Decode)?;
+    Ok((msg, 4 + n))
 }
 
 /// Encode `msg` into one frame (length prefix included), refusing bodies above `max`.

@@ -87,6 +87,7 @@ pub mod client;
 pub mod config;
 pub mod frame;
 pub mod protocol;
+pub mod token;
 
 /// vsock port the agent listens on inside the guest.
 pub const AGENT_PORT: u32 = 1024;
@@ -102,3 +103,4 @@ pub use protocol::{
     AgentInfo, Command, ErrorKind, ExecOutput, ExecRequest, ExitStatus, FileEntry,
     InteractiveRequest, ServeId, ServeRequest, ServeStatus, TtySize,
 };
+pub use token::AgentToken;

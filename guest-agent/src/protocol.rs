@@ -226,8 +226,11 @@ pub enum Request {
 /// Host -> agent frames.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientFrame {
+    /// The first frame of every connection. `token` is the per-boot secret
+    /// ([`crate::token::AgentToken`]); a wrong one closes the connection without a reply.
     Hello {
         version: u32,
+        token: [u8; crate::token::TOKEN_LEN],
     },
     Request(Request),
     Data(#[serde(with = "serde_bytes")] Vec<u8>),

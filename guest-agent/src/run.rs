@@ -1,10 +1,11 @@
 //! Entry points of the `vm-agent` binary (see main.rs).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use guest_agent::agent::cgroup::CgroupLimits;
 use guest_agent::agent::{Agent, AgentOptions, imageroot, pid1};
+use guest_agent::token::{AgentToken, GUEST_TOKEN_PATH};
 use guest_agent::{AgentConfig, PROTOCOL_VERSION};
 use vm_error_chain::error_chain as chain;
 
@@ -48,6 +49,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 fn run_pid1() -> Result<(), String> {
+    // Before anything else (and before any thread): guest code must never read our memory.
+    pid1::harden().map_err(|e| format!("hardening: {}", chain(&e)))?;
     let mount_errors = pid1::early_mounts();
     pid1::console_to_stdio();
     let cmdline =
@@ -80,6 +83,10 @@ fn run_pid1() -> Result<(), String> {
     for d in &cfg.disks {
         pid1::mount_disk(d).map_err(|e| format!("disk {}: {}", d.id, chain(&e)))?;
     }
+    // The host's per-boot token, from the archive it appended to the initramfs; no token, no
+    // listener (refuse rather than serve unauthenticated).
+    let token = AgentToken::take_guest_file(Path::new(GUEST_TOKEN_PATH))
+        .map_err(|e| format!("agent token: {}", chain(&e)))?;
     let opts = AgentOptions {
         root: PathBuf::from("/"),
         hostname: cfg.hostname.clone(),
@@ -90,6 +97,7 @@ fn run_pid1() -> Result<(), String> {
             pids_max: cfg.pids_max,
             mem_limit_mib: cfg.mem_limit_mib,
         },
+        token: Some(token),
         ..AgentOptions::default()
     };
     runtime()?.block_on(async move {
@@ -115,6 +123,7 @@ struct HostArgs {
     cmdline: String,
     io_timeout: Option<Duration>,
     cgroup_root: Option<PathBuf>,
+    token_file: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<HostArgs, String> {
@@ -124,6 +133,7 @@ fn parse_args() -> Result<HostArgs, String> {
         cmdline: String::new(),
         io_timeout: None,
         cgroup_root: None,
+        token_file: None,
     };
     let mut it = std::env::args_os().skip(1);
     while let Some(flag) = it.next() {
@@ -141,9 +151,10 @@ fn parse_args() -> Result<HostArgs, String> {
                 a.io_timeout = Some(Duration::from_millis(ms));
             }
             "--cgroup-root" => a.cgroup_root = Some(val.into()),
+            "--token-file" => a.token_file = Some(val.into()),
             _ => {
                 return Err(format!(
-                    "unknown flag {flag}; usage: vm-agent --unix PATH [--root DIR] [--cmdline STR] [--io-timeout-ms N] [--cgroup-root DIR]"
+                    "unknown flag {flag}; usage: vm-agent --unix PATH [--root DIR] [--cmdline STR] [--io-timeout-ms N] [--cgroup-root DIR] [--token-file PATH]"
                 ));
             }
         }
@@ -165,8 +176,13 @@ fn run_host() -> Result<(), String> {
             std::io::Error::last_os_error()
         ));
     }
+    let token = match &a.token_file {
+        Some(p) => Some(AgentToken::read_file(p).map_err(|e| chain(&e))?),
+        None => None,
+    };
     let mut opts = AgentOptions {
         root: a.root,
+        token,
         hostname: cfg.hostname.clone(),
         reap_all: true,
         cgroup_base: a.cgroup_root,

@@ -371,3 +371,77 @@ async fn runs_as_the_requested_user() {
     }
     assert!(!std::path::Path::new("/tmp/vm-agent-user-test-ran").exists());
 }
+
+/// Back-pressure, not timeouts: a host that stops reading for far longer than the agent's I/O
+/// timeout (300 ms here) gets every byte and the command's own exit code afterwards; the
+/// command just blocks on its full pipe meanwhile.
+#[tokio::test]
+async fn slow_consumer_gets_every_byte_and_the_exit_code() {
+    let a = TestAgent::start_with(common::Opts {
+        extra_args: &["--io-timeout-ms", "300"],
+        env: &[],
+    });
+    let c = a.client();
+    let bytes = 6_000_000usize;
+    let line = format!("head -c {bytes} /dev/zero | tr '\\0' x; echo done >&2; exit 7");
+    let mut s = c.exec_stream(ExecRequest::shell(&line)).await.unwrap();
+    // Take one event, then stall for 3 s (10x the agent's I/O timeout).
+    let mut out = 0usize;
+    let mut err = Vec::new();
+    match s.next().await.unwrap() {
+        Some(ExecEvent::Stdout(d)) => out += d.len(),
+        ev => panic!("unexpected first event {ev:?}"),
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = loop {
+        match s.next().await.unwrap() {
+            Some(ExecEvent::Stdout(d)) => {
+                assert!(d.iter().all(|&b| b == b'x'));
+                out += d.len();
+            }
+            Some(ExecEvent::Stderr(d)) => err.extend(d),
+            Some(ExecEvent::Exit(st)) => break st,
+            None => panic!("stream ended without Exit"),
+        }
+    };
+    assert_eq!(out, bytes);
+    assert_eq!(err, b"done\n");
+    assert_eq!(status.code, Some(7), "{status:?}");
+    // The combined form too: a slow reader of `Data` frames loses nothing.
+    let out = c
+        .exec(ExecRequest::shell("head -c 3000000 /dev/zero; exit 3"))
+        .await
+        .unwrap();
+    assert_eq!(out.output.len(), 3_000_000);
+    assert_eq!(out.status.code, Some(3));
+}
+
+/// A host connection that goes away while the command is blocked on output ends the command
+/// (only a dead connection does).
+#[tokio::test]
+async fn dead_host_connection_ends_a_blocked_command() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let pidfile = a.root().join("pid");
+    let line = format!("echo $$ > {}; exec yes", pidfile.display());
+    let mut s = c.exec_stream(ExecRequest::shell(&line)).await.unwrap();
+    assert!(matches!(
+        s.next().await.unwrap(),
+        Some(ExecEvent::Stdout(_))
+    ));
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !common::pid_gone(pid),
+        "killed while the host was merely slow"
+    );
+    drop(s);
+    assert!(
+        wait_gone(pid, 5000).await,
+        "yes still running after the host left"
+    );
+}

@@ -1,6 +1,7 @@
 //! PID-1 duties, checked against a real guest (QEMU TCG) that `tests/guest/run-tcg.sh` boots.
 //!
-//! Runs only when `VM_AGENT_GUEST_SOCK` names the hybrid-vsock socket of such a guest, booted
+//! Runs only when `VM_AGENT_GUEST_SOCK` names the hybrid-vsock socket of such a guest (and
+//! `VM_AGENT_GUEST_TOKEN` the token file the runner put in its initramfs), booted
 //! with `vm.hostname=agent-test vm.pids=64 vm.mem=64 vm.disk=data0:/mnt/data:ext4
 //! vm.disk=raw0:/dev/data-raw:raw` (an ext4 disk holding `hello.txt` = "hello from disk", and
 //! any raw disk); otherwise each test prints a SKIP line. The tests run in order in one
@@ -11,9 +12,13 @@ use std::time::Duration;
 
 use guest_agent::{AgentClient, ExecRequest, ServeRequest};
 
-fn client() -> Option<AgentClient> {
+fn client() -> Option<(AgentClient, String)> {
     let sock = std::env::var("VM_AGENT_GUEST_SOCK").ok()?;
-    Some(AgentClient::hybrid_vsock(sock, guest_agent::AGENT_PORT))
+    let token_file = std::env::var("VM_AGENT_GUEST_TOKEN").expect("VM_AGENT_GUEST_TOKEN");
+    let hex = std::fs::read_to_string(&token_file).expect("token file");
+    let token = guest_agent::AgentToken::read_file(token_file.as_ref()).expect("token");
+    let c = AgentClient::hybrid_vsock(sock, guest_agent::AGENT_PORT).with_token(token);
+    Some((c, hex.trim().to_string()))
 }
 
 async fn sh(c: &AgentClient, line: &str) -> (String, guest_agent::ExitStatus) {
@@ -40,7 +45,7 @@ fn oom_kills(events: &str) -> u64 {
 
 #[tokio::test]
 async fn pid1_duties_in_a_guest() {
-    let Some(c) = client() else {
+    let Some((c, token_hex)) = client() else {
         common::skip(
             "pid1_duties_in_a_guest",
             "VM_AGENT_GUEST_SOCK not set (boot one with tests/guest/run-tcg.sh)",
@@ -49,6 +54,17 @@ async fn pid1_duties_in_a_guest() {
     };
     let info = c.wait_ready(Duration::from_secs(120)).await.unwrap();
     assert!(info.pid1, "{info:?}");
+    // Without the token the agent says nothing and runs nothing.
+    let stranger = AgentClient::hybrid_vsock(
+        std::env::var("VM_AGENT_GUEST_SOCK").unwrap(),
+        guest_agent::AGENT_PORT,
+    );
+    let e = stranger.ping().await.unwrap_err();
+    assert!(
+        e.agent_kind().is_none(),
+        "tokenless client got a reply: {e}"
+    );
+    secret_stays_with_the_agent(&c, &token_hex).await;
     assert!(info.cgroups, "{info:?}");
     assert_eq!(info.hostname, "agent-test");
 
@@ -189,6 +205,70 @@ async fn pid1_duties_in_a_guest() {
 
     // Shutdown ends the VM (the runner checks that QEMU exits).
     c.shutdown().await.unwrap();
+}
+
+/// Guest root cannot find the token: it is gone from the rootfs, absent from the command line,
+/// and the agent's memory, environment and fds are closed to commands (non-dumpable agent,
+/// `CAP_SYS_PTRACE`/`CAP_SYS_RAWIO` out of the bounding set); no `/dev/mem` or `/proc/kcore`.
+async fn secret_stays_with_the_agent(c: &AgentClient, token_hex: &str) {
+    let probes = [
+        "id -u",
+        "ls /vm-agent.token",
+        "head -c 64 /proc/1/mem",
+        "cat /proc/1/environ",
+        "cat /proc/1/fd/3",
+        "ls /dev/mem /proc/kcore",
+        "grep -c vm-agent /proc/cmdline",
+        "grep CapBnd /proc/self/status",
+    ];
+    let line = probes
+        .iter()
+        .map(|p| format!("echo \"## {p}\"; {p} 2>&1"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let (out, _) = sh(c, &line).await;
+    assert!(
+        !out.contains(token_hex),
+        "token visible to guest code: {out}"
+    );
+    let section = |p: &str| {
+        let start = out.find(&format!("## {p}\n")).unwrap() + p.len() + 4;
+        let rest = &out[start..];
+        rest[..rest.find("## ").unwrap_or(rest.len())].to_string()
+    };
+    assert_eq!(section("id -u").trim(), "0", "{out}");
+    assert!(
+        section("ls /vm-agent.token").contains("No such file"),
+        "{out}"
+    );
+    for p in [
+        "head -c 64 /proc/1/mem",
+        "cat /proc/1/environ",
+        "cat /proc/1/fd/3",
+    ] {
+        assert!(section(p).contains("Permission denied"), "{p}: {out}");
+    }
+    assert_eq!(
+        section("ls /dev/mem /proc/kcore")
+            .matches("No such file")
+            .count(),
+        2
+    );
+    assert_eq!(
+        section("grep -c vm-agent /proc/cmdline").trim(),
+        "0",
+        "{out}"
+    );
+    let bnd = section("grep CapBnd /proc/self/status");
+    let hex = bnd.split_whitespace().nth(1).expect("CapBnd value");
+    let caps = u64::from_str_radix(hex, 16).unwrap();
+    assert_eq!(caps & (1 << 19), 0, "CAP_SYS_PTRACE in bounding set: {bnd}");
+    assert_eq!(caps & (1 << 17), 0, "CAP_SYS_RAWIO in bounding set: {bnd}");
+    assert_ne!(
+        caps & (1 << 21),
+        0,
+        "CAP_SYS_ADMIN unexpectedly gone: {bnd}"
+    );
 }
 
 /// Guest -> host transfers far above 32 KiB arrive whole (the agent's writes are bounded so

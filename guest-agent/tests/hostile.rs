@@ -8,7 +8,7 @@ use common::TestAgent;
 use guest_agent::client::ClientError;
 use guest_agent::frame::{FrameError, read_frame, write_frame};
 use guest_agent::protocol::{AgentFrame, AgentInfo, ClientFrame, ErrorKind, MAX_FRAME, Request};
-use guest_agent::{AgentClient, ClientLimits, ExecRequest, PROTOCOL_VERSION};
+use guest_agent::{AgentClient, AgentToken, ClientLimits, ExecRequest, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -47,19 +47,20 @@ async fn agent_survives_hostile_clients() {
         .unwrap();
     assert!(closed_within(&mut s, T).await);
     a.client().ping().await.unwrap();
-    // Request before Hello.
+    // Request before Hello: closed without a reply (nothing is said to an unauthenticated peer).
     let mut s = UnixStream::connect(&a.sock).await.unwrap();
     write_frame(&mut s, &ClientFrame::Request(Request::Ping), MAX_FRAME, T)
         .await
         .unwrap();
-    let f: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
-    assert!(matches!(f, AgentFrame::Error(e) if e.kind == ErrorKind::BadRequest));
-    // Wrong protocol version.
+    let r: Result<AgentFrame, _> = read_frame(&mut s, MAX_FRAME, Some(T), T).await;
+    assert!(r.is_err(), "unauthenticated peer got {r:?}");
+    // Wrong protocol version (with the right token).
     let mut s = UnixStream::connect(&a.sock).await.unwrap();
     write_frame(
         &mut s,
         &ClientFrame::Hello {
             version: PROTOCOL_VERSION + 1,
+            token: *a.token.bytes(),
         },
         MAX_FRAME,
         T,
@@ -87,16 +88,7 @@ async fn agent_survives_hostile_clients() {
     assert!(closed_within(&mut idle, Duration::from_secs(3)).await);
     // WriteFile sending more data than announced.
     let mut s = UnixStream::connect(&a.sock).await.unwrap();
-    write_frame(
-        &mut s,
-        &ClientFrame::Hello {
-            version: PROTOCOL_VERSION,
-        },
-        MAX_FRAME,
-        T,
-    )
-    .await
-    .unwrap();
+    write_frame(&mut s, &a.hello(), MAX_FRAME, T).await.unwrap();
     let _: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
     let req = Request::WriteFile {
         root: "/".into(),
@@ -120,16 +112,71 @@ async fn agent_survives_hostile_clients() {
 #[tokio::test]
 async fn agent_caps_concurrent_connections() {
     let a = TestAgent::start();
+    // 64 authenticated connections that never send their request take every slot.
     let mut held = Vec::new();
     for _ in 0..64 {
-        held.push(UnixStream::connect(&a.sock).await.unwrap());
+        let mut s = UnixStream::connect(&a.sock).await.unwrap();
+        write_frame(&mut s, &a.hello(), MAX_FRAME, T).await.unwrap();
+        let f: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
+        assert!(matches!(f, AgentFrame::HelloOk { .. }), "{f:?}");
+        held.push(s);
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let e = a.client().ping().await.unwrap_err();
     assert_eq!(e.agent_kind(), Some(ErrorKind::Busy), "{e}");
     drop(held);
     tokio::time::sleep(Duration::from_millis(100)).await;
     a.client().ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn unauthenticated_peers_get_nothing_and_take_no_host_slot() {
+    let a = TestAgent::start_with(common::Opts {
+        extra_args: &["--io-timeout-ms", "500"],
+        env: &[],
+    });
+    // A wrong token, no token (a client without one sends zeros): closed, no reply, no request.
+    let wrong = AgentClient::unix(&a.sock).with_token(AgentToken::generate().unwrap());
+    let tokenless = AgentClient::unix(&a.sock);
+    for c in [wrong, tokenless] {
+        let e = c.exec(ExecRequest::shell("touch pwned")).await.unwrap_err();
+        assert!(e.agent_kind().is_none(), "got an agent reply: {e}");
+    }
+    assert!(!a.root().join("pwned").exists());
+    // An oversized first frame is not read (a Hello is tiny).
+    let mut s = UnixStream::connect(&a.sock).await.unwrap();
+    s.write_all(&4096u32.to_le_bytes()).await.unwrap();
+    s.write_all(&[0u8; 4096]).await.unwrap();
+    assert!(closed_within(&mut s, T).await);
+    // 40 idle unauthenticated connections: at most the handshake pool is held, each only until
+    // the auth deadline; authenticated work then runs while slots stay free for it.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(UnixStream::connect(&a.sock).await.unwrap());
+    }
+    let mut closed_at_once = 0;
+    for s in &mut idle {
+        if closed_within(s, Duration::from_millis(50)).await {
+            closed_at_once += 1;
+        }
+    }
+    assert!(
+        closed_at_once >= 40 - 16,
+        "only {closed_at_once} refused at once"
+    );
+    for s in &mut idle {
+        assert!(
+            closed_within(s, T).await,
+            "idle peer held past the deadline"
+        );
+    }
+    let t0 = std::time::Instant::now();
+    let out = a
+        .client()
+        .exec(ExecRequest::shell("echo hi"))
+        .await
+        .unwrap();
+    assert_eq!(out.output, b"hi\n");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
 }
 
 /// A fake agent: each accepted connection is handled by the next behaviour in `script`.

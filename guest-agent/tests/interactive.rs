@@ -275,10 +275,7 @@ async fn command_not_found_at_start() {
 async fn unknown_request_is_unsupported() {
     let a = TestAgent::start();
     let mut s = tokio::net::UnixStream::connect(&a.sock).await.unwrap();
-    let hello = ClientFrame::Hello {
-        version: PROTOCOL_VERSION,
-    };
-    write_frame(&mut s, &hello, MAX_FRAME, T).await.unwrap();
+    write_frame(&mut s, &a.hello(), MAX_FRAME, T).await.unwrap();
     let _: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
     // ClientFrame::Request (variant 1) of Request variant 120: unknown to any agent.
     s.write_all(&[2, 0, 0, 0, 1, 120]).await.unwrap();

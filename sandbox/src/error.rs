@@ -34,6 +34,10 @@ pub enum SandboxError {
     NoCommand,
     #[error("creating run directory")]
     RunDir(#[source] std::io::Error),
+    /// Attaching to a running VM: its agent token (beside the socket) could not be read; the
+    /// cause names the file.
+    #[error("attaching to a running VM")]
+    Attach(#[source] DriverError),
     #[error("boot on {driver} failed")]
     Boot {
         driver: &'static str,

@@ -88,6 +88,7 @@ mod link;
 mod microvm;
 pub mod mounts;
 pub mod publish;
+pub mod rundir;
 mod running;
 mod select;
 mod serving;

@@ -35,7 +35,9 @@ pub struct Options {
     pub mount_cache: Option<PathBuf>,
     /// Cap on the total size of a mounted directory.
     pub max_mount_bytes: u64,
-    /// Where the per-VM run directory is created; `None` = the system temp dir.
+    /// Where the per-VM run directory is created (the parent is created 0700 if missing, once
+    /// the spec has been accepted); `None` = the system temp dir. Each run directory names its
+    /// owner so [`crate::rundir::sweep`] can remove it after a `SIGKILL`.
     pub run_dir_parent: Option<PathBuf>,
 }
 
@@ -137,10 +139,20 @@ impl MicroVm {
             .run_dir_parent
             .clone()
             .unwrap_or_else(std::env::temp_dir);
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&parent)
+                .map_err(SandboxError::RunDir)?;
+        }
         let run_dir = tempfile::Builder::new()
-            .prefix("vm-")
+            .prefix(crate::rundir::RUN_DIR_PREFIX)
             .tempdir_in(parent)
             .map_err(SandboxError::RunDir)?;
+        // So a later sweep can tell this directory's owner died (crate::rundir).
+        crate::rundir::claim(run_dir.path()).map_err(SandboxError::RunDir)?;
         let limits = spec.limits();
         let plan = BootPlan {
             name: options.name.clone(),

@@ -7,8 +7,6 @@
 use std::ops::Deref;
 use std::path::PathBuf;
 
-use guest_agent::AGENT_PORT;
-use guest_agent::client::AgentClient;
 use vm_spec::Spec;
 use vm_spec::paths::normalize_guest_path;
 
@@ -63,7 +61,9 @@ impl RunningVm {
                 command: image.default_command(),
             },
         };
-        let client = AgentClient::hybrid_vsock(attach.agent_socket.clone(), AGENT_PORT);
+        // The boot left its agent token beside the socket; without it the agent answers nothing.
+        let client =
+            vm_drivers::attach_client(&attach.agent_socket).map_err(SandboxError::Attach)?;
         Ok(RunningVm {
             guest: Guest::new(Link::Attached(client), confinement, true),
             agent_socket: attach.agent_socket,

@@ -14,9 +14,16 @@ use vm_sandbox::confine::PathError;
 use vm_sandbox::{Attach, Run, RunningVm, SandboxError};
 
 /// The real agent in this process (base directory `/`) behind a hybrid-vsock front at
-/// `<dir>/vsock.sock`.
+/// `<dir>/vsock.sock`, with the boot's token beside the socket as the drivers leave it
+/// (attaching presents it).
 fn start_agent(dir: &Path) -> (PathBuf, tokio::task::JoinHandle<()>) {
-    let agent = Agent::new(AgentOptions::default()).unwrap();
+    let token = guest_agent::AgentToken::generate().unwrap();
+    token.write_file(&dir.join("agent.token")).unwrap();
+    let agent = Agent::new(AgentOptions {
+        token: Some(token),
+        ..AgentOptions::default() // base directory `/`
+    })
+    .unwrap();
     let socket = dir.join("vsock.sock");
     let listener = UnixListener::bind(&socket).unwrap();
     let front = tokio::spawn(vm_test_support::hybrid::front(
@@ -55,6 +62,18 @@ async fn attached_vm_shares_the_booted_vms_rules() {
     .unwrap();
     assert_eq!(vm.agent_socket(), socket);
     assert_eq!(vm.root(), root.to_str().unwrap());
+    // Without the token file nothing attaches.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let err = RunningVm::attach(Attach {
+        agent_socket: elsewhere.path().join("vsock.sock"),
+        spec: spec.clone(),
+    })
+    .unwrap_err();
+    assert!(
+        vm_error_chain::error_chain(&err).contains("agent.token"),
+        "{}",
+        vm_error_chain::error_chain(&err)
+    );
 
     // The VM's environment, in its root.
     let out = vm.exec("echo $COLOR; pwd").await.unwrap();

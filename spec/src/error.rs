@@ -58,6 +58,15 @@ pub enum SpecError {
         path: PathBuf,
         reason: String,
     },
+    #[error(
+        "{field}: {} exposes {} ({what}); name it with --allow-mount-secret (guarantees.mount_secret_allow) to mount it anyway", .path.display(), .credential.display()
+    )]
+    SecretMount {
+        field: String,
+        path: PathBuf,
+        credential: PathBuf,
+        what: &'static str,
+    },
     #[error("guarantees.mounts: {count} mounts exceed the maximum {max}")]
     TooManyMounts { count: usize, max: usize },
     #[error("{field}: {path:?} is longer than {max} bytes")]

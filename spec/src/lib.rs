@@ -43,6 +43,7 @@ pub mod imageconfig;
 mod limits;
 mod model;
 pub mod paths;
+pub mod secrets;
 mod trust;
 mod validate;
 

@@ -100,6 +100,10 @@ pub struct Guarantees {
     /// Env names explicitly allowed even though they look like secrets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env_allow: Vec<String>,
+    /// Host paths explicitly allowed as mounts even though they are (or hold) credentials
+    /// ([`crate::secrets::CREDENTIAL_PATHS`]); compared after resolving symlinks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_secret_allow: Vec<PathBuf>,
 }
 
 impl Guarantees {
@@ -119,6 +123,7 @@ impl Guarantees {
             mounts,
             env: Vec::new(),
             env_allow: Vec::new(),
+            mount_secret_allow: Vec::new(),
         }
     }
 

@@ -14,7 +14,9 @@
 //! - `/` itself, which contains everything.
 //!
 //! Host paths are resolved (symlinks, `..`) first, then refused when they are `/`, the
-//! user's home, or an ancestor of the home (mount-safety rules that no flag overrides).
+//! user's home, or an ancestor of the home (mount-safety rules that no flag overrides), and
+//! when they expose a credential location under the home ([`crate::secrets`], overridable
+//! per path with `Guarantees.mount_secret_allow`).
 
 use std::path::{Path, PathBuf};
 

@@ -18,6 +18,7 @@ use crate::paths::{
     SCRATCH_GUEST_PATHS, check_host_path_text, is_ancestor_or_same, normalize_guest_path,
     refuse_shadowing, refuse_system_guest_path, resolve_mount_source,
 };
+use crate::secrets::credential_exposed;
 
 /// Most mounts a guest can take (the agent's disk limit).
 pub const MAX_MOUNTS: usize = 16;
@@ -162,6 +163,12 @@ impl Spec {
             }
             let host_field = format!("guarantees.mounts[{index}].host_path");
             let host = resolve_mount_source(&host_field, &m.host_path, ctx.home.as_deref())?;
+            refuse_secret_mount(
+                &host_field,
+                &host,
+                ctx.home.as_deref(),
+                &g.mount_secret_allow,
+            )?;
             mounts.push(ValidMount {
                 host_path: host,
                 guest_path: guest,
@@ -189,6 +196,31 @@ impl Spec {
             user,
         })
     }
+}
+
+/// Refuse a mount exposing a credential location under `home` unless the mount's host path is
+/// listed in `allow` (each entry resolved the same way; an unresolvable entry allows nothing).
+fn refuse_secret_mount(
+    field: &str,
+    host: &Path,
+    home: Option<&Path>,
+    allow: &[PathBuf],
+) -> Result<(), SpecError> {
+    let Some(hit) = home.and_then(|h| credential_exposed(host, h)) else {
+        return Ok(());
+    };
+    if allow
+        .iter()
+        .any(|a| a.canonicalize().is_ok_and(|a| a == host))
+    {
+        return Ok(());
+    }
+    Err(SpecError::SecretMount {
+        field: field.into(),
+        path: host.to_path_buf(),
+        credential: hit.path,
+        what: hit.what,
+    })
 }
 
 fn validate_image(image: &Image) -> Result<ValidImage, SpecError> {

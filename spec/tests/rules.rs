@@ -263,6 +263,62 @@ fn rule_host_home_and_its_ancestors_refused() {
 }
 
 #[test]
+fn rule_credential_mounts_refused_unless_named() {
+    // home = <tmp>/home with the usual credential directories.
+    let mut f = Fixture::new();
+    let home = f.path("home");
+    for d in [
+        ".ssh",
+        ".aws",
+        ".gnupg",
+        ".kube",
+        ".docker",
+        ".config/gcloud",
+        "src",
+    ] {
+        std::fs::create_dir_all(home.join(d)).unwrap();
+    }
+    std::fs::write(home.join(".ssh/id_ed25519"), b"secret").unwrap();
+    for (rel, what) in [
+        (".ssh", "SSH keys"),
+        (".ssh/id_ed25519", "SSH keys"),
+        (".aws", "AWS credentials"),
+        (".gnupg", "GnuPG keys"),
+        (".kube", "Kubernetes credentials"),
+        (".docker", "container registry credentials"),
+        (".config/gcloud", "Google Cloud credentials"),
+        // Containing one is the same exposure.
+        (".config", "Google Cloud credentials"),
+    ] {
+        f.spec.guarantees.mounts[0].host_path = home.join(rel);
+        let msg = f.check_home(&home).unwrap_err().to_string();
+        assert_names(
+            &msg,
+            &[
+                "guarantees.mounts[0].host_path",
+                what,
+                "--allow-mount-secret",
+            ],
+        );
+    }
+    // A symlink elsewhere that points at ~/.ssh is resolved first.
+    std::os::unix::fs::symlink(home.join(".ssh"), f.path("innocent")).unwrap();
+    f.spec.guarantees.mounts[0].host_path = f.path("innocent");
+    let msg = f.check_home(&home).unwrap_err().to_string();
+    assert_names(&msg, &["SSH keys", ".ssh"]);
+    // Named explicitly (through the symlink, too): allowed, for that path only.
+    f.spec.guarantees.mount_secret_allow = vec![home.join(".ssh")];
+    f.check_home(&home).unwrap();
+    f.spec.guarantees.mounts[0].host_path = home.join(".aws");
+    let msg = f.check_home(&home).unwrap_err().to_string();
+    assert_names(&msg, &["AWS credentials"]);
+    // Ordinary directories under the home are fine.
+    f.spec.guarantees.mount_secret_allow.clear();
+    f.spec.guarantees.mounts[0].host_path = home.join("src");
+    f.check_home(&home).unwrap();
+}
+
+#[test]
 fn rule_missing_host_path_refused() {
     let mut f = Fixture::new();
     f.spec.guarantees.mounts[0].host_path = f.path("nope");

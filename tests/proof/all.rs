@@ -2,6 +2,8 @@
 //! `tests/`, included as a module (`vm_tests::tests::the_proof_binary_includes_every_scenario`
 //! fails when one is missing here).
 
+#[path = "../tests/attacker.rs"]
+mod attacker;
 #[path = "../tests/boot.rs"]
 mod boot;
 #[path = "../tests/cancel.rs"]
@@ -20,6 +22,8 @@ mod interactive;
 mod memory;
 #[path = "../tests/mounts.rs"]
 mod mounts;
+#[path = "../tests/parallel.rs"]
+mod parallel;
 #[path = "../tests/pids.rs"]
 mod pids;
 #[path = "../tests/refusal.rs"]

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vmm::virtio::test_utils::vsock_guest::VsockGuest;
-use vmm::virtio::vsock::muxer::MAX_CONNECTIONS;
+use vmm::virtio::vsock::muxer::{MAX_CONNECTIONS, guest_connects_refused};
 use vmm::virtio::vsock::packet::{HOST_CID, Header, TYPE_STREAM, op};
 
 const CID: u64 = 3;
@@ -107,53 +107,37 @@ fn host_to_guest_connect_and_echo() {
     );
 }
 
+/// No guest-initiated connection reaches the host: a listener on the path a hybrid-vsock VMM
+/// would connect to (`<uds>_<port>`) sees nothing, the guest gets RST each time, every refusal
+/// is counted, and host connections are served meanwhile.
 #[test]
-fn guest_to_host_connect_and_echo() {
+fn guest_connects_get_rst_and_reach_no_host_listener() {
     let (_d, uds, mut g) = setup();
-    let l = UnixListener::bind(format!("{}_5000", uds.display())).unwrap();
-    let server = std::thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        let mut buf = [0u8; 4];
-        (&s).read_exact(&mut buf).unwrap();
-        (&s).write_all(&buf).unwrap();
-        buf
-    });
-    let key = g.connect(5000);
+    let before = guest_connects_refused();
+    let would_be = vmm::virtio::vsock::unix::peer_path(&uds, 5000);
+    let l = UnixListener::bind(&would_be).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let keys: Vec<_> = (0..50).map(|_| g.connect(5000)).collect();
+    let other = g.connect(5001);
     pump_until(&mut g, Duration::from_secs(10), |g| {
-        g.conns.get(&key).is_some_and(|c| c.established)
+        keys.iter().chain([&other]).all(|k| g.resets.contains(k))
     });
-    g.write(key, b"ping");
-    pump_until(&mut g, Duration::from_secs(10), |g| {
-        g.conns[&key].inbox.len() == 4
-    });
-    assert_eq!(g.conns[&key].inbox, b"ping");
-    assert_eq!(&server.join().unwrap(), b"ping");
-}
-
-#[test]
-fn guest_connect_to_unlistened_port_gets_rst() {
-    let (_d, _uds, mut g) = setup();
-    let key = g.connect(5001);
-    pump_until(&mut g, Duration::from_secs(10), |g| g.resets.contains(&key));
-}
-
-#[test]
-fn guest_connect_to_saturated_host_service_gets_rst_without_blocking() {
-    let (_d, uds, mut g) = setup();
-    let _l = UnixListener::bind(format!("{}_5006", uds.display())).unwrap();
-    // Fill the service's accept backlog (it never accepts).
-    let mut held = Vec::new();
-    while let Ok(s) = vmm::virtio::vsock::unix::connect_peer(&uds, 5006) {
-        held.push(s);
-        assert!(held.len() < 10_000, "backlog never filled");
+    assert!(
+        keys.iter().all(|k| !g.conns.contains_key(k)),
+        "a refused connection lingers"
+    );
+    assert_eq!(guest_connects_refused() - before, 51);
+    match l.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        r => panic!("the would-be host listener got {r:?}"),
     }
-    let key = g.connect(5006);
-    pump_until(&mut g, Duration::from_secs(10), |g| g.resets.contains(&key));
-    // The device is not stuck: another connection is served.
-    let key2 = g.connect(5007);
-    pump_until(&mut g, Duration::from_secs(10), |g| {
-        g.resets.contains(&key2)
-    });
+    g.listen(PORT);
+    g.echo = true;
+    let c = echo_client(uds, 7, 10_000);
+    assert_eq!(
+        run_clients(&mut g, vec![c], Duration::from_secs(20)),
+        vec![true]
+    );
 }
 
 #[test]
@@ -331,27 +315,22 @@ fn packet_with_wrong_source_cid_is_dropped() {
         l.accept().is_err(),
         "device connected on behalf of a spoofed packet"
     );
-    assert!(g.resets.is_empty());
-    // The same request from the right CID is served.
+    assert!(g.resets.is_empty(), "a spoofed packet got an answer");
+    // The same request from the right CID is refused with RST (and still connects nothing).
     h.src_cid = g.cid;
     assert!(g.send_raw(&h, &[]));
-    pump_until(&mut g, Duration::from_secs(10), |_| l.accept().is_ok());
+    pump_until(&mut g, Duration::from_secs(10), |g| !g.resets.is_empty());
+    assert!(
+        l.accept().is_err(),
+        "a guest request reached a host listener"
+    );
 }
 
 #[test]
 fn guest_overrunning_credit_is_reset() {
     let (_d, uds, mut g) = setup();
-    // A host service that never reads.
-    let l = UnixListener::bind(format!("{}_5004", uds.display())).unwrap();
-    let keep = std::thread::spawn(move || {
-        let s = l.accept().unwrap();
-        std::thread::sleep(Duration::from_secs(3));
-        drop(s);
-    });
-    let key = g.connect(5004);
-    pump_until(&mut g, Duration::from_secs(10), |g| {
-        g.conns.get(&key).is_some_and(|c| c.established)
-    });
+    // A host client that never reads.
+    let (key, keep) = established(&mut g, &uds, 5004);
     // Ignore credit: push 600 KiB of RW packets straight away.
     let chunk = vec![7u8; 16 * 1024];
     let mut h = raw(&g, op::RW, chunk.len() as u32);
@@ -367,7 +346,7 @@ fn guest_overrunning_credit_is_reset() {
         }
     }
     pump_until(&mut g, Duration::from_secs(10), |g| g.resets.contains(&key));
-    keep.join().unwrap();
+    drop(keep);
 }
 
 #[test]
@@ -429,16 +408,13 @@ fn worker_cpu_ticks() -> Option<u64> {
     None
 }
 
-/// A host service on `<uds>_<port>` that reads everything to EOF (bounded by a timeout), then
-/// writes `reply` and closes. Returns what it read, or the read error.
+/// On the host stream `s`: read everything to EOF (bounded by a timeout), then write `reply`
+/// and close. Returns what it read, or the read error.
 fn read_to_eof_then_reply(
-    uds: &Path,
-    port: u32,
+    s: UnixStream,
     reply: &'static [u8],
 ) -> JoinHandle<Result<Vec<u8>, String>> {
-    let l = UnixListener::bind(format!("{}_{port}", uds.display())).unwrap();
     std::thread::spawn(move || {
-        let (s, _) = l.accept().map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut got = Vec::new();
         (&s).read_to_end(&mut got).map_err(|e| e.to_string())?;
@@ -447,12 +423,21 @@ fn read_to_eof_then_reply(
     })
 }
 
-fn established(g: &mut VsockGuest, port: u32) -> (u32, u32) {
-    let key = g.connect(port);
-    pump_until(g, Duration::from_secs(10), |g| {
-        g.conns.get(&key).is_some_and(|c| c.established)
-    });
-    key
+/// A connection opened the only way there is, by a host client to a guest listener on
+/// `port`: the guest's key and the host's stream.
+fn established(g: &mut VsockGuest, uds: &Path, port: u32) -> ((u32, u32), UnixStream) {
+    g.listen(port);
+    let uds = uds.to_path_buf();
+    let c = std::thread::spawn(move || host_connect(&uds, port));
+    pump_until(g, Duration::from_secs(10), |_| c.is_finished());
+    let s = c.join().unwrap().expect("host connect");
+    let key = g
+        .conns
+        .iter()
+        .find(|(k, c)| k.0 == port && c.established)
+        .map(|(k, _)| *k)
+        .expect("guest side of the connection");
+    (key, s)
 }
 
 /// Linux 6.12 queues a guest write above ~32 KiB as a nonlinear skb: one descriptor for the
@@ -461,11 +446,10 @@ fn established(g: &mut VsockGuest, port: u32) -> (u32, u32) {
 #[test]
 fn guest_tx_payload_spread_over_several_descriptors_is_delivered_intact() {
     let (_d, uds, mut g) = setup();
-    let l = UnixListener::bind(format!("{}_5010", uds.display())).unwrap();
+    let (key, s) = established(&mut g, &uds, 5010);
     let received = Arc::new(AtomicUsize::new(0));
     let counter = received.clone();
     let server = std::thread::spawn(move || -> Result<Vec<u8>, String> {
-        let (s, _) = l.accept().map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut got = Vec::new();
         let mut buf = vec![0u8; 8192];
@@ -477,7 +461,6 @@ fn guest_tx_payload_spread_over_several_descriptors_is_delivered_intact() {
             counter.store(got.len(), Ordering::SeqCst);
         }
     });
-    let key = established(&mut g, 5010);
     let max = vmm::virtio::vsock::packet::MAX_PAYLOAD as usize;
     let packets: Vec<(Vec<u8>, Vec<usize>)> = vec![
         // Header alone, then 16 page-sized fragments: a 64 KiB nonlinear skb.
@@ -526,8 +509,8 @@ fn guest_tx_payload_spread_over_several_descriptors_is_delivered_intact() {
 #[test]
 fn guest_half_close_gives_host_eof_and_host_can_still_reply() {
     let (_d, uds, mut g) = setup();
-    let server = read_to_eof_then_reply(&uds, 5011, b"reply after eof");
-    let key = established(&mut g, 5011);
+    let (key, s) = established(&mut g, &uds, 5011);
+    let server = read_to_eof_then_reply(s, b"reply after eof");
     g.write(key, b"request");
     g.shutdown_send(key);
     pump_until(&mut g, Duration::from_secs(20), |g| {

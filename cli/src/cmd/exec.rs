@@ -140,6 +140,7 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         policy,
         driver: a.vm.driver.clone(),
         name: format!("exec-{}", std::process::id()),
+        run_dir_parent: Some(crate::state::Runtime::from_env()?.ephemeral_parent()),
         ..Options::default()
     };
     let vm = tokio::select! {

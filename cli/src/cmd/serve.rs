@@ -37,6 +37,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         policy,
         driver: a.vm.driver.clone(),
         name: format!("serve-{}", std::process::id()),
+        run_dir_parent: Some(crate::state::Runtime::from_env()?.ephemeral_parent()),
         ..Options::default()
     };
     let vm = tokio::select! {

@@ -6,7 +6,8 @@
 //! guest user space cannot run, so no agent could ever answer.
 //!
 //! [`KvmDriver::boot`] does not consult detection (selection does): it builds a
-//! `vmm::VmConfig` (the ELF `vmlinux`, the initramfs, one read-only virtio-blk per disk with
+//! `vmm::VmConfig` (the ELF `vmlinux`, the boot's initrd — the initramfs plus the agent token
+//! archive, see `boot::boot_secret` —, one read-only virtio-blk per disk with
 //! serial `disk<N>`, a hybrid vsock at `<run_dir>/vsock.sock` for guest CID 3, and an rng),
 //! starts the VM in its own `vm-vmm` process (found by [`locate`]: `$VM_VMM_BIN`, next to the
 //! running executable, or one directory up) and waits for the agent.

@@ -36,6 +36,7 @@ pub(crate) fn vm_config(
     plan: &BootPlan,
     agent_cmdline: String,
     uds: std::path::PathBuf,
+    initrd: std::path::PathBuf,
 ) -> Result<VmConfig, DriverError> {
     let vcpus = u8::try_from(plan.vcpus).map_err(|_| DriverError::InvalidPlan {
         reason: format!("vcpus: {} does not fit the kvm vmm", plan.vcpus),
@@ -59,7 +60,7 @@ pub(crate) fn vm_config(
         vcpus,
         kernel: plan.images.vmlinux.clone(),
         kernel_format: KernelFormat::Auto,
-        initrd: Some(plan.images.initramfs.clone()),
+        initrd: Some(initrd),
         cmdline: agent_cmdline,
         cpu_profile: CpuProfile::Auto,
         devices,
@@ -104,9 +105,12 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     let cmdline = boot::agent_cmdline(&plan)?;
-    let mut run = RunDir::prepare(&plan.run_dir, &[VSOCK_SOCKET])?;
+    let mut files = vec![VSOCK_SOCKET];
+    files.extend(boot::RUN_FILES);
+    let mut run = RunDir::prepare(&plan.run_dir, &files)?;
     let uds = run.path(VSOCK_SOCKET);
-    let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone())?);
+    let (token, initrd) = boot::boot_secret(&plan, &run)?;
+    let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone(), initrd)?);
     cfg.jail = Some(jail_config(&mut run)?);
     cfg.seccomp = true;
     let child = spawn_vmm(&cfg)?;
@@ -115,7 +119,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         child,
         run: std::sync::Mutex::new(run),
     };
-    let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
+    let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
     if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
         let exit = handle.child.exit_status().map(ProcessExit::from_status);
         handle.kill();
@@ -206,11 +210,18 @@ mod tests {
             host_path: "/r.erofs".into(),
             fs: DiskFs::Erofs,
         });
-        let cfg = vm_config(&plan, "vm.hostname=x".into(), "/run/v.sock".into()).unwrap();
+        let initrd = std::path::PathBuf::from("/run/initrd.cpio");
+        let cfg = vm_config(
+            &plan,
+            "vm.hostname=x".into(),
+            "/run/v.sock".into(),
+            initrd.clone(),
+        )
+        .unwrap();
         assert_eq!(cfg.mem_mib, 256);
         assert_eq!(cfg.vcpus, 2);
         assert_eq!(cfg.kernel, plan.images.vmlinux);
-        assert_eq!(cfg.initrd.as_ref(), Some(&plan.images.initramfs));
+        assert_eq!(cfg.initrd.as_ref(), Some(&initrd));
         assert_eq!(cfg.cmdline, "vm.hostname=x");
         assert_eq!(
             cfg.devices,
@@ -238,6 +249,6 @@ mod tests {
             ]
         );
         plan.vcpus = 1000;
-        assert!(vm_config(&plan, String::new(), "/x".into()).is_err());
+        assert!(vm_config(&plan, String::new(), "/x".into(), initrd).is_err());
     }
 }

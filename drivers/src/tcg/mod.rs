@@ -28,7 +28,7 @@ use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
 use vm_spec::Containment;
 
-use crate::boot::{self, GUEST_CID, RunDir, VSOCK_SOCKET};
+use crate::boot::{self, GUEST_CID, RunDir};
 use crate::machine::{MachineInfo, VmHandle};
 use crate::process::{Supervised, spawn_supervised};
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
@@ -141,16 +141,26 @@ impl Driver for TcgDriver {
         boot::check_plan(&plan)?;
         boot::require_file("images.bz_image", &plan.images.bz_image)?;
         let cmdline = boot::agent_cmdline(&plan)?;
-        let run = RunDir::prepare(&plan.run_dir, &[VHOST_SOCKET, VSOCK_SOCKET])?;
+        // vhost-device-vsock connects guest requests to `<uds>_<port>`: pad the socket path
+        // so that no such path can exist (see boot::unreachable_peer_socket_name).
+        let vsock_name = boot::unreachable_peer_socket_name(&plan.run_dir).ok_or_else(|| {
+            DriverError::InvalidPlan {
+                reason: format!("run_dir: {} is too long", plan.run_dir.display()),
+            }
+        })?;
+        let mut files = vec![VHOST_SOCKET, vsock_name.as_str()];
+        files.extend(boot::RUN_FILES);
+        let run = RunDir::prepare(&plan.run_dir, &files)?;
         let vhost_sock = run.path(VHOST_SOCKET);
-        let uds = run.path(VSOCK_SOCKET);
+        let uds = run.path(&vsock_name);
+        let (token, initrd) = boot::boot_secret(&plan, &run)?;
 
         let vhost = start_vhost(&vhost_bin, &vhost_sock, &uds)?;
         let qcfg = QemuConfig {
             mem_mib: plan.mem_mib,
             vcpus: plan.vcpus,
             kernel: plan.images.bz_image.clone(),
-            initramfs: plan.images.initramfs.clone(),
+            initramfs: initrd,
             extra_cmdline: cmdline,
             vhost_socket: vhost_sock,
             disks: plan.block_devices(),
@@ -173,7 +183,7 @@ impl Driver for TcgDriver {
             vhost,
             run: Mutex::new(run),
         };
-        let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT);
+        let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
         let ready = boot::wait_for_agent_after_console(
             &handle,
             &client,
@@ -254,6 +264,21 @@ impl VmHandle for TcgHandle {
 
     fn host_pids(&self) -> Vec<u32> {
         vec![self.qemu.pid(), self.vhost.pid()]
+    }
+
+    fn stop_detail(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(st) = self.qemu.exit_status() {
+            parts.push(format!("{QEMU} ended ({st})"));
+        }
+        if let Some(st) = self.vhost.exit_status() {
+            let out = self.vhost.output_tail();
+            parts.push(format!(
+                "{VHOST_VSOCK} ended ({st}); its output: {:?}",
+                out.trim()
+            ));
+        }
+        parts.join("; ")
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::files::{self, FileError};
-use super::{Agent, Stream};
+use super::{Agent, Stream, guard};
 use crate::PROTOCOL_VERSION;
 use crate::frame::{FrameError, read_frame, write_frame};
 use crate::protocol::{
@@ -36,27 +36,40 @@ async fn recv<S: Stream>(s: &mut S, t: Duration) -> Result<ClientFrame, FrameErr
     read_frame(s, MAX_FRAME, Some(t), t).await
 }
 
-/// Serve one connection to completion.
+/// Read the first frame, a small `Hello` within the agent's `auth_timeout`, and check its token
+/// (constant-time). `Err` = close the connection without a reply; the reason is for the
+/// rate-limited refusal log. A valid token with another protocol version gets a
+/// `VersionMismatch` error (also an `Err`).
+pub(super) async fn authenticate<S: Stream>(agent: &Agent, s: &mut S) -> Result<(), &'static str> {
+    let t = agent.auth_timeout();
+    let first = read_frame::<_, ClientFrame>(s, guard::MAX_HELLO_FRAME, Some(t), t).await;
+    let (version, token) = match first {
+        Ok(ClientFrame::Hello { version, token }) => (version, token),
+        Ok(_) => return Err("first frame is not Hello"),
+        Err(FrameError::Timeout) => return Err("no Hello before the deadline"),
+        Err(_) => return Err("malformed or oversized Hello"),
+    };
+    if let Some(expected) = agent.token()
+        && !expected.matches(&token)
+    {
+        return Err("wrong token");
+    }
+    if version != PROTOCOL_VERSION {
+        let msg = format!("client speaks protocol {version}, agent speaks {PROTOCOL_VERSION}");
+        let _ = send_error(s, ErrorKind::VersionMismatch, &msg, agent.io_timeout()).await;
+        return Err("protocol version mismatch");
+    }
+    Ok(())
+}
+
+/// Serve one authenticated connection to completion.
 pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), FrameError> {
     let t = agent.io_timeout();
-    match recv(&mut s, t).await? {
-        ClientFrame::Hello { version } if version == PROTOCOL_VERSION => {
-            send(
-                &mut s,
-                &AgentFrame::HelloOk {
-                    version,
-                    info: agent.info(),
-                },
-                t,
-            )
-            .await?;
-        }
-        ClientFrame::Hello { version } => {
-            let msg = format!("client speaks protocol {version}, agent speaks {PROTOCOL_VERSION}");
-            return send_error(&mut s, ErrorKind::VersionMismatch, &msg, t).await;
-        }
-        _ => return send_error(&mut s, ErrorKind::BadRequest, "expected Hello", t).await,
-    }
+    let hello = AgentFrame::HelloOk {
+        version: PROTOCOL_VERSION,
+        info: agent.info(),
+    };
+    send(&mut s, &hello, t).await?;
     let req = match recv(&mut s, t).await {
         Ok(ClientFrame::Request(r)) => r,
         Ok(_) => return send_error(&mut s, ErrorKind::BadRequest, "expected a request", t).await,

@@ -2,14 +2,21 @@
 //!
 //! Combined form: one pipe for stdout+stderr, forwarded as `Data` frames up to the request's
 //! cap (the rest is drained and dropped), then `ExecDone`. Streaming form: separate pipes as
-//! `Stdout`/`Stderr` frames (the pipes are read only as fast as frames can be written: natural
-//! back-pressure), then `Exit`. Either way, a `Cancel` frame, a closed/garbled connection, or the
-//! timeout kills the whole tree; when the main process exits, anything it left behind in its
-//! group/cgroup is killed too. Pipes are then drained for a bounded time.
+//! `Stdout`/`Stderr` frames, then `Exit`.
+//!
+//! Back-pressure, not timeouts: the pipes are read only as fast as frames can be written, and
+//! writes to the host have no timeout, so a host that reads slowly (a pager, `| (sleep 60; wc)`)
+//! makes the command block on its full pipe and loses nothing. Only a dead host connection
+//! (EOF or error on its read side, which every write races), a `Cancel` frame, or the command's
+//! own timeout ends it early; each kills the whole tree. When the main process exits, anything
+//! it left behind in its group/cgroup is killed too, and the pipes are drained to EOF (a pipe
+//! silent for 2 s ends the drain). Memory stays bounded: one 64 KiB buffer per pipe.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tokio::net::unix::pipe;
 
 use super::conn::{send, send_error};
@@ -23,7 +30,7 @@ use crate::protocol::{
 use vm_error_chain::error_chain;
 
 const READ_BUF: usize = 64 * 1024;
-const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+const DRAIN_IDLE: Duration = Duration::from_secs(2);
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 async fn read_opt(p: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -39,11 +46,11 @@ struct Sink<'a, S: Stream> {
     cap: u64,
     sent: u64,
     truncated: bool,
-    io_timeout: Duration,
 }
 
 impl<S: Stream> Sink<'_, S> {
-    /// Forward one chunk; `Err` means the client is gone.
+    /// Forward one chunk, without a timeout (the caller races it against the client's
+    /// connection); `Err` means the client is gone.
     async fn chunk(&mut self, data: &[u8], is_err: bool) -> Result<(), FrameError> {
         if self.streaming {
             let f = if is_err {
@@ -51,7 +58,7 @@ impl<S: Stream> Sink<'_, S> {
             } else {
                 AgentFrame::Stdout(data.to_vec())
             };
-            return send(self.wr, &f, self.io_timeout).await;
+            return send_untimed(self.wr, &f).await;
         }
         let room = self.cap.saturating_sub(self.sent) as usize;
         if data.len() > room {
@@ -60,12 +67,7 @@ impl<S: Stream> Sink<'_, S> {
         let n = data.len().min(room);
         if n > 0 {
             self.sent += n as u64;
-            send(
-                self.wr,
-                &AgentFrame::Data(data[..n].to_vec()),
-                self.io_timeout,
-            )
-            .await?;
+            send_untimed(self.wr, &AgentFrame::Data(data[..n].to_vec())).await?;
         }
         Ok(())
     }
@@ -125,18 +127,24 @@ impl Pipes {
         }
     }
 
-    /// After the process ended: forwards what is left in the pipes, for at most
-    /// [`DRAIN_LIMIT`].
-    async fn drain<S: Stream>(&mut self, sink: &mut Sink<'_, S>) {
-        let _ = tokio::time::timeout(DRAIN_LIMIT, async {
-            while self.open() {
-                let c = self.read().await;
-                if self.forward(c, sink).await.is_err() {
-                    break;
-                }
+    /// After the process ended: forwards what is left in the pipes to EOF, however slowly
+    /// the host reads; a pipe silent for [`DRAIN_IDLE`] (a writer that escaped the kill) or
+    /// a dead host connection (`cancel`) ends it. Returns true when the host went away.
+    async fn drain<S: Stream>(
+        &mut self,
+        sink: &mut Sink<'_, S>,
+        mut cancel: Pin<&mut impl Future>,
+    ) -> bool {
+        while self.open() {
+            let Ok(c) = tokio::time::timeout(DRAIN_IDLE, self.read()).await else {
+                return false;
+            };
+            tokio::select! {
+                r = self.forward(c, sink) => if r.is_err() { return true; },
+                _ = &mut cancel => return true,
             }
-        })
-        .await;
+        }
+        false
     }
 }
 
@@ -150,12 +158,15 @@ struct Outcome {
 }
 
 /// Forwards output until the process exits, the timeout fires or the host cancels (any
-/// frame, EOF or garbage from the host while the command runs means cancel).
+/// frame, EOF or garbage from the host while the command runs means cancel: `cancel`). A
+/// write blocks as long as the host does not read (the command then blocks on its full
+/// pipe); it races only `cancel` and the deadline, which kills the tree while the frame in
+/// flight is finished, so the stream stays well-formed.
 async fn wait<S: Stream>(
     p: &mut process::Proc,
     pipes: &mut Pipes,
     sink: &mut Sink<'_, S>,
-    rd: &mut ReadHalf<S>,
+    mut cancel: Pin<&mut impl Future>,
     timeout: Option<Duration>,
 ) -> Outcome {
     let mut o = Outcome {
@@ -163,8 +174,6 @@ async fn wait<S: Stream>(
         timed_out: false,
         cancelled: false,
     };
-    let cancel = read_frame::<_, ClientFrame>(rd, MAX_FRAME, None, sink.io_timeout);
-    tokio::pin!(cancel);
     let sleep = async {
         match timeout {
             Some(d) => tokio::time::sleep(d).await,
@@ -173,11 +182,23 @@ async fn wait<S: Stream>(
     };
     tokio::pin!(sleep);
     loop {
-        tokio::select! {
+        let c = tokio::select! {
             _ = &mut cancel => { o.cancelled = true; break; }
-            _ = &mut sleep => { o.timed_out = true; break; }
+            _ = &mut sleep, if !o.timed_out => { o.timed_out = true; break; }
             st = &mut p.exit => { o.status = Some(st.unwrap_or_default()); break; }
-            c = pipes.read() => if pipes.forward(c, sink).await.is_err() { o.cancelled = true; break; },
+            c = pipes.read() => c,
+        };
+        let write = pipes.forward(c, sink);
+        tokio::pin!(write);
+        loop {
+            tokio::select! {
+                r = &mut write => { o.cancelled = r.is_err(); break; }
+                _ = &mut cancel => { o.cancelled = true; break; }
+                _ = &mut sleep, if !o.timed_out => { o.timed_out = true; p.kill_tree(); }
+            }
+        }
+        if o.cancelled {
+            break;
         }
     }
     o
@@ -274,24 +295,39 @@ pub(super) async fn run<S: Stream>(
         cap,
         sent: 0,
         truncated: false,
-        io_timeout: t,
     };
     let mut pipes = Pipes::take(&mut p);
-    let outcome = wait(&mut p, &mut pipes, &mut sink, &mut rd, req.timeout).await;
+    let cancel = read_frame::<_, ClientFrame>(&mut rd, MAX_FRAME, None, t);
+    tokio::pin!(cancel);
+    let outcome = wait(&mut p, &mut pipes, &mut sink, cancel.as_mut(), req.timeout).await;
     let status = reap(&mut p, &outcome).await;
-    if !outcome.cancelled {
-        pipes.drain(&mut sink).await;
-    }
+    let cancelled = outcome.cancelled || pipes.drain(&mut sink, cancel.as_mut()).await;
     let truncated = sink.truncated;
     if let Some(cg) = p.cgroup.take() {
         tokio::spawn(cg.remove());
     }
-    let cancelled = outcome.cancelled;
     tracing::debug!(name, ?status, cancelled, "exec finished");
     let last = if streaming {
         AgentFrame::Exit(status)
     } else {
         AgentFrame::ExecDone { status, truncated }
     };
-    send(&mut wr, &last, t).await
+    if cancelled {
+        // A client that sent Cancel is reading; one that went away is not: bounded.
+        return send(&mut wr, &last, t).await;
+    }
+    tokio::select! {
+        r = send_untimed(&mut wr, &last) => r,
+        _ = &mut cancel => Err(FrameError::Io(std::io::ErrorKind::ConnectionAborted.into())),
+    }
+}
+
+/// Write a frame with no timeout: the caller races it against the client's connection.
+async fn send_untimed<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    f: &AgentFrame,
+) -> Result<(), FrameError> {
+    let buf = crate::frame::encode_frame(f, MAX_FRAME)?;
+    w.write_all(&buf).await.map_err(FrameError::Io)?;
+    w.flush().await.map_err(FrameError::Io)
 }

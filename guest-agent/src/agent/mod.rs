@@ -2,8 +2,10 @@
 //!
 //! [`Agent::new`] must be called inside a tokio runtime (it starts the reaper). The same
 //! [`Agent`] serves a vsock listener ([`Agent::serve_vsock`], in a guest) or a Unix listener
-//! ([`Agent::serve_unix`], host tests). Connections beyond `max_conns` get a `Busy` error and are
-//! closed; each connection's handshake and request must arrive within `io_timeout`.
+//! ([`Agent::serve_unix`], host tests). A connection first passes the gates in [`guard`] (host
+//! peer, a bounded pool of pending handshakes, the per-boot token in `Hello` within
+//! `auth_timeout`); authenticated connections beyond `max_conns` get a `Busy` error and are
+//! closed; each later step must arrive within `io_timeout`.
 
 pub mod bounded;
 pub mod cgroup;
@@ -11,6 +13,7 @@ mod conn;
 mod exec;
 pub mod files;
 mod forward;
+pub mod guard;
 pub mod imageroot;
 mod interactive;
 pub mod pid1;
@@ -35,8 +38,9 @@ use cgroup::{CgroupLimits, Cgroups};
 use reaper::Reaper;
 use serve::Serves;
 
-use crate::frame::read_frame;
-use crate::protocol::{AgentInfo, ClientFrame, ErrorKind, MAX_FRAME};
+use crate::protocol::{AgentInfo, ErrorKind};
+use crate::token::AgentToken;
+use guard::RefusalLog;
 
 /// A connection the agent can serve.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
@@ -75,6 +79,13 @@ pub struct AgentOptions {
     pub io_timeout: Duration,
     pub max_conns: usize,
     pub max_serves: usize,
+    /// The per-boot token every `Hello` must carry. `None` only for the host test server
+    /// (`vm-agent --unix` without `--token-file`); PID 1 refuses to start without one.
+    pub token: Option<AgentToken>,
+    /// Connections allowed to be in their handshake at once (see [`guard`]).
+    pub max_pending: usize,
+    /// Time a new connection has to present a valid `Hello`.
+    pub auth_timeout: Duration,
 }
 
 impl Default for AgentOptions {
@@ -89,6 +100,9 @@ impl Default for AgentOptions {
             io_timeout: Duration::from_secs(30),
             max_conns: 64,
             max_serves: 16,
+            token: None,
+            max_pending: 16,
+            auth_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -104,6 +118,8 @@ pub struct Agent {
     next_id: AtomicU64,
     shutdown: Notify,
     conns: Arc<Semaphore>,
+    pending: Arc<Semaphore>,
+    refusals: RefusalLog,
 }
 
 impl Agent {
@@ -121,6 +137,7 @@ impl Agent {
             None => None,
         };
         let conns = Arc::new(Semaphore::new(opts.max_conns));
+        let pending = Arc::new(Semaphore::new(opts.max_pending));
         Ok(Arc::new(Agent {
             opts,
             base,
@@ -130,6 +147,8 @@ impl Agent {
             next_id: AtomicU64::new(1),
             shutdown: Notify::new(),
             conns,
+            pending,
+            refusals: RefusalLog::default(),
         }))
     }
 
@@ -142,6 +161,18 @@ impl Agent {
         }
     }
 
+    /// Connections refused so far (wrong peer, wrong token, handshake pool full, …).
+    pub fn refused(&self) -> u64 {
+        self.refusals.total()
+    }
+
+    pub(crate) fn token(&self) -> Option<&AgentToken> {
+        self.opts.token.as_ref()
+    }
+    /// The handshake deadline: `auth_timeout`, or `io_timeout` when that is shorter.
+    pub(crate) fn auth_timeout(&self) -> Duration {
+        self.opts.auth_timeout.min(self.opts.io_timeout)
+    }
     pub(crate) fn io_timeout(&self) -> Duration {
         self.opts.io_timeout
     }
@@ -171,33 +202,34 @@ impl Agent {
         self.shutdown.notify_one();
     }
 
-    /// Serve one accepted connection on its own task (or refuse it when at capacity).
+    /// Serve one accepted connection on its own task, through the gates of [`guard`].
     ///
     /// Every write on the connection goes through [`BoundedWrites`] (at most 16 KiB per
     /// `write(2)`: see [`bounded`] for the guest-kernel/vsock-backend interplay this avoids).
     pub fn spawn_conn<S: Stream>(self: &Arc<Self>, s: S) {
-        let s = BoundedWrites::new(s);
+        let Ok(pending) = self.pending.clone().try_acquire_owned() else {
+            self.refusals
+                .refuse("too many connections in their handshake");
+            return;
+        };
+        let mut s = BoundedWrites::new(s);
         let agent = self.clone();
-        match self.conns.clone().try_acquire_owned() {
-            Ok(permit) => {
-                tokio::spawn(async move {
-                    if let Err(e) = conn::handle(&agent, s).await {
-                        tracing::debug!(error = %vm_error_chain::error_chain(&e), "connection ended");
-                    }
-                    drop(permit);
-                });
+        tokio::spawn(async move {
+            if let Err(why) = conn::authenticate(&agent, &mut s).await {
+                agent.refusals.refuse(why);
+                return;
             }
-            Err(_) => {
-                tokio::spawn(async move {
-                    let mut s = s;
-                    let t = Duration::from_secs(1);
-                    // Take the Hello first so the client is reading when the refusal arrives.
-                    let _ = read_frame::<_, ClientFrame>(&mut s, MAX_FRAME, Some(t), t).await;
-                    let _ =
-                        conn::send_error(&mut s, ErrorKind::Busy, "too many connections", t).await;
-                });
+            drop(pending);
+            let Ok(permit) = agent.conns.clone().try_acquire_owned() else {
+                let t = Duration::from_secs(1);
+                let _ = conn::send_error(&mut s, ErrorKind::Busy, "too many connections", t).await;
+                return;
+            };
+            if let Err(e) = conn::handle(&agent, s).await {
+                tracing::debug!(error = %vm_error_chain::error_chain(&e), "connection ended");
             }
-        }
+            drop(permit);
+        });
     }
 
     /// Accept on a Unix listener until `Shutdown` is requested.
@@ -228,7 +260,11 @@ impl Agent {
             tokio::select! {
                 _ = self.shutdown.notified() => return,
                 r = l.accept() => match r {
-                    Ok((s, _)) => self.spawn_conn(s),
+                    Ok((s, peer)) if guard::host_peer(peer.cid()) => self.spawn_conn(s),
+                    Ok((s, _)) => {
+                        drop(s);
+                        self.refusals.refuse("peer is not the host (CID 2)");
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;

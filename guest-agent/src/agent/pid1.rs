@@ -1,6 +1,7 @@
 //! PID-1 duties in a guest: early mounts, console, loopback, hostname, self-protection from the
-//! OOM killer, read-only disks, and power-off. Every step logs and carries on where it can;
-//! nothing here panics (a PID 1 exit panics the kernel), and [`power_off`] never returns.
+//! OOM killer and from guest code ([`harden`]), read-only disks, and power-off. Every step logs
+//! and carries on where it can; nothing here panics (a PID 1 exit panics the kernel), and
+//! [`power_off`] never returns.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -241,6 +242,29 @@ pub fn protect_from_oom() -> Result<(), Pid1Error> {
         op: "oom_score_adj",
         source,
     })
+}
+
+/// Capabilities no command the agent runs may hold: reading another process's memory
+/// (`/proc/1/mem`, `process_vm_readv`, `/proc/1/fd`) and raw device/port access.
+const DROPPED_CAPS: [(libc::c_ulong, &str); 2] = [(19, "CAP_SYS_PTRACE"), (17, "CAP_SYS_RAWIO")];
+
+/// Keep guest code away from the agent's memory (where its token lives): the agent becomes
+/// non-dumpable (so only `CAP_SYS_PTRACE` could open `/proc/1/mem`, `/proc/1/environ` or its
+/// fds) and drops [`DROPPED_CAPS`] from its capability bounding set, which every child inherits,
+/// so no command (root included) can regain them through `execve`. Must run before any thread
+/// starts: the bounding set is per thread.
+pub fn harden() -> Result<(), Pid1Error> {
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
+        return Err(last("PR_SET_DUMPABLE"));
+    }
+    for (cap, name) in DROPPED_CAPS {
+        // SAFETY: prctl(PR_CAPBSET_DROP) takes plain integers.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } < 0 {
+            return Err(last(name));
+        }
+    }
+    Ok(())
 }
 
 /// `/dev/<name>` of the virtio block device whose serial is `id`.

@@ -25,6 +25,7 @@ use crate::protocol::{
     MAX_EXEC_OUTPUT, MAX_FILE_BYTES, MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request,
     ServeId, ServeRequest, ServeStatus,
 };
+use crate::token::{AgentToken, TOKEN_LEN};
 
 /// The byte stream returned by [`AgentClient::forward`]: spliced to `127.0.0.1:<port>` in the guest.
 pub type ForwardStream = UnixStream;
@@ -130,6 +131,8 @@ enum Transport {
 pub struct AgentClient {
     transport: Transport,
     limits: ClientLimits,
+    /// Presented in every `Hello`; `None` sends zeros, which an agent with a token refuses.
+    token: Option<AgentToken>,
 }
 
 #[derive(Debug)]
@@ -212,6 +215,7 @@ impl AgentClient {
         AgentClient {
             transport: Transport::Unix(path.into()),
             limits: ClientLimits::default(),
+            token: None,
         }
     }
 
@@ -223,11 +227,18 @@ impl AgentClient {
                 port,
             },
             limits: ClientLimits::default(),
+            token: None,
         }
     }
 
     pub fn with_limits(mut self, limits: ClientLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Present `token` (the agent's per-boot secret) in every connection's `Hello`.
+    pub fn with_token(mut self, token: AgentToken) -> Self {
+        self.token = Some(token);
         self
     }
 
@@ -257,6 +268,7 @@ impl AgentClient {
         conn.send_or_reason(
             &ClientFrame::Hello {
                 version: PROTOCOL_VERSION,
+                token: self.token.as_ref().map_or([0; TOKEN_LEN], |t| *t.bytes()),
             },
             "handshake",
         )

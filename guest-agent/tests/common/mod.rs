@@ -5,12 +5,14 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use guest_agent::AgentClient;
+use guest_agent::{AgentClient, AgentToken};
 
 pub struct TestAgent {
     pub dir: tempfile::TempDir,
     pub root: PathBuf,
     pub sock: PathBuf,
+    /// The token the agent was started with (`--token-file`); [`TestAgent::client`] presents it.
+    pub token: AgentToken,
     child: Child,
 }
 
@@ -32,11 +34,16 @@ impl TestAgent {
         let root = dir.path().join("root");
         std::fs::create_dir(&root).expect("mkdir root");
         let sock = dir.path().join("agent.sock");
+        let token = AgentToken::generate().expect("token");
+        let token_file = dir.path().join("agent.token");
+        token.write_file(&token_file).expect("token file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vm-agent"));
         cmd.arg("--unix")
             .arg(&sock)
             .arg("--root")
             .arg(&root)
+            .arg("--token-file")
+            .arg(&token_file)
             .args(o.extra_args);
         for (k, v) in o.env {
             cmd.env(k, v);
@@ -58,12 +65,21 @@ impl TestAgent {
             dir,
             root,
             sock,
+            token,
             child,
         }
     }
 
     pub fn client(&self) -> AgentClient {
-        AgentClient::unix(&self.sock)
+        AgentClient::unix(&self.sock).with_token(self.token.clone())
+    }
+
+    /// The `Hello` this agent accepts.
+    pub fn hello(&self) -> guest_agent::protocol::ClientFrame {
+        guest_agent::protocol::ClientFrame::Hello {
+            version: guest_agent::PROTOCOL_VERSION,
+            token: *self.token.bytes(),
+        }
     }
 
     pub fn root(&self) -> &Path {

@@ -20,6 +20,9 @@ cp "$agent" "$stage/init"
 cp "$(command -v busybox)" "$stage/bin/busybox"
 for a in $("$stage/bin/busybox" --list); do [[ $a == busybox ]] || ln -sf busybox "$stage/bin/$a"; done
 mknod -m 600 "$stage/dev/console" c 5 1
+# The per-boot token, where the drivers' appended archive puts it (the agent unlinks it).
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/agent.token"
+install -m 400 "$work/agent.token" "$stage/vm-agent.token"
 (cd "$stage" && find . | cpio -o -H newc --quiet) >"$work/initrd.cpio"
 
 mkdir -p "$work/disk"
@@ -44,7 +47,7 @@ qemu=$!
 pids+=($qemu)
 
 status=0
-VM_AGENT_GUEST_SOCK=$work/vm.sock cargo test -p guest-agent --test guest -- --nocapture || status=$?
+VM_AGENT_GUEST_SOCK=$work/vm.sock VM_AGENT_GUEST_TOKEN=$work/agent.token cargo test -p guest-agent --test guest -- --nocapture || status=$?
 for _ in $(seq 100); do kill -0 "$qemu" 2>/dev/null || break; sleep 0.2; done
 if kill -0 "$qemu" 2>/dev/null; then
     echo "run-tcg: QEMU still running after Shutdown" >&2

@@ -3,8 +3,9 @@
 //! - Host -> guest: a host client connects to `uds_path`, writes `CONNECT <port>\n` (at most
 //!   32 bytes, within 3 s, or it is dropped), gets `OK <hostport>\n` once the guest's listener on
 //!   `port` accepted, and is then spliced to that guest connection.
-//! - Guest -> host: a guest connection to host port P is connected to the Unix socket
-//!   `<uds_path>_P`; if nothing listens there the guest gets RST.
+//! - Guest -> host: never. Every guest `REQUEST` gets `RST` and is counted
+//!   ([`muxer::guest_connects_refused`]); unlike other hybrid-vsock VMMs nothing is connected
+//!   to `<uds_path>_P`, so no host listener can become a guest egress channel.
 //!
 //! [`packet`] parses and validates headers (pure), [`connection`] keeps the per-connection
 //! credit accounting, [`muxer`] is the event handler, [`unix`] the host-socket side.
@@ -67,11 +68,7 @@ impl VirtioDevice for Vsock {
             .listener
             .try_clone()
             .map_err(VirtioError::os("vsock listener handle"))?;
-        Ok(Box::new(muxer::Muxer::new(
-            self.guest_cid,
-            self.uds_path.clone(),
-            listener,
-        )))
+        Ok(Box::new(muxer::Muxer::new(self.guest_cid, listener)))
     }
 }
 

@@ -2,8 +2,11 @@
 //! queue from connections (control packets first, then data in round-robin), accepts host
 //! clients on the Unix socket and runs their `CONNECT` handshake.
 //!
+//! Only the host opens connections: every guest `REQUEST` is answered with `RST` and counted
+//! ([`guest_connects_refused`]); nothing on the host is ever connected on the guest's behalf.
+//!
 //! Bounded everywhere: at most [`MAX_CONNECTIONS`] connections plus pending host clients
-//! (beyond that a host client is closed at once and a guest REQUEST gets RST), at most
+//! (beyond that a host client is closed at once), at most
 //! [`MAX_QUEUED_RST`] queued bare RST replies, and a host socket is only watched for input while
 //! the guest has credit and we have not yet seen it readable, so a guest that posts no RX
 //! buffers costs no CPU.
@@ -12,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use vmm_sys_util::epoll::{ControlOperation, EventSet};
@@ -20,7 +23,7 @@ use vmm_sys_util::epoll::{ControlOperation, EventSet};
 use super::connection::{Conn, ConnKey, State, bare_header};
 use super::packet::{self, HDR_SIZE, Header, MAX_PAYLOAD, PacketError, op};
 use super::timers::{Timer, Timers};
-use super::unix::{CONNECT_TIMEOUT, Handshake, PendingClient, connect_peer};
+use super::unix::{CONNECT_TIMEOUT, Handshake, PendingClient};
 use crate::virtio::queue::{self, Buf, QueueError};
 use crate::virtio::worker::{Ctx, HANDLER_TOKEN_BASE, Handler};
 
@@ -37,6 +40,14 @@ const EVQ: usize = 2;
 const TOKEN_LISTENER: u64 = HANDLER_TOKEN_BASE;
 const FIRST_HOST_PORT: u32 = 1 << 30;
 
+/// Guest `REQUEST`s refused so far, over every vsock device of this process.
+static GUEST_CONNECTS_REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// How many guest-initiated connection requests this process's vsock devices refused with RST.
+pub fn guest_connects_refused() -> u64 {
+    GUEST_CONNECTS_REFUSED.load(Ordering::Relaxed)
+}
+
 enum Slot {
     Pending(PendingClient),
     Conn(ConnKey),
@@ -45,7 +56,6 @@ enum Slot {
 /// The vsock muxer (one per activated device).
 pub struct Muxer {
     guest_cid: u64,
-    uds_path: PathBuf,
     listener: UnixListener,
     conns: HashMap<ConnKey, Conn>,
     slots: HashMap<u64, Slot>,
@@ -61,10 +71,9 @@ pub struct Muxer {
 
 impl Muxer {
     /// A muxer serving `listener` for guest `guest_cid`.
-    pub fn new(guest_cid: u64, uds_path: PathBuf, listener: UnixListener) -> Self {
+    pub fn new(guest_cid: u64, listener: UnixListener) -> Self {
         Muxer {
             guest_cid,
-            uds_path,
             listener,
             conns: HashMap::new(),
             slots: HashMap::new(),
@@ -256,7 +265,7 @@ impl Muxer {
     fn guest_packet(&mut self, hdr: &Header, payload: &[u8], ctx: &Ctx<'_>) {
         let key = (hdr.dst_port, hdr.src_port);
         if hdr.op == op::REQUEST {
-            self.guest_connect(key, hdr, ctx);
+            self.guest_connect(key);
             return;
         }
         let Some(c) = self.conns.get_mut(&key) else {
@@ -306,27 +315,23 @@ impl Muxer {
         self.enqueue(key);
     }
 
-    fn guest_connect(&mut self, key: ConnKey, hdr: &Header, ctx: &Ctx<'_>) {
+    /// A guest `REQUEST`: refused with RST (a request reusing a live key also resets that
+    /// connection). Counted; logged only for the first and then every 4096th, as the guest
+    /// controls the rate.
+    fn guest_connect(&mut self, key: ConnKey) {
         if self.conns.contains_key(&key) {
             self.remove(key, true);
             return;
         }
-        if self.count() >= MAX_CONNECTIONS {
-            self.queue_rst(key);
-            return;
+        let n = GUEST_CONNECTS_REFUSED.fetch_add(1, Ordering::Relaxed);
+        if n.is_multiple_of(4096) {
+            tracing::info!(
+                host_port = key.0,
+                refused = n + 1,
+                "vsock: guest-initiated connection refused"
+            );
         }
-        match connect_peer(&self.uds_path, key.0) {
-            Ok(stream) => {
-                let mut conn = Conn::new(stream, 0, State::Established);
-                conn.update_peer(hdr);
-                conn.send_response = true;
-                self.insert_conn(key, conn, ctx);
-            }
-            Err(e) => {
-                tracing::debug!("vsock: guest connect to host port {} failed: {e}", key.0);
-                self.queue_rst(key);
-            }
-        }
+        self.queue_rst(key);
     }
 
     fn process_tx(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {

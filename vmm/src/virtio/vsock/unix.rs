@@ -1,6 +1,7 @@
-//! The host side of hybrid vsock: the listening Unix socket, the `CONNECT <port>\n` handshake
-//! of host clients (bounded in length and time), and connecting to `<uds_path>_<port>` for
-//! guest-initiated connections.
+//! The host side of hybrid vsock: the listening Unix socket and the `CONNECT <port>\n`
+//! handshake of host clients (bounded in length and time). Guest-initiated connections are
+//! never connected anywhere (see the muxer); [`peer_path`] only names where a hybrid-vsock VMM
+//! would have connected them, so tests can listen there and prove nothing arrives.
 
 use std::io::{ErrorKind, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -43,17 +44,12 @@ pub fn bind(path: &Path) -> Result<UnixListener, VirtioError> {
     Ok(listener)
 }
 
-/// Where a guest connection to host `port` goes.
+/// `<uds_path>_<port>`: where hybrid-vsock VMMs connect a guest connection to host `port`.
+/// Ours never does.
 pub fn peer_path(uds_path: &Path, port: u32) -> PathBuf {
     let mut s = uds_path.as_os_str().to_os_string();
     s.push(format!("_{port}"));
     PathBuf::from(s)
-}
-
-/// Connect to the host service for a guest connection to `port`, without ever blocking: a
-/// service whose accept backlog is full refuses (`WouldBlock`) instead of stalling the device.
-pub fn connect_peer(uds_path: &Path, port: u32) -> std::io::Result<UnixStream> {
-    crate::sys::connect_unix_nonblocking(&peer_path(uds_path, port))
 }
 
 /// A host client that has not finished its `CONNECT` line.
