@@ -77,16 +77,17 @@ fn run_pid1() -> Result<(), String> {
     if let Err(e) = pid1::set_hostname(&cfg.hostname) {
         tracing::warn!("{}", chain(&e));
     }
+    // The host's per-boot token, from the archive it appended to the initramfs; no token, no
+    // listener (refuse rather than serve unauthenticated). Read (and unlinked) before an image
+    // root replaces `/`: the file lives in the initramfs, which commands never see afterwards.
+    let token = AgentToken::take_guest_file(Path::new(GUEST_TOKEN_PATH))
+        .map_err(|e| format!("agent token: {}", chain(&e)))?;
     if let Some(root) = &cfg.root {
         imageroot::enter(root).map_err(|e| format!("image root {}: {}", root.id, chain(&e)))?;
     }
     for d in &cfg.disks {
         pid1::mount_disk(d).map_err(|e| format!("disk {}: {}", d.id, chain(&e)))?;
     }
-    // The host's per-boot token, from the archive it appended to the initramfs; no token, no
-    // listener (refuse rather than serve unauthenticated).
-    let token = AgentToken::take_guest_file(Path::new(GUEST_TOKEN_PATH))
-        .map_err(|e| format!("agent token: {}", chain(&e)))?;
     let opts = AgentOptions {
         root: PathBuf::from("/"),
         hostname: cfg.hostname.clone(),
