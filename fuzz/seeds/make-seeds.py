@@ -101,3 +101,25 @@ indirect = struct.pack("<QIHH", 0x3100, 16, F_NEXT, 1) + struct.pack("<QIHH", 0x
 write("virtqueue", "indirect", queue(4, [(0x4000, len(indirect), F_INDIRECT, 0)], [0], extra=[(0x4000, indirect)]))
 write("virtqueue", "indirect-odd-length", queue(4, [(0x4000, 24, F_INDIRECT, 0)], [0], extra=[(0x4000, indirect)]))
 write("virtqueue", "max-queue-chain", queue(8, [(0x3000 + 16 * i, 16, F_NEXT, i + 1) for i in range(255)] + [(0x3000, 16, 0, 0)], [0]))
+
+
+# agent_frames_from_host / client_frames_from_agent: a 4-byte little-endian length, then the
+# postcard payload. ClientFrame: 0 = Hello { version (varint), token ([u8; 32]) }, 1 = Request.
+def frame(payload):
+    return struct.pack("<I", len(payload)) + payload
+
+
+write("agent_frames_from_host", "hello-v2", frame(bytes([0, 2]) + bytes(32)))
+write("agent_frames_from_host", "hello-wrong-version", frame(bytes([0, 1]) + bytes(range(32))))
+write("agent_frames_from_host", "request-ping", frame(bytes([1, 0])))
+write("agent_frames_from_host", "unknown-request", frame(bytes([1, 120])))
+write("agent_frames_from_host", "oversized-length", struct.pack("<I", 0xFFFFFFFF) + bytes([0, 2]))
+write("agent_frames_from_host", "short-header", bytes([34, 0]))
+write("agent_frames_from_host", "two-frames",
+      frame(bytes([0, 2]) + bytes(32)) + frame(bytes([1, 0])))
+# AgentFrame: each small variant tag, empty and with a short byte payload.
+for v in range(12):
+    write("client_frames_from_agent", f"variant-{v}-empty", frame(bytes([v])))
+    write("client_frames_from_agent", f"variant-{v}-bytes", frame(bytes([v, 5]) + b"hello"))
+write("client_frames_from_agent", "oversized-length", struct.pack("<I", 0xFFFFFFFF) + bytes([1]))
+write("client_frames_from_agent", "short-header", bytes([3]))

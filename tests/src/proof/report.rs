@@ -132,7 +132,8 @@ impl Report {
         if !self.cases.is_empty() {
             let _ = writeln!(
                 s,
-                "end-to-end on kvm: {passed}/{} cases passed",
+                "end-to-end on {}: {passed}/{} cases passed",
+                self.driver,
                 self.cases.len()
             );
             for c in self.cases.iter().filter(|c| !c.passed) {
