@@ -8,6 +8,7 @@
 #       bin/vm                 the CLI (release, stripped)
 #       bin/vm-kvm-proof       the runner's binary (vm_tests::proof)
 #       bin/e2e-all            the whole end-to-end suite as one test binary
+#       bin/vsock-probe        the attacker scenario's static guest probe (VM_TEST_VSOCK_PROBE)
 #       images/current/        the current guest image set (vmlinux, bzImage, initramfs.cpio, ...)
 #       tools/                 mkfs.erofs with its libraries (used when the host has none)
 #       PACK.txt               what was packed: commit, date, sizes
@@ -41,6 +42,9 @@ pack() {
     cp "$target/vm" "$target/vm-vmm" "$target/vm-kvm-proof" "$dir/bin/"
     cp "$e2e" "$dir/bin/e2e-all"
     strip "$dir/bin/"*
+    # The attacker scenario's static guest probe, prebuilt: the target needs no C compiler.
+    cc -static -O2 -o "$dir/bin/vsock-probe" "$repo/tests/guest-tools/vsock_probe.c" ||
+        die "cc -static tests/guest-tools/vsock_probe.c failed (build-essential)"
     local f
     for f in vmlinux bzImage initramfs.cpio config manifest.json; do
         cp "$images/$f" "$dir/images/current/"

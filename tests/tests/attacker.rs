@@ -3,7 +3,8 @@
 //! per-boot token it cannot read), holding many vsock connections does not slow the host's
 //! requests, a connection out to a host listener delivers nothing, and UDP/ICMP egress fails
 //! (TCP and DNS: `egress.rs`). The vsock attempts use `tests/guest-tools/vsock_probe.c`,
-//! built here with `cc -static` and copied into the guest.
+//! built here with `cc -static` (or taken prebuilt from `VM_TEST_VSOCK_PROBE`, as the kvm proof
+//! pack does) and copied into the guest.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -35,9 +36,20 @@ fn build_probe(dir: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display()))
 }
 
-async fn install_probe(vm: &MicroVm) -> Result<(), String> {
+/// The probe: the prebuilt static binary `VM_TEST_VSOCK_PROBE` names (the kvm proof pack
+/// carries one, for hosts without a C compiler), else built here.
+fn probe() -> Result<Vec<u8>, String> {
+    if let Some(path) = std::env::var_os("VM_TEST_VSOCK_PROBE") {
+        let path = Path::new(&path);
+        return std::fs::read(path)
+            .map_err(|e| format!("reading VM_TEST_VSOCK_PROBE {}: {e}", path.display()));
+    }
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let bin = build_probe(dir.path())?;
+    build_probe(dir.path())
+}
+
+async fn install_probe(vm: &MicroVm) -> Result<(), String> {
+    let bin = probe()?;
     vm.write_file(PROBE, &bin)
         .await
         .map_err(|e| format!("copying the probe in: {e}"))?;
