@@ -121,11 +121,13 @@ fn image_is_resolved_and_recorded_before_boot() {
 #[test]
 fn image_entrypoint_runs_as_its_user() {
     let env = Env::new();
-    let why = cannot_convert().or_else(|| {
-        (!common::tcg_available(&env) || common::built_images().is_none())
-            .then(|| "tcg or the guest images are not available here".to_string())
-    });
-    if let Some(why) = why {
+    if !common::tcg_available(&env) || common::built_images().is_none() {
+        return vm_test_support::no_guest_driver(
+            "image_entrypoint_runs_as_its_user",
+            "tcg or the guest images are not available here",
+        );
+    }
+    if let Some(why) = cannot_convert() {
         common::skip("image_entrypoint_runs_as_its_user", &why);
         return;
     }

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Env, skip};
+use common::Env;
 
 /// The `env` of a `--dry-run --json` spec with `extra` flags.
 fn dry_env(env: &Env, extra: &[&str]) -> Vec<String> {
@@ -72,7 +72,7 @@ fn guest_unavailable(env: &Env) -> Option<String> {
 fn stdin_reaches_a_guest_command() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("stdin_reaches_a_guest_command", &why);
+        return vm_test_support::no_guest_driver("stdin_reaches_a_guest_command", &why);
     }
     let args = ["exec", "--allow-emulation", "-i", "--", "wc", "-l"];
     let out = common::tty::with_stdin(&env, &args, b"a\nb\n");
@@ -102,7 +102,7 @@ fn stdin_reaches_a_guest_command() {
 fn interactive_shell_in_a_guest() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip("interactive_shell_in_a_guest", &why);
+        return vm_test_support::no_guest_driver("interactive_shell_in_a_guest", &why);
     }
     common::tty::shell_session(
         &env,

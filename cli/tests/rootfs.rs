@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Env, skip};
+use common::Env;
 
 const REFUSED: i32 = 126;
 const USAGE: i32 = 2;
@@ -146,18 +146,16 @@ fn bad_roots_users_and_missing_commands_are_refused() {
 fn exec_runs_in_the_image_root_as_the_user() {
     let env = Env::new();
     if !common::tcg_available(&env) {
-        skip(
+        return vm_test_support::no_guest_driver(
             "exec_runs_in_the_image_root_as_the_user",
             "tcg is not available here",
         );
-        return;
     }
     if common::built_images().is_none() {
-        skip(
+        return vm_test_support::no_guest_driver(
             "exec_runs_in_the_image_root_as_the_user",
             "guest images are not built",
         );
-        return;
     }
     let image = erofs_root(env.dir.path());
     let out = env.run(&[
@@ -184,11 +182,10 @@ fn exec_runs_in_the_image_root_as_the_user() {
 fn named_vm_keeps_its_root_and_user() {
     let env = Env::new();
     if !common::tcg_available(&env) || common::built_images().is_none() {
-        skip(
+        return vm_test_support::no_guest_driver(
             "named_vm_keeps_its_root_and_user",
             "tcg or the guest images are not available here",
         );
-        return;
     }
     let image = erofs_root(env.dir.path());
     let _cleanup = common::VmGuard {

@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Env, skip};
+use common::Env;
 
 fn guest_unavailable(env: &Env) -> Option<String> {
     if common::built_images().is_none() {
@@ -79,7 +79,7 @@ fn assert_nothing_left(env: &Env, run_dir: &Path, vm_pids: &[u32]) {
 fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip(
+        return vm_test_support::no_guest_driver(
             "kill_9_of_vm_exec_leaves_nothing_after_the_next_command",
             &why,
         );
@@ -116,7 +116,7 @@ fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
 fn kill_9_of_a_supervisor_leaves_nothing_after_the_next_command() {
     let env = Env::new();
     if let Some(why) = guest_unavailable(&env) {
-        return skip(
+        return vm_test_support::no_guest_driver(
             "kill_9_of_a_supervisor_leaves_nothing_after_the_next_command",
             &why,
         );

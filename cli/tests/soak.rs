@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Env, skip};
+use common::Env;
 
 /// (open fds, threads, VmRSS KiB) of a process, once idle past tokio's 10 s blocking-thread
 /// keep-alive (so retiring pool threads do not count as growth or shrinkage).
@@ -57,7 +57,7 @@ fn exec(env: &Env, line: &str) -> (String, u64) {
 fn two_thousand_execs_in_one_named_vm_stay_flat() {
     let env = Env::new();
     if common::built_images().is_none() || !common::tcg_available(&env) {
-        return skip(
+        return vm_test_support::no_guest_driver(
             "two_thousand_execs_in_one_named_vm_stay_flat",
             "guest images not built or tcg unavailable",
         );
