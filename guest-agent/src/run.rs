@@ -20,9 +20,9 @@ fn init_logging(level: &str) {
 }
 
 pub fn main() {
-    pid1::clear_env();
-    // SAFETY: getpid has no arguments or memory effects.
-    if unsafe { libc::getpid() } == 1 {
+    // SAFETY: first thing in main: no other thread exists yet.
+    unsafe { pid1::clear_env() };
+    if std::process::id() == 1 {
         let r = std::panic::catch_unwind(run_pid1);
         match r {
             Ok(Ok(())) => tracing::info!("shutting down"),
@@ -170,13 +170,8 @@ fn run_host() -> Result<(), String> {
     let a = parse_args()?;
     let (cfg, _) = AgentConfig::from_cmdline(&a.cmdline).map_err(|e| e.to_string())?;
     init_logging(&cfg.log);
-    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes plain integers.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } < 0 {
-        return Err(format!(
-            "PR_SET_CHILD_SUBREAPER: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    guest_agent::agent::sys::proc::set_child_subreaper()
+        .map_err(|e| format!("PR_SET_CHILD_SUBREAPER: {e}"))?;
     let token = match &a.token_file {
         Some(p) => Some(AgentToken::read_file(p).map_err(|e| chain(&e))?),
         None => None,

@@ -16,9 +16,11 @@ use std::rc::Rc;
 use flate2::bufread::MultiGzDecoder;
 use serde::Deserialize;
 
+use crate::config::ImageConfig;
 use crate::digest::Digest;
 use crate::manifest::{self, INDEX_TYPES, Index};
 use crate::store::{Built, Staging, io_err};
+use crate::unpack::LayerSource;
 use crate::{Error, Image, Reference, Store};
 
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
@@ -49,12 +51,16 @@ impl Store {
             self.unpack_archive(path, &dest)?;
             dest
         };
-        let mut names: Vec<String> = names.iter().map(Reference::whole).collect();
-        let source = format!("import {}", path.display());
+        let from = Unpacked {
+            top: path,
+            dir: &dir,
+            names: names.iter().map(Reference::whole).collect(),
+            source: format!("import {}", path.display()),
+        };
         let built = if dir.join("index.json").is_file() {
-            self.read_layout(path, &dir, &mut names, source)?
+            self.read_layout(from)?
         } else if dir.join("manifest.json").is_file() {
-            self.read_docker_save(path, &dir, &mut names, source)?
+            self.read_docker_save(from)?
         } else {
             return Err(not_image(
                 path,
@@ -73,13 +79,7 @@ impl Store {
 
     /// Reads `dir/rel` (a regular file, not a symlink) of at most `max` bytes.
     fn read_bounded(&self, top: &Path, file: &Path, max: u64) -> Result<Vec<u8>, Error> {
-        let m = fs::symlink_metadata(file).map_err(io_err("reading", file))?;
-        if !m.is_file() {
-            return Err(not_image(
-                top,
-                format!("{} is not a regular file", file.display()),
-            ));
-        }
+        let m = regular_file(top, file, &file.display().to_string())?;
         if m.len() > max {
             return Err(not_image(
                 top,
@@ -119,13 +119,8 @@ impl Store {
         Ok(bytes)
     }
 
-    fn read_layout(
-        &self,
-        top: &Path,
-        dir: &Path,
-        names: &mut Vec<String>,
-        source: String,
-    ) -> Result<Built, Error> {
+    fn read_layout(&self, mut from: Unpacked<'_>) -> Result<Built, Error> {
+        let (top, dir) = (from.top, from.dir);
         let max = self.limits().max_document_bytes;
         let index_bytes = self.read_bounded(top, &dir.join("index.json"), max)?;
         let mut index: Index = serde_json::from_slice(&index_bytes)
@@ -136,7 +131,7 @@ impl Store {
                 && n.contains('/')
                 && let Ok(r) = n.parse::<Reference>()
             {
-                names.push(r.whole());
+                from.names.push(r.whole());
             }
             let bytes = self.layout_doc(top, dir, &desc)?;
             if INDEX_TYPES.contains(&desc.media_type.as_str()) {
@@ -148,32 +143,15 @@ impl Store {
             let config = self.layout_doc(top, dir, &m.config)?;
             let (config, layers) = manifest::layers(&m, &config, |d| Self::blob_path(dir, d))?;
             for l in &layers {
-                let m = fs::symlink_metadata(&l.path).map_err(io_err("reading", &l.path))?;
-                if !m.is_file() {
-                    return Err(not_image(
-                        top,
-                        format!("{} is not a regular file", l.path.display()),
-                    ));
-                }
+                regular_file(top, &l.path, &l.path.display().to_string())?;
             }
-            return Ok(Built {
-                digest: desc.digest()?,
-                config,
-                layers,
-                source,
-                names: std::mem::take(names),
-            });
+            return Ok(from.built(desc.digest()?, config, layers));
         }
         Err(not_image(top, "indexes nested too deep"))
     }
 
-    fn read_docker_save(
-        &self,
-        top: &Path,
-        dir: &Path,
-        names: &mut Vec<String>,
-        source: String,
-    ) -> Result<Built, Error> {
+    fn read_docker_save(&self, mut from: Unpacked<'_>) -> Result<Built, Error> {
+        let (top, dir) = (from.top, from.dir);
         #[derive(Deserialize)]
         #[serde(rename_all = "PascalCase")]
         struct Entry {
@@ -227,11 +205,8 @@ impl Store {
         let mut layers = Vec::new();
         for (rel, diff_id) in entry.layers.iter().zip(&parsed.diff_ids) {
             let path = inside(rel)?;
-            let m = fs::symlink_metadata(&path).map_err(io_err("reading", &path))?;
-            if !m.is_file() {
-                return Err(not_image(top, format!("layer {rel} is not a regular file")));
-            }
-            layers.push(crate::unpack::LayerSource {
+            regular_file(top, &path, &format!("layer {rel}"))?;
+            layers.push(LayerSource {
                 path,
                 digest: None,
                 size: None,
@@ -240,7 +215,7 @@ impl Store {
         }
         for t in entry.repo_tags.iter().flatten() {
             if let Ok(r) = t.parse::<Reference>() {
-                names.push(r.whole());
+                from.names.push(r.whole());
             }
         }
         // No manifest in the archive: the key is the digest of the OCI manifest it implies
@@ -253,13 +228,8 @@ impl Store {
             "layers": parsed.diff_ids.iter().map(|d| serde_json::json!({
                 "mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d.to_string()})).collect::<Vec<_>>(),
         });
-        Ok(Built {
-            digest: Digest::of(&serde_json::to_vec(&implied).expect("json")),
-            config: parsed.config,
-            layers,
-            source,
-            names: std::mem::take(names),
-        })
+        let digest = Digest::of(&serde_json::to_vec(&implied).expect("json"));
+        Ok(from.built(digest, parsed.config, layers))
     }
 
     /// Unpacks an image tarball into `dest` (see the module docs).
@@ -385,6 +355,37 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// An unpacked image on its way to a [`Built`]: the path the user gave (named in errors), the
+/// directory holding the image, the names it gets, and the source line the store records.
+struct Unpacked<'a> {
+    top: &'a Path,
+    dir: &'a Path,
+    names: Vec<String>,
+    source: String,
+}
+
+impl Unpacked<'_> {
+    fn built(self, digest: Digest, config: ImageConfig, layers: Vec<LayerSource>) -> Built {
+        Built {
+            digest,
+            config,
+            layers,
+            source: self.source,
+            names: self.names,
+        }
+    }
+}
+
+/// The metadata of `path`, which must be a regular file (not a symlink); `what` names it in
+/// the error, which is about the image at `top`.
+fn regular_file(top: &Path, path: &Path, what: &str) -> Result<fs::Metadata, Error> {
+    let m = fs::symlink_metadata(path).map_err(io_err("reading", path))?;
+    if !m.is_file() {
+        return Err(not_image(top, format!("{what} is not a regular file")));
+    }
+    Ok(m)
 }
 
 /// A reader that counts the bytes read through it.

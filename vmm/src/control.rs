@@ -4,16 +4,15 @@
 //! Stopping is two-sided: the stop flag is set first, then every registered vCPU thread gets the
 //! kick signal. The signal handler sets `immediate_exit` in that thread's `kvm_run`, so a thread
 //! between its flag check and KVM_RUN returns at once instead of blocking (e.g. on a HLT with
-//! interrupts disabled, which KVM handles in the kernel without any exit).
+//! interrupts disabled, which KVM handles in the kernel without any exit). The handler and the
+//! thread registry are [`crate::sys::kick`]'s.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::kvm_run;
-
 use crate::exit::{FaultKind, VmExit};
+use crate::sys::KickableThreads;
 
 /// Offset from SIGRTMIN of the signal used to kick vCPU threads.
 pub const KICK_SIGNAL_OFFSET: i32 = 0;
@@ -33,21 +32,6 @@ pub struct GuestFault {
 /// The outcome of a VM run.
 pub type Outcome = Result<VmExit, GuestFault>;
 
-thread_local! {
-    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
-}
-
-extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    let p = KVM_RUN.with(|c| c.get());
-    if !p.is_null() {
-        // SAFETY: the pointer was set by this thread to its own live kvm_run mapping and is
-        // cleared before the mapping goes away, so the field address is in bounds.
-        let field = unsafe { std::ptr::addr_of_mut!((*p).immediate_exit) };
-        // SAFETY: `field` points into the live mapping; a byte store is async-signal-safe.
-        unsafe { field.write_volatile(1) };
-    }
-}
-
 /// The kick signal number.
 pub fn kick_signal() -> i32 {
     vmm_sys_util::signal::SIGRTMIN() + KICK_SIGNAL_OFFSET
@@ -58,19 +42,13 @@ pub fn install_kick_handler() -> Result<(), vmm_sys_util::errno::Error> {
     static ONCE: Once = Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| {
-        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), kick_handler);
+        result = crate::sys::install_kick_handler(kick_signal());
     });
     result
 }
 
-/// Publish (or clear, with null) this thread's kvm_run for the kick handler.
-pub fn set_thread_kvm_run(p: *mut kvm_run) {
-    KVM_RUN.with(|c| c.set(p));
-}
-
 struct State {
     outcome: Option<Outcome>,
-    threads: Vec<Option<libc::pthread_t>>,
     live: usize,
 }
 
@@ -78,6 +56,7 @@ struct State {
 pub struct Control {
     stop: AtomicBool,
     state: Mutex<State>,
+    threads: KickableThreads,
     finished: Condvar,
 }
 
@@ -96,9 +75,9 @@ impl Control {
             stop: AtomicBool::new(false),
             state: Mutex::new(State {
                 outcome: None,
-                threads: vec![None; vcpus],
                 live: 0,
             }),
+            threads: KickableThreads::new(vcpus, kick_signal()),
             finished: Condvar::new(),
         }
     }
@@ -119,35 +98,27 @@ impl Control {
             st.outcome = Some(outcome);
         }
         self.stop.store(true, Ordering::SeqCst);
-        Self::kick_locked(&st);
-    }
-
-    fn kick_locked(st: &State) {
-        for t in st.threads.iter().flatten() {
-            // SAFETY: registered threads deregister under this lock before they exit, so `t` is
-            // a live thread; sending a signal has no memory-safety preconditions beyond that.
-            unsafe { libc::pthread_kill(*t, kick_signal()) };
-        }
+        drop(st);
+        self.threads.kick_all();
     }
 
     /// Kick the vCPU threads again (closes any race with a thread entering KVM_RUN).
     pub fn kick(&self) {
         if self.stop_requested() {
-            Self::kick_locked(&self.lock());
+            self.threads.kick_all();
         }
     }
 
-    /// Called by vCPU thread `index` when it starts.
-    pub fn register_current(&self, index: usize) {
-        let mut st = self.lock();
-        let me = crate::sys::current_thread();
-        if let Some(slot) = st.threads.get_mut(index) {
-            *slot = Some(me);
-        }
-        if self.stop_requested() {
-            // SAFETY: signalling the current, live thread.
-            unsafe { libc::pthread_kill(me, kick_signal()) };
-        }
+    /// Run `f` (vCPU thread `index`'s loop) with the calling thread registered for kicks. The
+    /// stop flag is checked after registering: a stop either sees the thread registered or
+    /// is seen here, so it is never missed.
+    pub fn run_registered<R>(&self, index: usize, f: impl FnOnce() -> R) -> R {
+        self.threads.run_registered(index, || {
+            if self.stop_requested() {
+                self.threads.kick_current();
+            }
+            f()
+        })
     }
 
     /// Count a thread that is about to be spawned.
@@ -155,12 +126,9 @@ impl Control {
         self.lock().live += 1;
     }
 
-    /// Called by vCPU thread `index` as its last action.
-    pub fn thread_done(&self, index: usize) {
+    /// Called by every vCPU thread as its last action (and for one that failed to spawn).
+    pub fn thread_done(&self) {
         let mut st = self.lock();
-        if let Some(slot) = st.threads.get_mut(index) {
-            *slot = None;
-        }
         st.live = st.live.saturating_sub(1);
         if st.live == 0 {
             self.stop.store(true, Ordering::SeqCst);
@@ -189,7 +157,7 @@ impl Control {
                 return None;
             }
             if self.stop_requested() {
-                Self::kick_locked(&st);
+                self.threads.kick_all();
             }
             let slice = (deadline - now).min(Duration::from_millis(20));
             st = self
@@ -217,8 +185,8 @@ mod tests {
         assert!(c.stop_requested());
         let c2 = c.clone();
         let t = std::thread::spawn(move || {
-            c2.thread_done(0);
-            c2.thread_done(1);
+            c2.thread_done();
+            c2.thread_done();
         });
         assert_eq!(
             c.wait_timeout(Duration::from_secs(5)),

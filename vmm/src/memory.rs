@@ -1,13 +1,13 @@
-//! Guest RAM: allocation from a [`MemoryLayout`] and registration with KVM.
+//! Guest RAM: allocation from a [`MemoryLayout`] and registration with KVM (through
+//! [`crate::sys::GuestVm`], which owns the two together).
 
-use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
-use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::layout::MemoryLayout;
+use crate::sys::GuestVm;
 
 /// Guest memory type used throughout the VMM.
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
+pub use crate::sys::GuestMemoryMmap;
 
 /// Errors of setting up guest memory.
 #[derive(Debug, thiserror::Error)]
@@ -31,21 +31,10 @@ pub fn allocate(layout: &MemoryLayout) -> Result<GuestMemoryMmap, MemoryError> {
     GuestMemoryMmap::from_ranges(&layout.ranges()).map_err(MemoryError::Alloc)
 }
 
-/// Register every region of `mem` as a KVM memory slot.
-pub fn register(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), MemoryError> {
-    for (slot, region) in mem.iter().enumerate() {
-        let slot = slot as u32;
-        let desc = kvm_userspace_memory_region {
-            slot,
-            flags: 0,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: region.as_ptr() as u64,
-        };
-        // SAFETY: the region is a live mapping of `memory_size` bytes owned by `mem`, which the
-        // caller keeps alive as long as the VM fd (both are dropped together by `Vm`).
-        unsafe { vm.set_user_memory_region(desc) }
-            .map_err(|source| MemoryError::Register { slot, source })?;
-    }
-    Ok(())
+/// Register every region of `mem` as a KVM memory slot of `vm`; the result owns both.
+pub fn register(vm: VmFd, mem: GuestMemoryMmap) -> Result<GuestVm, MemoryError> {
+    GuestVm::register(vm, mem).map_err(|e| MemoryError::Register {
+        slot: e.slot,
+        source: e.source,
+    })
 }

@@ -1,8 +1,17 @@
-//! Safe wrappers over the host system calls the VMM makes outside KVM and its signal
-//! handling: each `unsafe` block is here, behind a function whose doc states its contract.
-//! (Still where their invariant lives: the vCPU kick — the signal handler's store into the
-//! thread's `kvm_run` and `pthread_kill` of registered threads, in [`crate::control`] — and
-//! the guest memory registration, in [`crate::memory::register`].)
+//! Safe wrappers over the host system calls the VMM makes outside KVM's own safe ioctls:
+//! each `unsafe` block of the VMM's run path is here (or in [`kick`] and [`guest_memory`]),
+//! behind a function or type whose doc states its contract.
+//!
+//! - [`kick`]: the vCPU kick — the signal handler's store into the running vCPU's `kvm_run`,
+//!   and signalling registered vCPU threads.
+//! - [`guest_memory`]: guest RAM registered with KVM, owned so it outlives the VM and its
+//!   vCPUs.
+
+pub mod guest_memory;
+pub mod kick;
+
+pub use guest_memory::{GuestMemoryMmap, GuestVm, SlotError};
+pub use kick::{KickableThreads, KickableVcpu, install_kick_handler};
 
 use std::io::{self, ErrorKind};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -7,10 +7,11 @@ use kvm_ioctls::VcpuFd;
 
 use crate::boot::{LoadedKernel, regs};
 use crate::bus::Bus;
-use crate::control::{Control, GuestFault, set_thread_kvm_run};
+use crate::control::{Control, GuestFault};
 use crate::cpuid::{CpuidParams, normalize};
 use crate::exit::{Action, ExitContext, FaultKind, RateLimit, from_kvm, handle};
 use crate::msr;
+use crate::sys::KickableVcpu;
 
 /// Errors of configuring a vCPU.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +102,7 @@ pub struct VcpuThread {
     /// vCPU index.
     pub index: u8,
     /// The vCPU.
-    pub fd: VcpuFd,
+    pub fd: KickableVcpu,
     /// Port I/O bus.
     pub pio: Arc<Bus>,
     /// MMIO bus.
@@ -114,18 +115,16 @@ impl VcpuThread {
     /// Thread body: run until the VM stops, record the outcome, deregister.
     pub fn run(mut self) {
         crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Vcpu);
-        set_thread_kvm_run(self.fd.get_kvm_run());
-        self.control.register_current(usize::from(self.index));
-        let outcome = self.run_loop();
+        let control = self.control.clone();
+        let outcome = control.run_registered(usize::from(self.index), || self.run_loop());
         if let Some(outcome) = outcome {
-            self.control.request_stop(outcome);
+            control.request_stop(outcome);
         }
-        set_thread_kvm_run(std::ptr::null_mut());
-        self.control.thread_done(usize::from(self.index));
+        control.thread_done();
     }
 
     fn fault(&self, kind: FaultKind) -> GuestFault {
-        let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
+        let rip = self.fd.fd().get_regs().map(|r| r.rip).unwrap_or(0);
         GuestFault {
             vcpu: self.index,
             kind,
@@ -137,11 +136,10 @@ impl VcpuThread {
     fn run_loop(&mut self) -> Option<crate::control::Outcome> {
         let mut limit = RateLimit::default();
         loop {
-            if self.control.stop_requested() {
-                return None;
-            }
-            let action = match self.fd.run() {
-                Ok(exit) => {
+            let control = &self.control;
+            let action = match self.fd.run_unless(|| control.stop_requested()) {
+                None => return None,
+                Some(Ok(exit)) => {
                     let mut ctx = ExitContext {
                         pio: &self.pio,
                         mmio: &self.mmio,
@@ -149,11 +147,11 @@ impl VcpuThread {
                     };
                     handle(from_kvm(exit), &mut ctx)
                 }
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    self.fd.set_kvm_immediate_exit(0);
+                Some(Err(e)) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.fd.clear_immediate_exit();
                     Action::Continue
                 }
-                Err(e) => Action::Fault(FaultKind::Unexpected(format!("KVM_RUN error {e}"))),
+                Some(Err(e)) => Action::Fault(FaultKind::Unexpected(format!("KVM_RUN error {e}"))),
             };
             match action {
                 Action::Continue => {}

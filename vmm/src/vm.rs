@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
-use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
@@ -28,6 +28,7 @@ use crate::layout::{
 use crate::legacy::{ABSORBED_PORTS, Sink};
 use crate::memory::{self, GuestMemoryMmap};
 use crate::serial::{COM1_IRQ, COM1_PORT, ConsoleRing, Serial, SharedConsole};
+use crate::sys::{GuestVm, KickableVcpu};
 use crate::vcpu::{self, VcpuSetup, VcpuThread};
 use crate::virtio::{MmioDevice, VirtioError};
 
@@ -203,14 +204,14 @@ fn virtio_devices(
 }
 
 /// One configured vCPU per `setup.vcpus`.
-fn create_vcpus(vm: &VmFd, setup: &VcpuSetup<'_>) -> Result<Vec<VcpuFd>, VmmError> {
+fn create_vcpus(vm: &GuestVm, setup: &VcpuSetup<'_>) -> Result<Vec<KickableVcpu>, VmmError> {
     let mut vcpus = Vec::with_capacity(usize::from(setup.vcpus));
     for index in 0..setup.vcpus {
-        let fd = vm
+        let v = vm
             .create_vcpu(u64::from(index))
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-        vcpu::configure(&fd, index, setup)?;
-        vcpus.push(fd);
+        vcpu::configure(v.fd(), index, setup)?;
+        vcpus.push(v);
     }
     Ok(vcpus)
 }
@@ -223,17 +224,16 @@ static VM_SEQ: AtomicU64 = AtomicU64::new(0);
 /// A created, not yet running VM.
 pub struct Vm {
     seq: u64,
-    // Field order is drop order: vCPUs and devices before the VM fd, memory last.
-    vcpus: Vec<VcpuFd>,
+    // Field order is drop order: vCPUs and devices before the VM fd and memory.
+    vcpus: Vec<KickableVcpu>,
     virtio: Vec<SharedMmio>,
     pio: Bus,
     mmio: Bus,
     console: SharedConsole,
     control: Arc<Control>,
     _irq_events: Vec<EventFd>,
-    _vm: VmFd,
+    guest: GuestVm,
     _kvm: Kvm,
-    mem: GuestMemoryMmap,
     cmdline: String,
 }
 
@@ -258,12 +258,12 @@ impl Vm {
         let profile = cfg.cpu_profile.resolve();
         let (kvm, vm) = create_kvm_vm()?;
 
-        let mem = memory::allocate(&layout)?;
-        memory::register(&vm, &mem)?;
+        let guest = memory::register(vm, memory::allocate(&layout)?)?;
+        let (vm, mem) = (guest.vm(), guest.memory());
 
         let cmdline = build_cmdline(profile, cfg.devices.len(), &cfg.cmdline);
         let kernel = boot::prepare(
-            &mem,
+            mem,
             &BootInput {
                 layout: &layout,
                 kernel: &cfg.kernel,
@@ -277,8 +277,8 @@ impl Vm {
         let control = Arc::new(Control::new(usize::from(cfg.vcpus)));
         let console: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(cfg.console.ring_bytes)));
         let mut irq_events = Vec::new();
-        let pio = legacy_devices(&vm, &control, &console, &mut cfg, &mut irq_events)?;
-        let (mmio, virtio) = virtio_devices(&vm, &mem, &cfg, &mut irq_events)?;
+        let pio = legacy_devices(vm, &control, &console, &mut cfg, &mut irq_events)?;
+        let (mmio, virtio) = virtio_devices(vm, mem, &cfg, &mut irq_events)?;
 
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -289,7 +289,7 @@ impl Vm {
             baseline: profile == CpuProfile::Baseline,
             kernel: &kernel,
         };
-        let vcpus = create_vcpus(&vm, &setup)?;
+        let vcpus = create_vcpus(&guest, &setup)?;
         Ok(Vm {
             seq: VM_SEQ.fetch_add(1, Ordering::Relaxed),
             vcpus,
@@ -299,9 +299,8 @@ impl Vm {
             console,
             control,
             _irq_events: irq_events,
-            _vm: vm,
+            guest,
             _kvm: kvm,
-            mem,
             cmdline,
         })
     }
@@ -328,7 +327,7 @@ impl Vm {
 
     /// Guest memory (shared with the VM; reads see what the guest wrote).
     pub fn memory(&self) -> &GuestMemoryMmap {
-        &self.mem
+        self.guest.memory()
     }
 
     /// The full kernel command line passed to the guest.
@@ -367,7 +366,7 @@ impl Vm {
                 Ok(h) => threads.push(h),
                 Err(e) => {
                     // The closure (and its vCPU) was dropped; account for it and stop the rest.
-                    self.control.thread_done(index);
+                    self.control.thread_done();
                     let running = RunningVm {
                         vm: Some(self),
                         threads,
@@ -451,7 +450,7 @@ impl RunningVm {
 
     /// Guest memory.
     pub fn memory(&self) -> Option<&GuestMemoryMmap> {
-        self.vm.as_ref().map(|v| &v.mem)
+        self.vm.as_ref().map(|v| v.guest.memory())
     }
 
     /// Wait for the VM to end, join every vCPU thread and release the VM.

@@ -8,9 +8,10 @@
 //! the agent's base directory (`/` in a guest, `--root DIR` on the host).
 
 use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
+use super::sys::fs as sys;
 use crate::protocol::{ErrorKind, FileEntry, MAX_FILE_BYTES, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
 
 /// File errors, each mapped to a wire [`ErrorKind`].
@@ -49,13 +50,6 @@ impl FileError {
     }
 }
 
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
 /// `openat2(dir, path, flags, mode, resolve)`, retried on EAGAIN/EINTR.
 fn openat2(
     dir: BorrowedFd<'_>,
@@ -66,27 +60,11 @@ fn openat2(
 ) -> Result<OwnedFd, FileError> {
     let c = CString::new(if path.is_empty() { "." } else { path })
         .map_err(|_| FileError::BadPath(path.into()))?;
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: u64::from(mode),
-        resolve,
-    };
     for _ in 0..16 {
-        // SAFETY: valid dirfd, NUL-terminated path and an open_how of the size we pass.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                &how,
-                std::mem::size_of::<OpenHow>(),
-            )
+        let e = match sys::openat2(dir, &c, flags, mode, resolve) {
+            Ok(fd) => return Ok(fd),
+            Err(e) => e,
         };
-        if fd >= 0 {
-            // SAFETY: the kernel returned a fresh fd that nothing else owns.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-        }
-        let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
             Some(libc::EAGAIN) | Some(libc::EINTR) => continue,
             Some(libc::EXDEV) | Some(libc::ELOOP) => return Err(FileError::Escape(path.into())),
@@ -127,16 +105,10 @@ pub fn clean(path: &str) -> Result<Vec<&str>, FileError> {
 }
 
 fn fstat(fd: BorrowedFd<'_>, path: &str) -> Result<libc::stat, FileError> {
-    // SAFETY: an all-zero stat is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is open; st is ours.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(FileError::Io {
-            path: path.into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(st)
+    sys::fstat(fd).map_err(|source| FileError::Io {
+        path: path.into(),
+        source,
+    })
 }
 
 fn is_reg(st: &libc::stat) -> bool {
@@ -215,16 +187,13 @@ fn mkdirs(root: BorrowedFd<'_>, comps: &[&str]) -> Result<OwnedFd, FileError> {
             Ok(fd) => dir = fd,
             Err(FileError::NotFound(_)) => {
                 let name = CString::new(*c).map_err(|_| FileError::BadPath(prefix.clone()))?;
-                // SAFETY: dir is an open directory fd; name is NUL-terminated.
-                let r = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) };
-                if r < 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.raw_os_error() != Some(libc::EEXIST) {
-                        return Err(FileError::Io {
-                            path: prefix,
-                            source: e,
-                        });
-                    }
+                if let Err(e) = sys::mkdirat(dir.as_fd(), &name, 0o755)
+                    && e.raw_os_error() != Some(libc::EEXIST)
+                {
+                    return Err(FileError::Io {
+                        path: prefix,
+                        source: e,
+                    });
                 }
                 dir = openat2(root, &prefix, libc::O_PATH | libc::O_DIRECTORY, 0, BENEATH)?;
             }
@@ -306,36 +275,8 @@ fn walk(
 
 /// Directory entry names of `dir` (not `.`/`..`), bounded.
 fn read_names(dir: &OwnedFd, path: &str) -> Result<Vec<Vec<u8>>, FileError> {
-    let io = |source| FileError::Io {
+    sys::read_dir_names(dir.as_fd(), MAX_LIST_ENTRIES as usize).map_err(|source| FileError::Io {
         path: path.into(),
         source,
-    };
-    let dup = dir.try_clone().map_err(io)?;
-    // SAFETY: fdopendir takes ownership of the duplicated fd on success.
-    let d = unsafe { libc::fdopendir(dup.as_raw_fd()) };
-    if d.is_null() {
-        return Err(io(std::io::Error::last_os_error()));
-    }
-    std::mem::forget(dup); // now owned by the DIR stream, closed by closedir
-    let mut names = Vec::new();
-    loop {
-        // SAFETY: d is a valid DIR stream until closedir below.
-        let ent = unsafe { libc::readdir64(d) };
-        if ent.is_null() {
-            break;
-        }
-        // SAFETY: readdir64 returned a valid entry, live until the next readdir64/closedir.
-        let d_name = unsafe { &(*ent).d_name };
-        // SAFETY: d_name is NUL-terminated within the entry.
-        let name = unsafe { std::ffi::CStr::from_ptr(d_name.as_ptr()) }.to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-        if names.len() > MAX_LIST_ENTRIES as usize {
-            break;
-        }
-    }
-    // SAFETY: d came from fdopendir and is closed exactly once.
-    unsafe { libc::closedir(d) };
-    Ok(names)
+    })
 }

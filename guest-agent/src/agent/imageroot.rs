@@ -13,6 +13,7 @@
 use std::ffi::CString;
 
 use super::pid1::{Pid1Error, mount, mount_read_only, wait_for_disk};
+use super::sys;
 use crate::config::RootDisk;
 
 /// Where the image's filesystem is mounted read-only.
@@ -24,13 +25,6 @@ pub const NEW_ROOT: &str = "/.vm/root";
 /// The early mounts carried into the new root.
 pub const CARRIED: [&str; 5] = ["/proc", "/sys", "/dev", "/tmp", "/run"];
 
-fn sys(op: &'static str) -> Pid1Error {
-    Pid1Error::Sys {
-        op,
-        source: std::io::Error::last_os_error(),
-    }
-}
-
 fn cstring(s: &str) -> Result<CString, Pid1Error> {
     CString::new(s).map_err(|_| Pid1Error::BadString(s.into()))
 }
@@ -38,24 +32,11 @@ fn cstring(s: &str) -> Result<CString, Pid1Error> {
 /// Move the mount at `from` (with everything under it) to `to`.
 fn move_mount(from: &str, to: &str) -> Result<(), Pid1Error> {
     let (f, t) = (cstring(from)?, cstring(to)?);
-    // SAFETY: valid NUL-terminated paths; MS_MOVE ignores the type and data arguments.
-    let r = unsafe {
-        libc::mount(
-            f.as_ptr(),
-            t.as_ptr(),
-            std::ptr::null(),
-            libc::MS_MOVE,
-            std::ptr::null(),
-        )
-    };
-    if r < 0 {
-        return Err(Pid1Error::Mount {
-            what: format!("move {from}"),
-            target: to.into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+    sys::fs::mount(&f, &t, None, libc::MS_MOVE, None).map_err(|source| Pid1Error::Mount {
+        what: format!("move {from}"),
+        target: to.into(),
+        source,
+    })
 }
 
 fn mkdir(path: &str) -> Result<(), Pid1Error> {
@@ -90,10 +71,10 @@ pub fn enter(root: &RootDisk) -> Result<(), Pid1Error> {
         source,
     })?;
     move_mount(".", "/")?;
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::chroot(c".".as_ptr()) } < 0 {
-        return Err(sys("chroot"));
-    }
+    std::os::unix::fs::chroot(".").map_err(|source| Pid1Error::Sys {
+        op: "chroot",
+        source,
+    })?;
     std::env::set_current_dir("/").map_err(|source| Pid1Error::Sys {
         op: "chdir /",
         source,

@@ -9,6 +9,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::sys;
+use super::sys::fs::StdFd;
 use crate::config::{DiskFs, DiskMount};
 
 /// PID-1 errors.
@@ -43,11 +45,9 @@ fn cstr(s: &str) -> Result<CString, Pid1Error> {
     CString::new(s).map_err(|_| Pid1Error::BadString(s.into()))
 }
 
-fn last(op: &'static str) -> Pid1Error {
-    Pid1Error::Sys {
-        op,
-        source: std::io::Error::last_os_error(),
-    }
+/// The `Sys` error of `op` (for `map_err`).
+fn op(op: &'static str) -> impl FnOnce(std::io::Error) -> Pid1Error {
+    move |source| Pid1Error::Sys { op, source }
 }
 
 /// `mount(2)`; `EBUSY` (already mounted) counts as success.
@@ -63,25 +63,28 @@ pub fn mount(
         source,
     })?;
     let (s, t, f, d) = (cstr(src)?, cstr(target)?, cstr(fstype)?, cstr(data)?);
-    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
-    let r = unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), flags, d.as_ptr().cast()) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EBUSY) {
-            return Err(Pid1Error::Mount {
-                what: format!("{fstype} ({src})"),
-                target: target.into(),
-                source: e,
-            });
-        }
+    if let Err(e) = sys::fs::mount(&s, &t, Some(&f), flags, Some(&d))
+        && e.raw_os_error() != Some(libc::EBUSY)
+    {
+        return Err(Pid1Error::Mount {
+            what: format!("{fstype} ({src})"),
+            target: target.into(),
+            source: e,
+        });
     }
     Ok(())
 }
 
 /// Remove every inherited environment variable.
-pub fn clear_env() {
+///
+/// # Safety
+///
+/// The process must have a single thread (no other thread may read or write the environment
+/// meanwhile): call it first thing in `main`. No safe wrapper can check that, so this stays
+/// an `unsafe fn` outside [`sys`].
+pub unsafe fn clear_env() {
     for (k, _) in std::env::vars_os() {
-        // SAFETY: called first thing in main, before any other thread exists.
+        // SAFETY: the caller guarantees a single-threaded process.
         unsafe { std::env::remove_var(k) };
     }
 }
@@ -147,19 +150,23 @@ pub fn early_mounts() -> Vec<Pid1Error> {
 
 /// Point stdin at /dev/null and stdout/stderr at /dev/console.
 pub fn console_to_stdio() {
-    for (path, fds) in [(c"/dev/null", &[0][..]), (c"/dev/console", &[1, 2][..])] {
-        // SAFETY: valid NUL-terminated path.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_NOCTTY) };
-        if fd < 0 {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let targets = [
+        ("/dev/null", &[StdFd::In][..]),
+        ("/dev/console", &[StdFd::Out, StdFd::Err][..]),
+    ];
+    for (path, fds) in targets {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open(path)
+        else {
             continue;
-        }
+        };
         for &to in fds {
-            // SAFETY: dup2 of an fd we just opened onto a standard fd.
-            unsafe { libc::dup2(fd, to) };
-        }
-        if fd > 2 {
-            // SAFETY: closing our own temporary fd.
-            unsafe { libc::close(fd) };
+            let _ = sys::fs::replace_std_fd(f.as_fd(), to);
         }
     }
 }
@@ -171,69 +178,18 @@ pub fn console_line(line: &str) {
     let _ = out.flush();
 }
 
-fn ifreq(name: &str) -> libc::ifreq {
-    // SAFETY: ifreq is plain data; all-zero is a valid value.
-    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in r
-        .ifr_name
-        .iter_mut()
-        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
-    {
-        *d = s as libc::c_char;
-    }
-    r
-}
-
-fn sockaddr_in(addr: [u8; 4]) -> libc::sockaddr {
-    let sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(addr),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: sockaddr_in and sockaddr have the same size; the kernel reads it as sockaddr_in.
-    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
-}
-
 /// Bring `lo` up with 127.0.0.1/8.
 pub fn loopback_up() -> Result<(), Pid1Error> {
-    // SAFETY: plain socket(2) call.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(last("socket"));
-    }
-    let ioctl = |req: libc::c_ulong, r: &mut libc::ifreq, op: &'static str| {
-        // SAFETY: fd is an open socket and r a valid ifreq for this request.
-        if unsafe { libc::ioctl(fd, req as _, r as *mut libc::ifreq) } < 0 {
-            Err(last(op))
-        } else {
-            Ok(())
-        }
-    };
-    let res = (|| {
-        let mut r = ifreq("lo");
-        r.ifr_ifru.ifru_addr = sockaddr_in([127, 0, 0, 1]);
-        ioctl(libc::SIOCSIFADDR, &mut r, "SIOCSIFADDR")?;
-        let mut r = ifreq("lo");
-        r.ifr_ifru.ifru_netmask = sockaddr_in([255, 0, 0, 0]);
-        ioctl(libc::SIOCSIFNETMASK, &mut r, "SIOCSIFNETMASK")?;
-        let mut r = ifreq("lo");
-        r.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        ioctl(libc::SIOCSIFFLAGS, &mut r, "SIOCSIFFLAGS")
-    })();
-    // SAFETY: closing our socket.
-    unsafe { libc::close(fd) };
-    res
+    use std::os::fd::AsFd;
+    let sock = sys::net::inet_socket().map_err(op("socket"))?;
+    let sock = sock.as_fd();
+    sys::net::set_if_addr(sock, "lo", [127, 0, 0, 1]).map_err(op("SIOCSIFADDR"))?;
+    sys::net::set_if_netmask(sock, "lo", [255, 0, 0, 0]).map_err(op("SIOCSIFNETMASK"))?;
+    sys::net::set_if_up(sock, "lo").map_err(op("SIOCSIFFLAGS"))
 }
 
 pub fn set_hostname(name: &str) -> Result<(), Pid1Error> {
-    // SAFETY: pointer and length describe a valid byte slice.
-    if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } < 0 {
-        return Err(last("sethostname"));
-    }
-    Ok(())
+    sys::proc::set_hostname(name).map_err(op("sethostname"))
 }
 
 /// `oom_score_adj = -1000` for the agent (children reset theirs to 0).
@@ -254,15 +210,9 @@ const DROPPED_CAPS: [(libc::c_ulong, &str); 2] = [(19, "CAP_SYS_PTRACE"), (17, "
 /// so no command (root included) can regain them through `execve`. Must run before any thread
 /// starts: the bounding set is per thread.
 pub fn harden() -> Result<(), Pid1Error> {
-    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
-        return Err(last("PR_SET_DUMPABLE"));
-    }
+    sys::proc::set_not_dumpable().map_err(op("PR_SET_DUMPABLE"))?;
     for (cap, name) in DROPPED_CAPS {
-        // SAFETY: prctl(PR_CAPBSET_DROP) takes plain integers.
-        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } < 0 {
-            return Err(last(name));
-        }
+        sys::proc::drop_bounding_cap(cap).map_err(op(name))?;
     }
     Ok(())
 }
@@ -284,19 +234,9 @@ pub fn find_disk(sys_block: &Path, id: &str) -> Option<String> {
     None
 }
 
-const BLKROSET: libc::c_ulong = 0x125d;
-
 fn set_block_ro(dev: &str) -> Result<(), Pid1Error> {
-    let f = std::fs::File::open(dev).map_err(|source| Pid1Error::Sys {
-        op: "open block device",
-        source,
-    })?;
-    let one: libc::c_int = 1;
-    // SAFETY: BLKROSET reads one int from the pointer we pass; the fd is open.
-    if unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), BLKROSET as _, &one) } < 0 {
-        return Err(last("BLKROSET"));
-    }
-    Ok(())
+    let f = std::fs::File::open(dev).map_err(op("open block device"))?;
+    sys::fs::set_block_read_only(std::os::fd::AsFd::as_fd(&f)).map_err(op("BLKROSET"))
 }
 
 /// `/dev/<name>` of the disk with serial `id`, waiting up to 5 s for it to appear.
@@ -353,11 +293,8 @@ pub fn mount_disk(d: &DiskMount) -> Result<(), Pid1Error> {
 
 /// Sync and reboot (which ends the VM); never returns.
 pub fn power_off() -> ! {
-    // SAFETY: sync(2) has no arguments.
-    unsafe { libc::sync() };
-    // SAFETY: reboot(2) with a valid command; only returns on failure.
-    unsafe { libc::reboot(libc::RB_AUTOBOOT) };
-    tracing::error!("reboot failed: {}", std::io::Error::last_os_error());
+    let e = sys::proc::reboot();
+    tracing::error!("reboot failed: {e}");
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

@@ -1,8 +1,7 @@
 //! Spawning the processes the agent runs, each in its own session/process group and (when
 //! available) its own leaf cgroup, with exactly the given environment, and killing their trees.
 
-use std::ffi::CStr;
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -12,6 +11,7 @@ use tokio::sync::oneshot;
 
 use super::cgroup::{CgroupDir, Cgroups};
 use super::reaper::{Reaper, ReaperError};
+use super::sys::proc as sys;
 use super::user::Ids;
 use crate::protocol::{Command, ErrorKind, ExitStatus};
 
@@ -113,31 +113,10 @@ pub struct Proc {
     pub cgroup: Option<CgroupDir>,
 }
 
+/// A close-on-exec pipe `(read end, write end)`.
 fn make_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into the array we own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both fds were just created by pipe2 and are owned by nobody else.
-    let r = unsafe { OwnedFd::from_raw_fd(fds[0]) };
-    // SAFETY: as above.
-    let w = unsafe { OwnedFd::from_raw_fd(fds[1]) };
-    Ok((r, w))
-}
-
-/// Write `data` to `path` with raw syscalls only (safe to call between fork and exec).
-fn raw_write(path: &CStr, data: &[u8]) -> bool {
-    // SAFETY: open with a valid NUL-terminated path; no allocation.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: fd is open; data is a valid slice.
-    let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
-    // SAFETY: fd is ours to close.
-    unsafe { libc::close(fd) };
-    n == data.len() as isize
+    let (r, w) = std::io::pipe()?;
+    Ok((r.into(), w.into()))
 }
 
 /// Spawn per `spec` through the reaper.
@@ -217,14 +196,11 @@ pub fn spawn(
     let procs = cgroup.as_ref().map(|c| c.procs_path().clone());
     let ids = spec.user.cloned();
     let pre_exec = move || {
-        // SAFETY: setsid has no memory effects.
-        if unsafe { libc::setsid() } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        sys::setsid()?;
         // Undo the agent's own -1000 so the OOM killer picks the workload, never the agent.
-        raw_write(c"/proc/self/oom_score_adj", b"0");
+        sys::write_file_raw(c"/proc/self/oom_score_adj", b"0");
         if let Some(p) = &procs
-            && !raw_write(p, b"0")
+            && !sys::write_file_raw(p, b"0")
         {
             // errno from the failed open/write; no allocation between fork and exec.
             return Err(std::io::Error::last_os_error());
@@ -234,19 +210,12 @@ pub fn spawn(
         }
         // The identity switch comes last: joining the cgroup needs root.
         if let Some(ids) = &ids {
-            // SAFETY: the pointer and length describe the groups vector allocated before fork.
-            if unsafe { libc::setgroups(ids.groups.len(), ids.groups.as_ptr()) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: setgid/setuid take plain integers.
-            if unsafe { libc::setgid(ids.gid) } < 0 || unsafe { libc::setuid(ids.uid) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            // The groups vector was allocated before fork.
+            sys::set_ids(&ids.groups, ids.gid, ids.uid)?;
             // Work run as a user stays that user: setuid binaries of the image cannot raise
             // it (no_new_privs is inherited by everything it starts).
-            // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes plain integers.
-            if ids.uid != 0 && unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
-                return Err(std::io::Error::last_os_error());
+            if ids.uid != 0 {
+                sys::set_no_new_privs()?;
             }
         }
         Ok(())
@@ -305,6 +274,6 @@ pub fn kill_tree(pid: i32, cgroup: Option<&CgroupDir>) {
     if let Some(c) = cgroup {
         c.kill();
     }
-    // SAFETY: killpg has no memory effects; pid is the group id set by setsid.
-    unsafe { libc::killpg(pid, libc::SIGKILL) };
+    // pid is the group id set by setsid; a group already gone (ESRCH) is fine.
+    let _ = sys::killpg(pid, libc::SIGKILL);
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::sys::proc::{self as sys, Waited};
 use crate::protocol::ExitStatus;
 
 /// Reaper errors.
@@ -84,30 +85,25 @@ impl Reaper {
     pub fn reap(&self) {
         let mut t = self.lock();
         if self.all {
-            loop {
-                let mut st = 0;
-                // SAFETY: waitpid only writes the status integer we own.
-                let pid = unsafe { libc::waitpid(-1, &mut st, libc::WNOHANG) };
-                if pid <= 0 {
-                    break;
-                }
+            while let Ok(Waited::Exited { pid, status }) = sys::wait_nohang(-1) {
                 if let Some(tx) = t.remove(&pid) {
-                    let _ = tx.send(decode_status(st));
+                    let _ = tx.send(decode_status(status));
                 }
             }
         } else {
             let pids: Vec<i32> = t.keys().copied().collect();
             for pid in pids {
-                let mut st = 0;
-                // SAFETY: waitpid only writes the status integer we own.
-                let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
-                if r == pid {
-                    if let Some(tx) = t.remove(&pid) {
-                        let _ = tx.send(decode_status(st));
+                match sys::wait_nohang(pid) {
+                    Ok(Waited::Exited { status, .. }) => {
+                        if let Some(tx) = t.remove(&pid) {
+                            let _ = tx.send(decode_status(status));
+                        }
                     }
-                } else if r < 0 {
+                    Ok(Waited::Running) => {}
                     // Not our child any more (ECHILD): nothing will ever report it.
-                    t.remove(&pid);
+                    Err(_) => {
+                        t.remove(&pid);
+                    }
                 }
             }
         }

@@ -1,19 +1,12 @@
-//! Small safe wrappers over the terminal system calls the agent makes: opening a
-//! pseudo-terminal pair, setting its window size, making it a controlling terminal, and
-//! non-blocking mode. Every `unsafe` block of the interactive exec lives here.
+//! Terminals and raw descriptor I/O: opening a pseudo-terminal pair, setting its window
+//! size, making it a controlling terminal, non-blocking mode, and `read`/`write` on a
+//! borrowed descriptor.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use super::check;
 use crate::protocol::TtySize;
-
-fn check(r: libc::c_int) -> std::io::Result<libc::c_int> {
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
 
 /// A new pseudo-terminal pair `(master, slave)`, both close-on-exec (no other child
 /// spawned meanwhile inherits them), the slave not made anyone's controlling terminal, and

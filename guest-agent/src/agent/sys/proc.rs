@@ -1,0 +1,125 @@
+//! Process calls: signals, reaping, sessions and identities (the ones marked async-signal-safe
+//! may run between `fork` and `exec`: they allocate nothing and take no lock), the agent's own
+//! process attributes (`prctl`), the hostname and power-off.
+
+use std::ffi::CStr;
+
+use super::check;
+
+/// Send `sig` to process `pid` (`kill(2)`). No memory is touched; a stale pid is the caller's
+/// concern (`ESRCH` when it is gone).
+pub fn kill(pid: i32, sig: i32) -> std::io::Result<()> {
+    // SAFETY: kill(2) takes plain integers.
+    check(unsafe { libc::kill(pid, sig) })?;
+    Ok(())
+}
+
+/// Send `sig` to every process in process group `pgid` (`killpg(3)`).
+pub fn killpg(pgid: i32, sig: i32) -> std::io::Result<()> {
+    // SAFETY: killpg takes plain integers.
+    check(unsafe { libc::killpg(pgid, sig) })?;
+    Ok(())
+}
+
+/// What a non-blocking wait found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// Child `pid` exited or was killed; `status` is the raw wait status.
+    Exited { pid: i32, status: i32 },
+    /// The child (or every child) is still running.
+    Running,
+}
+
+/// `waitpid(pid, WNOHANG)`: reap `pid` (`-1`: any child) if it has ended. `ECHILD` (no such
+/// child) is an error.
+pub fn wait_nohang(pid: i32) -> std::io::Result<Waited> {
+    let mut status = 0;
+    // SAFETY: waitpid only writes the status integer we own.
+    let r = check(unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) })?;
+    Ok(if r == 0 {
+        Waited::Running
+    } else {
+        Waited::Exited { pid: r, status }
+    })
+}
+
+/// `setsid(2)`: make the calling process a session and group leader. Async-signal-safe.
+pub fn setsid() -> std::io::Result<()> {
+    // SAFETY: setsid takes no arguments and touches no memory of ours.
+    check(unsafe { libc::setsid() })?;
+    Ok(())
+}
+
+/// Switch the calling process to `groups`, then gid `gid`, then uid `uid` (in that order: after
+/// `setuid` away from root the others are refused). Async-signal-safe; `groups` must be
+/// allocated before `fork`.
+pub fn set_ids(groups: &[libc::gid_t], gid: libc::gid_t, uid: libc::uid_t) -> std::io::Result<()> {
+    // SAFETY: the pointer and length describe `groups`, which outlives the call.
+    check(unsafe { libc::setgroups(groups.len(), groups.as_ptr()) })?;
+    // SAFETY: setgid/setuid take plain integers.
+    check(unsafe { libc::setgid(gid) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::setuid(uid) })?;
+    Ok(())
+}
+
+/// `PR_SET_NO_NEW_PRIVS`: `execve` can never again raise the privileges of this process or
+/// anything it starts (setuid bits and file capabilities are ignored). Async-signal-safe.
+pub fn set_no_new_privs() -> std::io::Result<()> {
+    prctl(libc::PR_SET_NO_NEW_PRIVS, 1)
+}
+
+/// `PR_SET_CHILD_SUBREAPER`: orphaned descendants are re-parented to this process.
+pub fn set_child_subreaper() -> std::io::Result<()> {
+    prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
+}
+
+/// `PR_SET_DUMPABLE 0`: no core dumps, and `/proc/<pid>/{mem,environ,fd}` of this process open
+/// only with `CAP_SYS_PTRACE`.
+pub fn set_not_dumpable() -> std::io::Result<()> {
+    prctl(libc::PR_SET_DUMPABLE, 0)
+}
+
+/// `PR_CAPBSET_DROP`: remove capability number `cap` from the calling thread's bounding set,
+/// which every child inherits.
+pub fn drop_bounding_cap(cap: libc::c_ulong) -> std::io::Result<()> {
+    prctl(libc::PR_CAPBSET_DROP, cap)
+}
+
+fn prctl(op: libc::c_int, arg: libc::c_ulong) -> std::io::Result<()> {
+    // SAFETY: only the integer-argument operations above reach here.
+    check(unsafe { libc::prctl(op, arg, 0, 0, 0) })?;
+    Ok(())
+}
+
+/// Write `data` to the existing file `path` with three raw system calls and no allocation:
+/// async-signal-safe, for use between `fork` and `exec`. True when every byte was written
+/// (errno tells why not).
+pub fn write_file_raw(path: &CStr, data: &[u8]) -> bool {
+    // SAFETY: open with a NUL-terminated path that outlives the call.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: fd is open; the kernel reads at most `data.len()` bytes from `data`.
+    let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+    // SAFETY: fd was opened above and is closed exactly once.
+    unsafe { libc::close(fd) };
+    usize::try_from(n) == Ok(data.len())
+}
+
+/// `sethostname(2)`.
+pub fn set_hostname(name: &str) -> std::io::Result<()> {
+    // SAFETY: the pointer and length describe `name`, which outlives the call.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    Ok(())
+}
+
+/// Sync the filesystems and reboot, which ends the VM (the guest has no firmware to return
+/// to). Returns only when the kernel refuses, with its error.
+pub fn reboot() -> std::io::Error {
+    super::fs::sync();
+    // SAFETY: reboot(2) with a valid command; it returns only on failure.
+    unsafe { libc::reboot(libc::RB_AUTOBOOT) };
+    std::io::Error::last_os_error()
+}
