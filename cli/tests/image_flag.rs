@@ -41,13 +41,7 @@ fn busybox_image() -> TestImage {
 }
 
 fn vm(env: &Env, args: &[&str]) -> Out {
-    Out::from(
-        env.cmd()
-            .env("VM_OCI_DIR", env.dir.path().join("oci"))
-            .args(args)
-            .output()
-            .unwrap(),
-    )
+    env.run_with_store(args)
 }
 
 /// Imports the test image into the test's store as [`NAME`]; returns its manifest digest.
@@ -121,11 +115,8 @@ fn image_is_resolved_and_recorded_before_boot() {
 #[test]
 fn image_entrypoint_runs_as_its_user() {
     let env = Env::new();
-    if !common::tcg_available(&env) || common::built_images().is_none() {
-        return vm_test_support::no_guest_driver(
-            "image_entrypoint_runs_as_its_user",
-            "tcg or the guest images are not available here",
-        );
+    if common::no_guest_here(&env, "image_entrypoint_runs_as_its_user") {
+        return;
     }
     if let Some(why) = cannot_convert() {
         common::skip("image_entrypoint_runs_as_its_user", &why);

@@ -55,24 +55,11 @@ fn term_is_passed_only_with_t_and_dry_run_shows_it() {
     assert!(!kv.contains(&"TERM=xterm-test".to_string()), "{kv:?}");
 }
 
-/// Why a guest cannot be booted here, if it cannot.
-fn guest_unavailable(env: &Env) -> Option<String> {
-    if common::built_images().is_none() {
-        return Some(
-            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
-        );
-    }
-    if !common::tcg_available(env) {
-        return Some("the tcg driver is not available".into());
-    }
-    None
-}
-
 #[test]
 fn stdin_reaches_a_guest_command() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return vm_test_support::no_guest_driver("stdin_reaches_a_guest_command", &why);
+    if common::no_guest_here(&env, "stdin_reaches_a_guest_command") {
+        return;
     }
     let args = ["exec", "--allow-emulation", "-i", "--", "wc", "-l"];
     let out = common::tty::with_stdin(&env, &args, b"a\nb\n");
@@ -101,8 +88,8 @@ fn stdin_reaches_a_guest_command() {
 #[test]
 fn interactive_shell_in_a_guest() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return vm_test_support::no_guest_driver("interactive_shell_in_a_guest", &why);
+    if common::no_guest_here(&env, "interactive_shell_in_a_guest") {
+        return;
     }
     common::tty::shell_session(
         &env,

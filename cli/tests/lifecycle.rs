@@ -9,29 +9,15 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use common::Env;
-use vm_test_support::no_guest_driver;
 
 /// Longer than tokio's default blocking-thread keep-alive (10 s) plus a margin.
 const IDLE_PAST_KEEP_ALIVE: Duration = Duration::from_secs(16);
 
-/// Why a guest cannot be booted here, if it cannot.
-fn guest_unavailable(env: &Env) -> Option<String> {
-    if common::built_images().is_none() {
-        return Some(
-            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
-        );
-    }
-    if !common::tcg_available(env) {
-        return Some("the tcg driver is not available".into());
-    }
-    None
-}
-
 #[test]
 fn exec_passes_output_and_exit_code_through() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver("exec_passes_output_and_exit_code_through", &why);
+    if common::no_guest_here(&env, "exec_passes_output_and_exit_code_through") {
+        return;
     }
     let out = env.run(&[
         "exec",
@@ -67,8 +53,8 @@ fn exec_passes_output_and_exit_code_through() {
 #[test]
 fn exec_timeout_exits_124() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver("exec_timeout_exits_124", &why);
+    if common::no_guest_here(&env, "exec_timeout_exits_124") {
+        return;
     }
     let started = Instant::now();
     let out = env.run(&[
@@ -125,8 +111,8 @@ fn interrupt_expecting_130(child: &mut common::ChildGuard) {
 #[test]
 fn ctrl_c_cancels_the_guest_command_and_exits_130() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver("ctrl_c_cancels_the_guest_command_and_exits_130", &why);
+    if common::no_guest_here(&env, "ctrl_c_cancels_the_guest_command_and_exits_130") {
+        return;
     }
     // A one-shot `vm exec`: Ctrl-C exits 130 and the VM's host processes (QEMU and the vsock
     // backend, children of `vm`) are gone with it.
@@ -192,8 +178,8 @@ fn ctrl_c_cancels_the_guest_command_and_exits_130() {
 #[test]
 fn run_exec_cp_ps_stop_rm_lifecycle() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver("run_exec_cp_ps_stop_rm_lifecycle", &why);
+    if common::no_guest_here(&env, "run_exec_cp_ps_stop_rm_lifecycle") {
+        return;
     }
     let _cleanup = common::VmGuard {
         env: &env,
@@ -338,8 +324,8 @@ fn run_exec_cp_ps_stop_rm_lifecycle() {
 #[test]
 fn rm_force_stops_a_running_vm() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver("rm_force_stops_a_running_vm", &why);
+    if common::no_guest_here(&env, "rm_force_stops_a_running_vm") {
+        return;
     }
     let _cleanup = common::VmGuard {
         env: &env,
@@ -360,8 +346,8 @@ fn rm_force_stops_a_running_vm() {
 fn serve_publishes_a_guest_port_until_ctrl_c() {
     use std::io::{BufRead, BufReader, Write};
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver("serve_publishes_a_guest_port_until_ctrl_c", &why);
+    if common::no_guest_here(&env, "serve_publishes_a_guest_port_until_ctrl_c") {
+        return;
     }
     let mut child = common::ChildGuard(
         env.cmd()
@@ -432,8 +418,8 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
 #[test]
 fn named_vm_ends_at_its_wall_lifetime() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver("named_vm_ends_at_its_wall_lifetime", &why);
+    if common::no_guest_here(&env, "named_vm_ends_at_its_wall_lifetime") {
+        return;
     }
     let _cleanup = common::VmGuard {
         env: &env,

@@ -145,17 +145,8 @@ fn bad_roots_users_and_missing_commands_are_refused() {
 #[test]
 fn exec_runs_in_the_image_root_as_the_user() {
     let env = Env::new();
-    if !common::tcg_available(&env) {
-        return vm_test_support::no_guest_driver(
-            "exec_runs_in_the_image_root_as_the_user",
-            "tcg is not available here",
-        );
-    }
-    if common::built_images().is_none() {
-        return vm_test_support::no_guest_driver(
-            "exec_runs_in_the_image_root_as_the_user",
-            "guest images are not built",
-        );
+    if common::no_guest_here(&env, "exec_runs_in_the_image_root_as_the_user") {
+        return;
     }
     let image = erofs_root(env.dir.path());
     let out = env.run(&[
@@ -181,11 +172,8 @@ fn exec_runs_in_the_image_root_as_the_user() {
 #[test]
 fn named_vm_keeps_its_root_and_user() {
     let env = Env::new();
-    if !common::tcg_available(&env) || common::built_images().is_none() {
-        return vm_test_support::no_guest_driver(
-            "named_vm_keeps_its_root_and_user",
-            "tcg or the guest images are not available here",
-        );
+    if common::no_guest_here(&env, "named_vm_keeps_its_root_and_user") {
+        return;
     }
     let image = erofs_root(env.dir.path());
     let _cleanup = common::VmGuard {

@@ -10,13 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::Env;
 
-fn guest_unavailable(env: &Env) -> Option<String> {
-    if common::built_images().is_none() {
-        return Some("guest images are not built (run `vm images build`)".into());
-    }
-    (!common::tcg_available(env)).then(|| "the tcg driver is not available".into())
-}
-
 /// The one run directory (`vm-*`) directly under `parent`.
 fn run_dir_in(parent: &Path) -> PathBuf {
     let dirs: Vec<PathBuf> = std::fs::read_dir(parent)
@@ -78,11 +71,11 @@ fn assert_nothing_left(env: &Env, run_dir: &Path, vm_pids: &[u32]) {
 #[test]
 fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return vm_test_support::no_guest_driver(
-            "kill_9_of_vm_exec_leaves_nothing_after_the_next_command",
-            &why,
-        );
+    if common::no_guest_here(
+        &env,
+        "kill_9_of_vm_exec_leaves_nothing_after_the_next_command",
+    ) {
+        return;
     }
     let mut child = common::ChildGuard(
         env.cmd()
@@ -115,11 +108,11 @@ fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
 #[test]
 fn kill_9_of_a_supervisor_leaves_nothing_after_the_next_command() {
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return vm_test_support::no_guest_driver(
-            "kill_9_of_a_supervisor_leaves_nothing_after_the_next_command",
-            &why,
-        );
+    if common::no_guest_here(
+        &env,
+        "kill_9_of_a_supervisor_leaves_nothing_after_the_next_command",
+    ) {
+        return;
     }
     let _cleanup = common::VmGuard {
         env: &env,

@@ -56,11 +56,8 @@ fn exec(env: &Env, line: &str) -> (String, u64) {
 #[ignore = "slow tier: 2,000 execs in one guest"]
 fn two_thousand_execs_in_one_named_vm_stay_flat() {
     let env = Env::new();
-    if common::built_images().is_none() || !common::tcg_available(&env) {
-        return vm_test_support::no_guest_driver(
-            "two_thousand_execs_in_one_named_vm_stay_flat",
-            "guest images not built or tcg unavailable",
-        );
+    if common::no_guest_here(&env, "two_thousand_execs_in_one_named_vm_stay_flat") {
+        return;
     }
     let n: usize = std::env::var("VM_SOAK_EXECS")
         .ok()

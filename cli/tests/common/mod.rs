@@ -52,6 +52,17 @@ impl Env {
         let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         Out::from(self.cmd().args(&args).output().expect("running vm"))
     }
+
+    /// [`Env::run`] with the OCI image store in this test's directory (`VM_OCI_DIR`).
+    pub fn run_with_store(&self, args: &[&str]) -> Out {
+        Out::from(
+            self.cmd()
+                .env("VM_OCI_DIR", self.dir.path().join("oci"))
+                .args(args)
+                .output()
+                .expect("running vm"),
+        )
+    }
 }
 
 /// A finished run.
@@ -131,6 +142,26 @@ pub fn built_images() -> Option<PathBuf> {
         .iter()
         .all(|f| dir.join(f).is_file());
     complete.then_some(dir)
+}
+
+/// Why a guest cannot be booted here (no built guest images, or no tcg driver), if it cannot.
+pub fn guest_unavailable(env: &Env) -> Option<String> {
+    if built_images().is_none() {
+        return Some(
+            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
+        );
+    }
+    (!tcg_available(env)).then(|| "the tcg driver is not available".into())
+}
+
+/// For a test that boots a guest: true when none can boot here, after applying the no-driver
+/// rule (a failure, or a counted skip under `VM_TEST_ALLOW_NO_DRIVER=1`); the test then returns.
+pub fn no_guest_here(env: &Env, test: &str) -> bool {
+    let why = guest_unavailable(env);
+    if let Some(why) = &why {
+        vm_test_support::no_guest_driver(test, why);
+    }
+    why.is_some()
 }
 
 /// Is a process with this pid alive (not a zombie)?

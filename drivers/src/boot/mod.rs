@@ -1,0 +1,205 @@
+//! Boot steps shared by the real backends, by concern:
+//! - here: checking a plan and turning it into the agent's configuration (kernel command-line
+//!   words), and the names of the files and sockets in a run dir;
+//! - [`run_dir`]: the run directory, the per-boot agent token and the initrd that carries it,
+//!   and attaching to a booted VM's agent with that token;
+//! - [`wait`]: waiting for the agent to answer (after its ready line on the console, for
+//!   backends that need that).
+
+mod run_dir;
+mod wait;
+
+use std::fs;
+use std::path::Path;
+
+use guest_agent::AGENT_PORT;
+use guest_agent::config::{AgentConfig, DiskMount, RootDisk};
+
+use crate::{BootPlan, DriverError};
+
+pub use run_dir::attach_client;
+pub(crate) use run_dir::{RUN_FILES, RunDir, boot_secret};
+pub(crate) use wait::{AGENT_READY_MARKER, wait_for_agent, wait_for_agent_after_console};
+
+/// The guest's vsock context id.
+pub(crate) const GUEST_CID: u64 = 3;
+
+/// The hybrid-vsock socket the agent client connects to, inside the run dir (kvm; the tcg
+/// driver pads this name, see [`unreachable_peer_socket_name`]).
+pub(crate) const VSOCK_SOCKET: &str = "vsock.sock";
+
+/// Longest Unix socket path (sun_path is 108 bytes including the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The virtio-blk serial (agent disk id) of disk `index`.
+pub(crate) fn disk_id(index: usize) -> String {
+    format!("disk{index}")
+}
+
+pub(crate) fn invalid(reason: String) -> DriverError {
+    DriverError::InvalidPlan { reason }
+}
+
+/// The hybrid-vsock socket name for a backend whose vsock device connects a guest connection
+/// to host port P to `<socket>_P` (vhost-device-vsock does): `vsock.sock` padded so the socket
+/// path in `run_dir` is exactly [`MAX_SOCKET_PATH`] bytes. Every `<socket>_P` is then longer
+/// than any Unix socket path, so no host listener can ever be reached from the guest, whatever
+/// is created in the directory. `None` when `run_dir` is already too long.
+pub(crate) fn unreachable_peer_socket_name(run_dir: &Path) -> Option<String> {
+    let base = run_dir.as_os_str().len() + 1 + VSOCK_SOCKET.len();
+    let pad = MAX_SOCKET_PATH.checked_sub(base)?;
+    Some(format!("vsock{}.sock", "-".repeat(pad)))
+}
+
+/// Checks that `path` is an existing regular file.
+pub(crate) fn require_file(field: &str, path: &Path) -> Result<(), DriverError> {
+    match fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(invalid(format!(
+            "{field}: {} is not a regular file",
+            path.display()
+        ))),
+        Err(e) => Err(invalid(format!("{field}: {}: {e}", path.display()))),
+    }
+}
+
+/// Checks the parts of a plan every backend depends on.
+pub(crate) fn check_plan(plan: &BootPlan) -> Result<(), DriverError> {
+    if plan.vcpus == 0 || plan.vcpus > 255 {
+        return Err(invalid(format!("vcpus: {} is not in 1..=255", plan.vcpus)));
+    }
+    if plan.mem_mib < 64 {
+        return Err(invalid(format!("mem_mib: {} is below 64", plan.mem_mib)));
+    }
+    require_file("images.initramfs", &plan.images.initramfs)?;
+    for (i, d) in plan.disks.iter().enumerate() {
+        require_file(&format!("disks[{i}].host_path"), &d.host_path)?;
+    }
+    if let Some(r) = &plan.rootfs {
+        require_file("rootfs.host_path", &r.host_path)?;
+    }
+    let sock = plan.run_dir.join(VSOCK_SOCKET);
+    if sock.as_os_str().len() > MAX_SOCKET_PATH - 8 {
+        return Err(invalid(format!(
+            "run_dir: {} is too long for a Unix socket path",
+            plan.run_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A hostname the agent accepts, derived from the plan name.
+pub(crate) fn hostname(name: &str) -> String {
+    let h: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    if h.is_empty() { "vm".into() } else { h }
+}
+
+/// The agent configuration for a plan, rendered as kernel command-line words.
+pub(crate) fn agent_cmdline(plan: &BootPlan) -> Result<String, DriverError> {
+    let cfg = AgentConfig {
+        hostname: hostname(&plan.name),
+        pids_max: (plan.pids_max > 0).then_some(plan.pids_max),
+        disks: plan
+            .disks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DiskMount {
+                id: disk_id(i),
+                guest_path: d.guest_path.clone(),
+                fs: d.fs,
+            })
+            .collect(),
+        root: plan.rootfs.as_ref().map(|r| RootDisk {
+            id: crate::ROOT_DISK_SERIAL.into(),
+            fs: r.fs,
+        }),
+        port: AGENT_PORT,
+        ..AgentConfig::default()
+    };
+    cfg.to_cmdline()
+        .map_err(|e| invalid(format!("agent configuration: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::test_support::dummy_plan;
+    use crate::{DiskFs, DiskPlan};
+
+    #[test]
+    fn hostname_is_sanitized() {
+        assert_eq!(hostname("my box/1"), "my-box-1");
+        assert_eq!(hostname(""), "vm");
+        assert_eq!(hostname(&"x".repeat(100)).len(), 64);
+    }
+
+    #[test]
+    fn agent_cmdline_carries_disks_and_pids() {
+        let mut plan = dummy_plan();
+        plan.pids_max = 64;
+        plan.disks = vec![DiskPlan {
+            host_path: "/x".into(),
+            guest_path: "/data".into(),
+            fs: DiskFs::Erofs,
+        }];
+        let words = agent_cmdline(&plan).unwrap();
+        assert!(words.contains("vm.pids=64"), "{words}");
+        assert!(words.contains("vm.disk=disk0:/data:erofs"), "{words}");
+        assert!(words.contains(&format!("vm.port={AGENT_PORT}")), "{words}");
+        let (parsed, _) = AgentConfig::from_cmdline(&words).unwrap();
+        assert_eq!(parsed.disks[0].id, "disk0");
+    }
+
+    #[test]
+    fn bad_guest_path_is_an_invalid_plan() {
+        let mut plan = dummy_plan();
+        plan.disks = vec![DiskPlan {
+            host_path: "/x".into(),
+            guest_path: "relative".into(),
+            fs: DiskFs::Raw,
+        }];
+        assert!(matches!(
+            agent_cmdline(&plan),
+            Err(DriverError::InvalidPlan { .. })
+        ));
+    }
+
+    #[test]
+    fn check_plan_names_the_missing_file() {
+        let err = check_plan(&dummy_plan()).unwrap_err().to_string();
+        assert!(err.contains("images.initramfs"), "{err}");
+    }
+
+    #[test]
+    fn padded_socket_leaves_no_reachable_peer_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let name = unreachable_peer_socket_name(tmp.path()).unwrap();
+        let sock = tmp.path().join(&name);
+        assert_eq!(sock.as_os_str().len(), MAX_SOCKET_PATH);
+        // The agent socket itself binds and connects ...
+        let l = UnixListener::bind(&sock).unwrap();
+        UnixStream::connect(&sock).unwrap();
+        drop(l);
+        // ... but nothing can ever listen where a guest connection to a host port would go.
+        for port in [0u32, 1, 5555, u32::MAX] {
+            let peer = format!("{}_{port}", sock.display());
+            assert!(UnixListener::bind(&peer).is_err(), "{peer} bindable");
+            assert!(UnixStream::connect(&peer).is_err(), "{peer} connectable");
+        }
+        let long = PathBuf::from(format!("/{}", "d".repeat(100)));
+        assert_eq!(unreachable_peer_socket_name(&long), None);
+    }
+}
