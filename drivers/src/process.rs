@@ -96,8 +96,13 @@ pub(crate) fn spawn_supervised(
     })
 }
 
-/// Copies a child's pipe into a bounded ring until EOF (the child exiting closes it).
+/// How long the tail of an exited child waits for its output readers to reach EOF.
+const OUTPUT_SETTLE: Duration = Duration::from_secs(1);
+
+/// Copies a child's pipe into a bounded ring until EOF (the child exiting closes it), as one
+/// counted writer of the ring.
 pub(crate) fn pump(name: String, mut src: impl Read + Send + 'static, ring: SharedRing) {
+    let ring = ring.writer();
     let spawned = thread::Builder::new().name(name).spawn(move || {
         let mut buf = [0u8; 4096];
         loop {
@@ -143,8 +148,13 @@ impl Supervised {
         self.pid
     }
 
-    /// The tail of the child's captured stdout and stderr.
+    /// The tail of the child's captured stdout and stderr. Once the child has exited, first
+    /// waits (at most [`OUTPUT_SETTLE`]) for its output readers to reach EOF, so the last
+    /// bytes it wrote — a guest's last console lines — are in the tail, not still in a pipe.
     pub(crate) fn output_tail(&self) -> String {
+        if !self.is_running() {
+            self.output.wait_writers_done(OUTPUT_SETTLE);
+        }
         self.output.tail_string()
     }
 
@@ -321,6 +331,31 @@ mod tests {
         assert_ne!(sys::process_group(std::process::id()).unwrap(), pgid);
     }
 
+    /// The last bytes a child wrote before exiting are in the tail as soon as the exit is
+    /// seen (a guest's last console lines: why its agent gave up). Without the wait for the
+    /// reader's EOF, the bytes still in the pipe are missing when the exit is noticed at once.
+    #[test]
+    fn tail_right_after_exit_holds_the_last_bytes() {
+        for round in 0..20 {
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", "head -c 60000 /dev/zero | tr '\\0' a; echo END"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let child = spawn_supervised("sh", cmd, 4096).expect("spawn sh");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.is_running() && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            let tail = child.output_tail();
+            assert!(
+                tail.ends_with("END\n"),
+                "round {round}: tail ends {:?}",
+                &tail[tail.len().saturating_sub(20)..]
+            );
+        }
+    }
+
     #[test]
     fn output_is_captured_bounded() {
         let mut cmd = Command::new("sh");
@@ -330,11 +365,8 @@ mod tests {
             .stderr(Stdio::piped());
         let child = spawn_supervised("sh", cmd, 4096).expect("spawn sh");
         assert!(child.wait_exit(Duration::from_secs(10)));
-        // Give the reader thread a moment to drain the pipe after exit.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !child.output_tail().ends_with("END\n") && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(10));
-        }
+        // Right after the exit, with no waiting of our own: the tail already holds the last
+        // line (output_tail waits for the reader to drain the pipe).
         let tail = child.output_tail();
         assert!(
             tail.ends_with("END\n"),

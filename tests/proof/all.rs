@@ -2,6 +2,8 @@
 //! `tests/`, included as a module (`vm_tests::tests::the_proof_binary_includes_every_scenario`
 //! fails when one is missing here).
 
+#[path = "../tests/agent_fatal.rs"]
+mod agent_fatal;
 #[path = "../tests/attacker.rs"]
 mod attacker;
 #[path = "../tests/boot.rs"]
