@@ -24,10 +24,12 @@ pub fn main() {
     unsafe { pid1::clear_env() };
     if std::process::id() == 1 {
         let r = std::panic::catch_unwind(run_pid1);
+        // Straight to the console, not through tracing: a failure before logging is set up
+        // (hardening, /proc/cmdline, the configuration) must be seen too.
         match r {
             Ok(Ok(())) => tracing::info!("shutting down"),
-            Ok(Err(e)) => tracing::error!("fatal: {e}"),
-            Err(_) => tracing::error!("fatal: panic"),
+            Ok(Err(e)) => pid1::console_line(&format!("vm-agent: fatal: {e}")),
+            Err(_) => pid1::console_line("vm-agent: fatal: panic"),
         }
         pid1::console_line("vm-agent: powering off");
         pid1::power_off();

@@ -36,7 +36,7 @@ fn agent_fatal_error_reaches_the_console_tail() {
                 .map(|(_, t)| t)
                 .ok_or_else(|| format!("no console tail in the boot error: {err}"))?;
             ensure!(
-                tail.contains("fatal: image root root:") && tail.contains("/.vm/lower"),
+                tail.contains("vm-agent: fatal: image root root:") && tail.contains("/.vm/lower"),
                 "the agent's fatal line is not in the console tail:\n{tail}"
             );
             ensure!(
