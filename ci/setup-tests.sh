@@ -3,9 +3,10 @@
 # set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
 # (the sandbox tests serve from it), docker-registry and skopeo (the OCI tests run a
 # registry on 127.0.0.1), mmdebstrap and the Debian python3 + numpy root the image-root
-# tests boot (images/rootfs-debian.sh, cached), the rustfmt and clippy components for
-# the lint checks, and, when the repository has fuzz targets, a nightly
-# toolchain with cargo-fuzz. Idempotent: installs only what is missing.
+# tests boot (images/rootfs-debian.sh, cached) with the same root as an OCI image
+# (images/oci-debian.sh), the rustfmt and clippy components for the lint checks, and, when
+# the repository has fuzz targets, a nightly toolchain with cargo-fuzz. Idempotent: installs
+# only what is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=lib.sh
@@ -42,15 +43,23 @@ fi
 
 command -v cargo-nextest >/dev/null || say "note: cargo-nextest not installed; ci/test.sh falls back to cargo test"
 
-# The Debian python3 + numpy root the image-root tests boot (about 1.5 min when missing; cached).
-if ! images/rootfs-debian.sh --print-path >/dev/null; then
-    if ((EUID == 0)); then
-        images/rootfs-debian.sh >/dev/null || die "images/rootfs-debian.sh failed"
+# build_cached SCRIPT WHAT: build what images/SCRIPT caches unless its --print-path says it is
+# there. Root builds it (mmdebstrap root mode, file owners) into this user's cache, where the
+# tests look.
+build_cached() {
+    local script=images/$1 what=$2
+    if "$script" --print-path >/dev/null; then
+        say "$what present: $("$script" --print-path)"
+    elif ((EUID == 0)); then
+        "$script" >/dev/null || die "$script failed"
     else
-        # Root builds it (mmdebstrap root mode) into this user's cache, where the tests look.
         sudo VM_ROOTFS_DIR="${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/rootfs}" \
-            images/rootfs-debian.sh >/dev/null || die "images/rootfs-debian.sh failed"
+            "$script" >/dev/null || die "$script failed"
     fi
-else
-    say "Debian rootfs present: $(images/rootfs-debian.sh --print-path)"
-fi
+}
+
+# The Debian python3 + numpy root the image-root tests boot (about 1.5 min when missing; cached),
+# then the same userland packed as an OCI image (seconds), which the --image test and the pull
+# benchmark push to a registry on 127.0.0.1.
+build_cached rootfs-debian.sh "Debian rootfs"
+build_cached oci-debian.sh "Debian OCI image"
