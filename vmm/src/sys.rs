@@ -58,6 +58,20 @@ pub fn connect_unix_nonblocking(path: &Path) -> io::Result<UnixStream> {
     Ok(UnixStream::from(fd))
 }
 
+/// Waits up to `timeout` (capped at `i32::MAX` ms) for `fd` to become readable; false on
+/// timeout or error.
+pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `pfd` is a valid pollfd array of length 1 that outlives the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    n > 0
+}
+
 /// The calling thread's pthread handle.
 pub fn current_thread() -> libc::pthread_t {
     // SAFETY: pthread_self(3) has no arguments and cannot fail.

@@ -2,7 +2,6 @@
 //! `GuestMemoryMmap`, drives the MMIO registers through [`BusDevice`], notifies queues and waits
 //! on the interrupt `EventFd`. Used by the tests in `vmm/tests/virtio_*.rs`; not for production.
 
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
@@ -379,15 +378,7 @@ impl Driver {
 
     /// Wait up to `timeout` for the interrupt; acks it. Returns whether it fired.
     pub fn wait_irq(&mut self, timeout: Duration) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.irq.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: `pfd` is a valid pollfd array of length 1 that outlives the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if n <= 0 {
+        if !crate::sys::wait_readable(&self.irq, timeout) {
             return false;
         }
         let _ = self.irq.read();
