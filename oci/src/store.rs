@@ -14,7 +14,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -112,15 +111,17 @@ impl Lock {
             .write(true)
             .open(path)
             .map_err(io_err("opening", path))?;
-        let op = libc::LOCK_EX | if wait { 0 } else { libc::LOCK_NB };
-        // SAFETY: flock on an fd we own.
-        if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
-            let e = io::Error::last_os_error();
-            if !wait && e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Ok(None);
+        // An exclusive flock(2) on the file (std's File::lock).
+        let locked = if wait {
+            f.lock()
+        } else {
+            match f.try_lock() {
+                Ok(()) => Ok(()),
+                Err(fs::TryLockError::WouldBlock) => return Ok(None),
+                Err(fs::TryLockError::Error(e)) => Err(e),
             }
-            return Err(io_err("locking", path)(e));
-        }
+        };
+        locked.map_err(io_err("locking", path))?;
         Ok(Some(Lock { _file: f }))
     }
 }
