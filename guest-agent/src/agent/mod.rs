@@ -6,6 +6,9 @@
 //! peer, a bounded pool of pending handshakes, the per-boot token in `Hello` within
 //! `auth_timeout`); authenticated connections beyond `max_conns` get a `Busy` error and are
 //! closed; each later step must arrive within `io_timeout`.
+//!
+//! System calls std does not have go through [`sys`], where every `unsafe` block of the agent
+//! lives behind a safe wrapper.
 
 pub mod bounded;
 pub mod cgroup;
