@@ -146,3 +146,46 @@ pub fn replace_std_fd(fd: BorrowedFd<'_>, to: StdFd) -> std::io::Result<()> {
     check(unsafe { libc::dup2(fd.as_raw_fd(), to as libc::c_int) })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn dir_fd(p: &std::path::Path) -> OwnedFd {
+        std::fs::File::open(p).unwrap().into()
+    }
+
+    #[test]
+    fn listing_is_bounded_and_skips_dot_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        for i in 0..10 {
+            std::fs::write(tmp.path().join(format!("f{i}")), b"").unwrap();
+        }
+        let mut all = read_dir_names(dir_fd(tmp.path()).as_fd(), 100).unwrap();
+        all.sort();
+        assert_eq!(all.len(), 10);
+        assert!(all.iter().all(|n| n.starts_with(b"f")), "{all:?}");
+        // At most max + 1: enough to tell "more than max".
+        assert_eq!(
+            read_dir_names(dir_fd(tmp.path()).as_fd(), 3).unwrap().len(),
+            4
+        );
+    }
+
+    #[test]
+    fn openat2_beneath_refuses_an_escaping_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("inside"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc", tmp.path().join("out")).unwrap();
+        let root = dir_fd(tmp.path());
+        let beneath = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+        let fd = openat2(root.as_fd(), c"inside", libc::O_RDONLY, 0, beneath).unwrap();
+        assert_eq!(fstat(fd.as_fd()).unwrap().st_size, 1);
+        let err = openat2(root.as_fd(), c"out/passwd", libc::O_RDONLY, 0, beneath).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EXDEV), "{err}");
+        mkdirat(root.as_fd(), c"d", 0o700).unwrap();
+        let err = mkdirat(root.as_fd(), c"d", 0o700).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EEXIST));
+    }
+}

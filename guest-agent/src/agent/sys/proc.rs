@@ -123,3 +123,56 @@ pub fn reboot() -> std::io::Error {
     unsafe { libc::reboot(libc::RB_AUTOBOOT) };
     std::io::Error::last_os_error()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[expect(
+        clippy::zombie_processes,
+        reason = "the child is reaped by wait_nohang, the call under test"
+    )]
+    fn wait_nohang_sees_running_then_exited_then_no_child() {
+        let child = std::process::Command::new("sh")
+            .args(["-c", "read x; exit 3"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        assert_eq!(wait_nohang(pid).unwrap(), Waited::Running);
+        drop(child.stdin); // EOF: `read` returns and sh exits 3
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            match wait_nohang(pid).unwrap() {
+                Waited::Exited { pid: p, status } => {
+                    assert_eq!(p, pid);
+                    break status;
+                }
+                Waited::Running => {
+                    assert!(std::time::Instant::now() < deadline, "child did not exit");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 3);
+        let err = wait_nohang(pid).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ECHILD));
+        assert_eq!(
+            kill(pid, 0).unwrap_err().raw_os_error(),
+            Some(libc::ESRCH),
+            "reaped: gone"
+        );
+    }
+
+    #[test]
+    fn raw_write_reports_a_missing_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("f");
+        std::fs::write(&p, b"").unwrap();
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        assert!(write_file_raw(&c, b"0"));
+        assert_eq!(std::fs::read(&p).unwrap(), b"0");
+        assert!(!write_file_raw(c"/nonexistent/vm-agent-test", b"0"));
+    }
+}
