@@ -355,3 +355,126 @@ async fn interactive_exec_in_a_named_vm() {
     let _ = supervisor.wait();
     b.front.abort();
 }
+
+/// Names in `dir`, sorted (temporary files of a copy start with `.`).
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `vm cp` streams: a 2 GiB sparse file goes in and comes back with the same sha256 while each
+/// `vm cp` peaks below the documented RSS bound, holes stay holes on both sides; a file over
+/// `--max-size` and a non-regular source are refused before any byte moves, leaving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cp_streams_two_gib_with_flat_memory_and_refuses_before_copying() {
+    use common::copy::{self, MIB};
+    let env = Env::new();
+    let HostBox {
+        root,
+        front,
+        mut supervisor,
+        ..
+    } = start_box(&env);
+    let src = env.dir.path().join("big.bin");
+    copy::sparse_file(&src, 2048 * MIB);
+    let want = copy::sha256_of(&src);
+    let src_s = src.to_str().unwrap();
+
+    let (out, hwm_in) = tokio::task::block_in_place(|| {
+        copy::run_peak_rss(
+            &env,
+            &["cp", "--max-size", "3G", src_s, "box:/data/big.bin"],
+        )
+    });
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let inside = root.join("data/big.bin");
+    assert_eq!(std::fs::metadata(&inside).unwrap().len(), 2048 * MIB);
+    assert_eq!(copy::sha256_of(&inside), want, "changed on the way in");
+    assert!(copy::allocated(&inside) < 64 * MIB, "holes not kept inside");
+    let back = env.dir.path().join("back.bin");
+    let back_s = back.to_str().unwrap();
+    let (out, hwm_out) = tokio::task::block_in_place(|| {
+        copy::run_peak_rss(
+            &env,
+            &["cp", "--max-size", "3G", "box:/data/big.bin", back_s],
+        )
+    });
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(copy::sha256_of(&back), want, "changed on the way out");
+    assert!(copy::allocated(&back) < 64 * MIB, "holes not kept outside");
+    eprintln!("vm cp of 2 GiB: peak RSS {hwm_in} KiB in, {hwm_out} KiB out");
+    for hwm in [hwm_in, hwm_out] {
+        assert!(
+            hwm < copy::VM_CP_HWM_BOUND_KIB,
+            "vm cp peaked at {hwm} KiB (bound {} KiB)",
+            copy::VM_CP_HWM_BOUND_KIB
+        );
+    }
+
+    // Over the cap (the default, 1 GiB): refused before the copy, both ways, nothing left.
+    let out = vm(&env, &["cp", src_s, "box:/data/capped.bin"]).await;
+    assert_eq!(out.code, 125, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "{src_s}: 2147483648 bytes is over the copy cap of 1073741824 bytes"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(names(&root.join("data")), ["big.bin"]);
+    let capped = env.dir.path().join("capped.bin");
+    let out = vm(
+        &env,
+        &[
+            "cp",
+            "--max-size",
+            "1G",
+            "box:/data/big.bin",
+            capped.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 125, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("over the cap of 1073741824 bytes"),
+        "{}",
+        out.stderr
+    );
+    assert!(!capped.exists());
+    assert!(
+        !names(env.dir.path()).iter().any(|n| n.contains(".vm-cp-")),
+        "{:?}",
+        names(env.dir.path())
+    );
+
+    // Not a regular file: refused up front, named in the error, never read.
+    let fifo = env.dir.path().join("fifo");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for (source, kind) in [
+        ("/dev/zero", "a character device"),
+        (fifo.to_str().unwrap(), "a FIFO"),
+        (env.dir.path().to_str().unwrap(), "a directory"),
+    ] {
+        let out = vm(&env, &["cp", source, "box:/data/x"]).await;
+        assert_eq!(out.code, 125, "{source}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("{source}: not a regular file ({kind})")),
+            "{source}: {}",
+            out.stderr
+        );
+    }
+    assert_eq!(names(&root.join("data")), ["big.bin"]);
+
+    front.abort();
+    let _ = supervisor.kill();
+    let _ = supervisor.wait();
+}
