@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::{Env, Out};
 
-pub use vm_test_support::data::MIB;
+pub const MIB: u64 = vm_test_support::data::MIB;
 
 /// The documented bound: a `vm cp` of any size peaks below this RSS.
 pub const VM_CP_HWM_BOUND_KIB: u64 = 64 * 1024;
