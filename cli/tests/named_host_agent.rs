@@ -451,6 +451,49 @@ async fn cp_streams_two_gib_with_flat_memory_and_refuses_before_copying() {
         names(env.dir.path())
     );
 
+    // A source that grows past the cap while it is copied in: refused mid-stream, and the
+    // agent removes its temporary file (no half file in the guest).
+    let mut cp = tokio::process::Command::new(common::vm_bin())
+        .env("VM_RUNTIME_DIR", env.runtime())
+        .args(["cp", "--max-size", "3G", src_s, "box:/data/grow.bin"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !names(&root.join("data"))
+        .iter()
+        .any(|n| n.starts_with(".grow.bin.vm-part-"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the copy never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_len(4096 * MIB)
+        .unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(cp.stderr.as_mut().unwrap(), &mut stderr)
+        .await
+        .unwrap();
+    let status = cp.wait().await.unwrap();
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{src_s} grew past the copy cap of 3221225472 bytes while being copied"
+        )),
+        "{stderr}"
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    while names(&root.join("data")) != ["big.bin"] && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(names(&root.join("data")), ["big.bin"]);
+
     // Not a regular file: refused up front, named in the error, never read.
     let fifo = env.dir.path().join("fifo");
     let st = std::process::Command::new("mkfifo")
