@@ -206,3 +206,42 @@ async fn an_interrupted_write_leaves_no_half_file() {
         assert_eq!(std::fs::read(a.root().join("keep")).unwrap(), b"previous");
     }
 }
+
+/// Sleeps on the first chunk (a pager the user has not scrolled yet), then takes the rest.
+struct StallOnce {
+    stall: Duration,
+    got: Vec<u8>,
+}
+
+impl ChunkSink for StallOnce {
+    async fn put(&mut self, data: &[u8]) -> std::io::Result<()> {
+        if self.got.is_empty() {
+            tokio::time::sleep(self.stall).await;
+        }
+        self.got.extend_from_slice(data);
+        Ok(())
+    }
+}
+
+/// A host that reads a file slower than the agent's I/O timeout still gets every byte: file
+/// reads are back-pressured, not timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_gets_every_byte_past_the_io_timeout() {
+    let a = TestAgent::start_with(common::Opts {
+        extra_args: &["--io-timeout-ms", "300"],
+        env: &[],
+    });
+    let data = noise(8 * MIB as usize, 6);
+    std::fs::write(a.root().join("f"), &data).unwrap();
+    let mut sink = StallOnce {
+        stall: Duration::from_millis(1500),
+        got: Vec::new(),
+    };
+    let n = a
+        .client()
+        .read_file_to("/", "f", 64 * MIB, &mut sink)
+        .await
+        .unwrap();
+    assert_eq!(n, 8 * MIB);
+    assert!(sink.got == data, "the bytes differ");
+}

@@ -115,8 +115,8 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
     }
 }
 
-pub(super) async fn file_error<S: Stream>(
-    s: &mut S,
+pub(super) async fn file_error<W: AsyncWrite + Unpin>(
+    s: &mut W,
     e: FileError,
     t: Duration,
 ) -> Result<(), FrameError> {

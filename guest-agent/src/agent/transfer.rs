@@ -2,20 +2,22 @@
 //!
 //! A read refuses a file over the caller's cap before any data and ends with `TooLarge` if
 //! the file grows past the cap while it is read (it is read to EOF, never more than one chunk
-//! ahead of the connection). A write goes to a temporary file beside the destination
+//! ahead of the connection). Its data frames are back-pressured, not timed out: a host that
+//! reads slowly (`vm cp box:/f - | less`) only makes the agent wait; a host that hangs up (its
+//! side reaches EOF or sends anything: it is silent during a read) ends the read. A write goes to a temporary file beside the destination
 //! ([`files::Part`]) with holes for all-zero blocks ([`SparseWriter`]), renamed over the
 //! destination after `DataEnd`; anything else (an error, a cap overrun, a connection that
 //! ends) removes the temporary file.
 
 use std::os::fd::AsFd;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::conn::{file_error, recv, send, send_error};
 use super::files::{self, FileError};
 use super::{Agent, Stream};
-use crate::frame::FrameError;
-use crate::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_CHUNK, MAX_FILE_BYTES};
+use crate::frame::{FrameError, encode_frame};
+use crate::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_CHUNK, MAX_FILE_BYTES, MAX_FRAME};
 use crate::sparse::SparseWriter;
 
 /// `ReadFile{root, path, max}`: `FileStart{size}`, `Data`* to EOF, `DataEnd`.
@@ -35,6 +37,7 @@ pub(super) async fn read_file<S: Stream>(
         Err(e) => return file_error(s, e, t).await,
     };
     send(s, &AgentFrame::FileStart { size }, t).await?;
+    let (mut host_rd, mut host_wr) = tokio::io::split(&mut *s);
     let mut f = tokio::fs::File::from_std(f);
     let mut total = 0u64;
     let mut buf = vec![0u8; MAX_CHUNK];
@@ -44,7 +47,10 @@ pub(super) async fn read_file<S: Stream>(
         let n = match f.read(&mut buf[..want]).await {
             Ok(0) => break,
             Ok(n) => n,
-            Err(e) => return send_error(s, ErrorKind::Io, &format!("read failed: {e}"), t).await,
+            Err(e) => {
+                let msg = format!("read failed: {e}");
+                return send_error(&mut host_wr, ErrorKind::Io, &msg, t).await;
+            }
         };
         total += n as u64;
         if total > max {
@@ -52,11 +58,38 @@ pub(super) async fn read_file<S: Stream>(
                 path: path.into(),
                 max,
             };
-            return file_error(s, e, t).await;
+            return file_error(&mut host_wr, e, t).await;
         }
-        send(s, &AgentFrame::Data(buf[..n].to_vec()), t).await?;
+        send_paced(
+            &mut host_rd,
+            &mut host_wr,
+            &AgentFrame::Data(buf[..n].to_vec()),
+        )
+        .await?;
     }
-    send(s, &AgentFrame::DataEnd, t).await
+    send_paced(&mut host_rd, &mut host_wr, &AgentFrame::DataEnd).await
+}
+
+/// Writes `f` with no timeout, racing the host's side of the connection: the host says
+/// nothing during a read, so EOF, an error or any byte from it means it is gone.
+async fn send_paced<R, W>(
+    host_rd: &mut R,
+    host_wr: &mut W,
+    f: &AgentFrame,
+) -> Result<(), FrameError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let buf = encode_frame(f, MAX_FRAME)?;
+    let mut probe = [0u8; 1];
+    tokio::select! {
+        r = async {
+            host_wr.write_all(&buf).await?;
+            host_wr.flush().await
+        } => r.map_err(FrameError::Io),
+        _ = host_rd.read(&mut probe) => Err(FrameError::Closed),
+    }
 }
 
 /// Why a write failed: the connection itself, or an error to report to the client.

@@ -211,8 +211,10 @@ impl Guest {
     /// temporary file beside it that replaces `dst` only once complete (holes kept).
     pub async fn copy_out(&self, src: &str, dst: &Path, max: u64) -> Result<u64, SandboxError> {
         confine::absolute(src)?;
-        if std::fs::metadata(dst).is_ok_and(|m| !m.is_file()) {
-            let kind = kind_of(std::fs::metadata(dst).map_err(io(dst))?.file_type());
+        if let Ok(m) = std::fs::metadata(dst)
+            && !m.is_file()
+        {
+            let kind = kind_of(m.file_type());
             return Err(CopyError::NotRegular {
                 path: dst.into(),
                 kind,
