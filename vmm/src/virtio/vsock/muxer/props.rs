@@ -19,6 +19,56 @@ use crate::virtio::worker::Interrupt;
 
 const GUEST_CID: u64 = 3;
 const PKT_ADDR: u64 = 0x1000;
+/// The RX queue's rings and buffers (one descriptor per buffer, at `RX_BUFS + 0x1000 * index`).
+const RX_SIZE: u16 = 16;
+const RX_DESC: u64 = 0x4000;
+const RX_AVAIL: u64 = 0x5000;
+const RX_USED: u64 = 0x6000;
+const RX_BUFS: u64 = 0x10000;
+
+/// The guest's side of the RX queue: what it posted, and how much the device used.
+#[derive(Default)]
+struct RxRing {
+    posted: u16,
+    seen_used: u16,
+    lens: [u32; RX_SIZE as usize],
+}
+
+impl RxRing {
+    /// Posts up to `n` buffers of `len` bytes (as the ring has room) and checks every newly
+    /// used one: a known head, written no further than its buffer.
+    fn post(&mut self, mem: &GuestMemoryMmap, n: u16, len: u32) {
+        let used: u16 = mem.read_obj(GuestAddress(RX_USED + 2)).unwrap();
+        while self.seen_used != used {
+            let at = RX_USED + 4 + 8 * u64::from(self.seen_used % RX_SIZE);
+            let id: u32 = mem.read_obj(GuestAddress(at)).unwrap();
+            let written: u32 = mem.read_obj(GuestAddress(at + 4)).unwrap();
+            assert!(id < u32::from(RX_SIZE), "used id {id}");
+            assert!(
+                written <= self.lens[id as usize],
+                "wrote {written} into {}",
+                self.lens[id as usize]
+            );
+            self.seen_used = self.seen_used.wrapping_add(1);
+        }
+        let room = RX_SIZE - self.posted.wrapping_sub(used);
+        for _ in 0..n.min(room) {
+            let i = self.posted % RX_SIZE;
+            let d = RX_DESC + 16 * u64::from(i);
+            mem.write_obj(RX_BUFS + 0x1000 * u64::from(i), GuestAddress(d))
+                .unwrap();
+            mem.write_obj(len, GuestAddress(d + 8)).unwrap();
+            mem.write_obj(2u16, GuestAddress(d + 12)).unwrap(); // VRING_DESC_F_WRITE
+            mem.write_obj(0u16, GuestAddress(d + 14)).unwrap();
+            self.lens[i as usize] = len;
+            let slot = RX_AVAIL + 4 + 2 * u64::from(i);
+            mem.write_obj(i, GuestAddress(slot)).unwrap();
+            self.posted = self.posted.wrapping_add(1);
+        }
+        mem.write_obj(self.posted, GuestAddress(RX_AVAIL + 2))
+            .unwrap();
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -34,6 +84,9 @@ enum Op {
     Expire,
     /// The driver resets the transport.
     Reset,
+    /// The guest posts `n` RX buffers of `len` bytes each (as many as the ring has room for)
+    /// and notifies the RX queue.
+    GuestRx(u16, u32),
 }
 
 fn port() -> impl Strategy<Value = u32> {
@@ -90,6 +143,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::HostClose),
         1 => Just(Op::Expire),
         1 => Just(Op::Reset),
+        3 => (1u16..8, prop_oneof![0u32..64, 44u32..300, Just(4096u32)])
+            .prop_map(|(n, len)| Op::GuestRx(n, len)),
     ]
 }
 
@@ -128,6 +183,7 @@ fn assert_bounded(m: &Muxer) {
 /// What a run leaves: the muxer, the live host clients, the directory of its socket.
 struct Ran {
     m: Muxer,
+    mem: GuestMemoryMmap,
     clients: Vec<UnixStream>,
     _dir: tempfile::TempDir,
 }
@@ -139,12 +195,26 @@ fn run(ops: Vec<Op>) -> Ran {
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
     let mut m = Muxer::new(GUEST_CID, listener);
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
     let mut queues = [
         Queue::new(256).unwrap(),
         Queue::new(256).unwrap(),
         Queue::new(256).unwrap(),
     ];
+    let rx = &mut queues[RXQ];
+    rx.set_size(RX_SIZE);
+    rx.set_desc_table_address(Some(RX_DESC as u32), Some(0));
+    rx.set_avail_ring_address(Some(RX_AVAIL as u32), Some(0));
+    rx.set_used_ring_address(Some(RX_USED as u32), Some(0));
+    rx.set_ready(true);
+    // An event queue with nothing posted: a transport reset's event waits for a buffer.
+    let evq = &mut queues[EVQ];
+    evq.set_size(4);
+    evq.set_desc_table_address(Some(0x7000), Some(0));
+    evq.set_avail_ring_address(Some(0x7800), Some(0));
+    evq.set_used_ring_address(Some(0x8000), Some(0));
+    evq.set_ready(true);
+    let mut ring = RxRing::default();
     let irq = Interrupt::new().unwrap();
     let epoll = Epoll::new().unwrap();
     let mut ctx = Ctx {
@@ -204,18 +274,24 @@ fn run(ops: Vec<Op>) -> Ran {
             Op::HostWrite(..) | Op::HostClose(_) => {}
             Op::Expire => m.expire_timers(),
             Op::Reset => m.request(&mut ctx),
+            Op::GuestRx(n, len) => {
+                ring.post(&mem, n, len);
+                m.queue_notify(RXQ, &mut ctx);
+                assert!(!irq.needs_reset(), "the RX queue was declared broken");
+            }
         }
         assert_bounded(&m);
     }
     Ran {
         m,
+        mem,
         clients,
         _dir: dir,
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_guest_and_host_input_keeps_the_muxer_bounded(
@@ -282,6 +358,16 @@ fn a_scripted_connection_reaches_every_state() {
         Some(State::Connecting)
     );
     assert!(ran.m.conns[&key].send_request && ran.m.rx_ready.contains(&key));
+    // One RX buffer: the guest receives the REQUEST for port 1024 from the host port.
+    let ran = run(vec![
+        Op::HostConnect(b"CONNECT 1024\n".to_vec()),
+        Op::GuestRx(1, 4096),
+    ]);
+    assert!(ran.m.rx_ready.is_empty() && !ran.m.conns[&key].send_request);
+    let mut hb = [0u8; HDR_SIZE];
+    ran.mem.read_slice(&mut hb, GuestAddress(RX_BUFS)).unwrap();
+    let h = Header::parse(&hb).unwrap();
+    assert_eq!((h.op, h.src_port, h.dst_port), (op::REQUEST, key.0, key.1));
 
     let ops = vec![
         Op::HostConnect(b"CONNECT 1024\n".to_vec()),
