@@ -162,11 +162,19 @@ async fn a_source_over_the_cap_leaves_the_destination_untouched() {
     }
     assert_eq!(names(&a.root().join("d")), ["f"]);
     assert_eq!(std::fs::read(a.root().join("d/f")).unwrap(), b"old");
-    // Within the cap it replaces the file.
+    // Within the cap it replaces the file, which keeps its mode.
+    use std::os::unix::fs::PermissionsExt;
+    let perms = std::fs::Permissions::from_mode(0o750);
+    std::fs::set_permissions(a.root().join("d/f"), perms).unwrap();
     c.write_file_from("/", "d/f", 4 * MIB, &mut &data[..])
         .await
         .unwrap();
     assert_eq!(std::fs::read(a.root().join("d/f")).unwrap(), data);
+    let mode = std::fs::metadata(a.root().join("d/f"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o750);
     assert_eq!(names(&a.root().join("d")), ["f"]);
 }
 

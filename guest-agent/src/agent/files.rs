@@ -257,9 +257,22 @@ fn part_name(name: &str) -> String {
     )
 }
 
+/// Gives the temporary file the replaced file's owner (best effort: only root may) and
+/// permission bits (`0o777`; set-id bits are not carried over to new content).
+fn keep_owner_and_mode(file: &std::fs::File, st: &libc::stat, path: &str) -> Result<(), FileError> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::os::unix::fs::fchown(file, Some(st.st_uid), Some(st.st_gid));
+    file.set_permissions(std::fs::Permissions::from_mode(st.st_mode & 0o777))
+        .map_err(|source| FileError::Io {
+            path: path.into(),
+            source,
+        })
+}
+
 /// Starts a write of `path`: missing parent directories are created, an existing destination
 /// must be a regular file (followed beneath the root; a symlink at the destination is
-/// replaced, never written through), and the data goes to a fresh temporary file beside it.
+/// replaced, never written through) whose owner and mode the new file keeps, and the data
+/// goes to a fresh temporary file beside it.
 pub fn create_part(root: BorrowedFd<'_>, path: &str) -> Result<(Part, std::fs::File), FileError> {
     let comps = clean(path)?;
     let Some((last, parents)) = comps.split_last() else {
@@ -276,13 +289,17 @@ pub fn create_part(root: BorrowedFd<'_>, path: &str) -> Result<(Part, std::fs::F
         Err(FileError::NotFound(_)) => mkdirs(root, parents)?,
         Err(e) => return Err(e),
     };
-    match openat2(parent.as_fd(), last, libc::O_PATH, 0, BENEATH) {
-        Ok(fd) if !is_reg(&fstat(fd.as_fd(), path)?) => {
-            return Err(FileError::NotRegular(path.into()));
+    let existing = match openat2(parent.as_fd(), last, libc::O_PATH, 0, BENEATH) {
+        Ok(fd) => {
+            let st = fstat(fd.as_fd(), path)?;
+            if !is_reg(&st) {
+                return Err(FileError::NotRegular(path.into()));
+            }
+            Some(st)
         }
-        Ok(_) | Err(FileError::NotFound(_)) => {}
+        Err(FileError::NotFound(_)) => None,
         Err(e) => return Err(e),
-    }
+    };
     let name = CString::new(*last).map_err(|_| FileError::BadPath(path.into()))?;
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NONBLOCK;
     let mut tries = 0;
@@ -290,6 +307,7 @@ pub fn create_part(root: BorrowedFd<'_>, path: &str) -> Result<(Part, std::fs::F
         let tmp = part_name(last);
         match openat2(parent.as_fd(), &tmp, flags, 0o644, BENEATH) {
             Ok(fd) => {
+                let file = std::fs::File::from(fd);
                 let part = Part {
                     dir: parent,
                     tmp: CString::new(tmp).map_err(|_| FileError::BadPath(path.into()))?,
@@ -297,7 +315,10 @@ pub fn create_part(root: BorrowedFd<'_>, path: &str) -> Result<(Part, std::fs::F
                     path: path.into(),
                     committed: false,
                 };
-                return Ok((part, std::fs::File::from(fd)));
+                if let Some(st) = existing {
+                    keep_owner_and_mode(&file, &st, path)?;
+                }
+                return Ok((part, file));
             }
             Err(FileError::Io { source, .. })
                 if source.raw_os_error() == Some(libc::EEXIST) && tries < 8 =>

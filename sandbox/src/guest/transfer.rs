@@ -208,7 +208,8 @@ impl Guest {
     }
 
     /// Copies the file at the absolute guest path `src` to the host file `dst`, through a
-    /// temporary file beside it that replaces `dst` only once complete (holes kept).
+    /// temporary file beside it that replaces `dst` only once complete (holes kept; a
+    /// replaced file's permissions kept).
     pub async fn copy_out(&self, src: &str, dst: &Path, max: u64) -> Result<u64, SandboxError> {
         confine::absolute(src)?;
         if let Ok(m) = std::fs::metadata(dst)
@@ -222,6 +223,10 @@ impl Guest {
             .into());
         }
         let (part, f) = HostPart::create(dst)?;
+        if let Ok(m) = std::fs::metadata(dst) {
+            // A replaced file keeps its permissions.
+            f.set_permissions(m.permissions()).map_err(io(dst))?;
+        }
         let mut w = SparseWriter::new(tokio::fs::File::from_std(f));
         let n = self.copy_out_to(src, max, &mut w).await?;
         drop(w.finish().await.map_err(io(dst))?);
