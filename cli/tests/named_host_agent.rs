@@ -223,24 +223,22 @@ async fn named_vm_commands_through_the_agent_protocol() {
         b"payload\n"
     );
     let host_out = env.dir.path().join("out.txt");
-    let out = vm(
-        &env,
-        &["cp", "box:/data/in.txt", host_out.to_str().unwrap()],
-    )
-    .await;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(std::fs::read(&host_out).unwrap(), b"payload\n");
-    // Copying over an existing file replaces its content and keeps its permissions.
+    // The second copy goes over an existing file: it replaces the content, keeps the mode.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::write(&host_out, b"old and longer content").unwrap();
-    std::fs::set_permissions(&host_out, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let out = vm(
-        &env,
-        &["cp", "box:/data/in.txt", host_out.to_str().unwrap()],
-    )
-    .await;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(std::fs::read(&host_out).unwrap(), b"payload\n");
+    for over_existing in [false, true] {
+        if over_existing {
+            std::fs::write(&host_out, b"old and longer content").unwrap();
+            let perms = std::fs::Permissions::from_mode(0o600);
+            std::fs::set_permissions(&host_out, perms).unwrap();
+        }
+        let out = vm(
+            &env,
+            &["cp", "box:/data/in.txt", host_out.to_str().unwrap()],
+        )
+        .await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert_eq!(std::fs::read(&host_out).unwrap(), b"payload\n");
+    }
     let mode = std::fs::metadata(&host_out).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     let out = vm(&env, &["cp", "box:/data/in.txt", "-"]).await;
