@@ -59,6 +59,15 @@ async fn size_limits() {
         "{} bytes arrived before the refusal",
         out.len()
     );
+    // The in-memory read keeps its 64 MiB default; the streaming call takes any cap.
+    let e = c.read_file("/", "huge").await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::TooLarge), "{e}");
+    let mut sink = guest_agent::sparse::Plain(tokio::io::sink());
+    let n = c
+        .read_file_to("/", "huge", 128 * 1024 * 1024, &mut sink)
+        .await
+        .unwrap();
+    assert_eq!(n, 65 * 1024 * 1024);
     let small = c.clone().with_limits(ClientLimits {
         max_file_bytes: 10,
         ..Default::default()

@@ -22,14 +22,17 @@ pub use stream::{ExecEvent, ExecStream};
 use crate::PROTOCOL_VERSION;
 use crate::frame::{FrameError, read_frame, write_frame};
 use crate::protocol::{
-    AgentFrame, AgentInfo, ClientFrame, DEFAULT_FILE_CAP, ErrorKind, ExecOutput, ExecRequest,
-    MAX_EXEC_OUTPUT, MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request, ServeId, ServeRequest,
-    ServeStatus,
+    AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, MAX_EXEC_OUTPUT,
+    MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request, ServeId, ServeRequest, ServeStatus,
 };
 use crate::token::{AgentToken, TOKEN_LEN};
 
 /// The byte stream returned by [`AgentClient::forward`]: spliced to `127.0.0.1:<port>` in the guest.
 pub type ForwardStream = UnixStream;
+
+/// Default cap of a file held whole in host memory ([`AgentClient::read_file`]): files larger
+/// than this are for the streaming calls.
+pub const MAX_IN_MEMORY_FILE: u64 = 64 * 1024 * 1024;
 
 /// Bounds and timeouts of a client.
 #[derive(Debug, Clone)]
@@ -58,7 +61,7 @@ impl Default for ClientLimits {
             connect_timeout: Duration::from_secs(5),
             step_timeout: Duration::from_secs(10),
             max_output_bytes: MAX_EXEC_OUTPUT,
-            max_file_bytes: DEFAULT_FILE_CAP,
+            max_file_bytes: MAX_IN_MEMORY_FILE,
             max_list_entries: MAX_LIST_ENTRIES as usize,
             default_exec_timeout: Duration::from_secs(3600),
             exec_grace: Duration::from_secs(5),
