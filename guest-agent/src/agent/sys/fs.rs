@@ -1,6 +1,6 @@
 //! Filesystem calls with no std equivalent: `mount(2)`, `openat2(2)` with resolve flags,
-//! `fstat`/`mkdirat` on descriptors, bounded directory listing of a descriptor, `BLKROSET`,
-//! `sync`, and pointing the standard descriptors at a file.
+//! `fstat`/`mkdirat`/`renameat`/`unlinkat` on descriptors, bounded directory listing of a
+//! descriptor, `BLKROSET`, `sync`, and pointing the standard descriptors at a file.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -78,6 +78,20 @@ pub fn fstat(fd: BorrowedFd<'_>) -> std::io::Result<libc::stat> {
 pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> std::io::Result<()> {
     // SAFETY: dir is an open descriptor; name is NUL-terminated and outlives the call.
     check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })?;
+    Ok(())
+}
+
+/// `renameat(2)` within one directory: `from` over `to` (one component each), atomically.
+pub fn renameat(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> std::io::Result<()> {
+    // SAFETY: dir is an open descriptor; both names are NUL-terminated and outlive the call.
+    check(unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) })?;
+    Ok(())
+}
+
+/// `unlinkat(2)`: remove the non-directory `name` (one component) from `dir`.
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr) -> std::io::Result<()> {
+    // SAFETY: dir is an open descriptor; name is NUL-terminated and outlives the call.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })?;
     Ok(())
 }
 
