@@ -92,6 +92,7 @@ pub mod rundir;
 mod running;
 mod select;
 mod serving;
+pub mod snapshot_root;
 
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
@@ -103,6 +104,7 @@ pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+pub use snapshot_root::{SnapshotRootError, SnapshotRoots};
 /// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):
 /// `vm_drivers::sys`, the one place the host side calls them.
 pub use vm_drivers::sys;

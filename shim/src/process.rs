@@ -1,0 +1,329 @@
+//! One guest process of a container (its init or an exec), wired to containerd's FIFOs.
+//!
+//! A process runs as one interactive exec through `vm-sandbox` ([`vm_sandbox::Guest::
+//! exec_interactive`]): stdin streamed from containerd's stdin FIFO with the agent's flow
+//! control (a command that does not read costs no memory), output written to the stdout and
+//! stderr FIFOs (with a terminal everything is stdout), the terminal resized on
+//! `resize_pty`, stdin closed on `close_io`, the whole tree killed on `kill`. Two tasks drive
+//! it: the input task (stdin, control) and the output task (output, then the exit status,
+//! published through a `watch` channel that `wait` and the `TaskExit` event read).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, watch};
+use vm_sandbox::agent::{
+    Command, ExecEvent, ExitStatus, Interactive, InteractiveInput, InteractiveOutput, TtySize,
+};
+use vm_sandbox::{Guest, Run};
+
+use crate::bundle::ProcessSpec;
+use crate::error::ShimError;
+
+/// Exit code reported for a process killed with `SIGKILL` (or lost with its VM).
+pub const KILLED: u32 = 128 + libc::SIGKILL as u32;
+/// The first terminal size, until containerd sends the real one.
+const FIRST_TTY: TtySize = TtySize { rows: 24, cols: 80 };
+/// Read size from the stdin FIFO.
+const STDIN_CHUNK: usize = 32 * 1024;
+
+/// containerd's FIFO paths for one process (empty = not connected).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stdio {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    pub code: u32,
+    pub at: SystemTime,
+}
+
+/// A process's lifecycle state, as containerd's `Status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Stopped,
+}
+
+enum Control {
+    Resize(TtySize),
+    CloseStdin,
+    Kill,
+}
+
+/// One process (see the module docs).
+#[derive(Debug)]
+pub struct Process {
+    pub exec_id: String,
+    pub stdio: Stdio,
+    pub spec: ProcessSpec,
+    status: Mutex<Status>,
+    exit_tx: watch::Sender<Option<Exit>>,
+    control: Mutex<Option<mpsc::UnboundedSender<Control>>>,
+}
+
+/// The exit code containerd reports for `s`: the code, or 128 + the signal.
+pub fn exit_code(s: &ExitStatus) -> u32 {
+    match (s.code, s.signal) {
+        (Some(c), _) => c as u32,
+        (None, Some(sig)) => 128 + sig as u32,
+        (None, None) => KILLED,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Process {
+    pub fn new(exec_id: String, stdio: Stdio, spec: ProcessSpec) -> Arc<Process> {
+        let (exit_tx, _) = watch::channel(None);
+        Arc::new(Process {
+            exec_id,
+            stdio,
+            spec,
+            status: Mutex::new(Status::Created),
+            exit_tx,
+            control: Mutex::new(None),
+        })
+    }
+
+    pub fn status(&self) -> Status {
+        *lock(&self.status)
+    }
+
+    pub fn exit(&self) -> Option<Exit> {
+        *self.exit_tx.borrow()
+    }
+
+    /// Waits until the process has ended.
+    pub async fn wait(&self) -> Exit {
+        let mut rx = self.exit_tx.subscribe();
+        loop {
+            if let Some(e) = *rx.borrow_and_update() {
+                return e;
+            }
+            if rx.changed().await.is_err() {
+                return Exit {
+                    code: KILLED,
+                    at: SystemTime::now(),
+                };
+            }
+        }
+    }
+
+    /// Records the end (the first one wins).
+    pub fn set_exited(&self, code: u32) {
+        *lock(&self.status) = Status::Stopped;
+        *lock(&self.control) = None;
+        self.exit_tx.send_if_modified(|e| match e {
+            Some(_) => false,
+            None => {
+                *e = Some(Exit {
+                    code,
+                    at: SystemTime::now(),
+                });
+                true
+            }
+        });
+    }
+
+    /// Starts the process in `guest` (whose working directory is the container's `cwd`).
+    pub async fn start(
+        self: &Arc<Self>,
+        guest: &Guest,
+        container_cwd: &str,
+    ) -> Result<(), ShimError> {
+        if self.status() != Status::Created {
+            return Err(ShimError::State(format!(
+                "process {:?} already started",
+                self.exec_id
+            )));
+        }
+        if self.spec.cwd != container_cwd {
+            return Err(ShimError::Unsupported(format!(
+                "process.cwd {:?}: an exec runs in the container's working directory {container_cwd:?}",
+                self.spec.cwd
+            )));
+        }
+        let run = Run {
+            command: Command::Argv(self.spec.args.clone()),
+            // On top of the VM's environment (the container's); the same secret rule, with
+            // the names the runtime's options allow.
+            env: self.spec.env.clone(),
+            user: self.spec.user.clone(),
+            timeout: Some(std::time::Duration::from_secs(100 * 365 * 24 * 3600)),
+            ..Default::default()
+        };
+        let tty = self.stdio.terminal.then_some(FIRST_TTY);
+        let out = open_writer(&self.stdio.stdout).await?;
+        let err = match self.stdio.terminal {
+            true => None,
+            false => open_writer(&self.stdio.stderr).await?,
+        };
+        let Interactive { input, output } = guest
+            .exec_interactive(run, tty)
+            .await
+            .map_err(|e| ShimError::sandbox(&e))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        *lock(&self.control) = Some(tx);
+        *lock(&self.status) = Status::Running;
+        tokio::spawn(input_task(self.clone(), input, rx));
+        tokio::spawn(output_task(self.clone(), output, out, err));
+        Ok(())
+    }
+
+    fn send(&self, c: Control) -> bool {
+        lock(&self.control)
+            .as_ref()
+            .is_some_and(|tx| tx.send(c).is_ok())
+    }
+
+    /// Kills the process tree (a process not started yet just ends).
+    pub fn kill(&self) {
+        if self.status() == Status::Created {
+            self.set_exited(KILLED);
+            return;
+        }
+        self.send(Control::Kill);
+    }
+
+    pub fn resize(&self, rows: u16, cols: u16) {
+        self.send(Control::Resize(TtySize { rows, cols }));
+    }
+
+    pub fn close_stdin(&self) {
+        self.send(Control::CloseStdin);
+    }
+}
+
+/// Opens a FIFO for writing, without waiting for a reader (read-write on Linux: a
+/// containerd that restarts and re-opens its end finds the pipe still there).
+async fn open_writer(path: &str) -> Result<Option<pipe::Sender>, ShimError> {
+    if path.is_empty() {
+        return Ok(None);
+    }
+    pipe::OpenOptions::new()
+        .read_write(true)
+        .open_sender(Path::new(path))
+        .map(Some)
+        .map_err(ShimError::io(format!("opening {path}")))
+}
+
+/// Opens the stdin FIFO, waiting for containerd's writer (a non-blocking open would read
+/// end-of-file before the writer arrives).
+async fn open_stdin(path: String) -> Option<pipe::Receiver> {
+    let file = tokio::task::spawn_blocking(move || std::fs::File::open(path))
+        .await
+        .ok()?;
+    match file.and_then(pipe::Receiver::from_file) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot open stdin FIFO");
+            None
+        }
+    }
+}
+
+async fn control(input: &mut InteractiveInput, c: Control, stdin_open: &mut bool) -> bool {
+    let r = match c {
+        Control::Resize(size) => input.resize(size).await,
+        Control::CloseStdin => {
+            *stdin_open = false;
+            input.close_stdin().await
+        }
+        Control::Kill => input.cancel().await,
+    };
+    r.is_ok()
+}
+
+async fn input_task(
+    proc: Arc<Process>,
+    mut input: InteractiveInput,
+    mut rx: mpsc::UnboundedReceiver<Control>,
+) {
+    let mut stdin = match proc.stdio.stdin.is_empty() {
+        true => None,
+        false => open_stdin(proc.stdio.stdin.clone()).await,
+    };
+    let mut stdin_open = stdin.is_some();
+    if !stdin_open && input.close_stdin().await.is_err() {
+        return;
+    }
+    let mut buf = vec![0u8; STDIN_CHUNK];
+    loop {
+        tokio::select! {
+            c = rx.recv() => match c {
+                Some(c) => if !control(&mut input, c, &mut stdin_open).await { return },
+                None => return,
+            },
+            r = async { stdin.as_mut().unwrap().read(&mut buf).await }, if stdin_open => {
+                let n = r.unwrap_or(0);
+                if n == 0 {
+                    stdin_open = false;
+                    stdin = None;
+                    if input.close_stdin().await.is_err() { return }
+                    continue;
+                }
+                // Wait for the agent's credit without losing control messages meanwhile.
+                loop {
+                    tokio::select! {
+                        w = input.writable(n) => { if w.is_err() { return } break }
+                        c = rx.recv() => match c {
+                            Some(c) => if !control(&mut input, c, &mut stdin_open).await { return },
+                            None => return,
+                        },
+                    }
+                }
+                if input.write(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn output_task(
+    proc: Arc<Process>,
+    mut output: InteractiveOutput,
+    mut out: Option<pipe::Sender>,
+    mut err: Option<pipe::Sender>,
+) {
+    let code = loop {
+        match output.next().await {
+            Ok(Some(ExecEvent::Stdout(d))) => write_or_drop(&mut out, &d).await,
+            Ok(Some(ExecEvent::Stderr(d))) => match err.is_some() {
+                true => write_or_drop(&mut err, &d).await,
+                false => write_or_drop(&mut out, &d).await,
+            },
+            Ok(Some(ExecEvent::Exit(s))) => break exit_code(&s),
+            Ok(None) => break KILLED,
+            Err(e) => {
+                tracing::warn!(exec_id = %proc.exec_id, error = %e, "process lost");
+                break KILLED;
+            }
+        }
+    };
+    if let Some(o) = out.as_mut() {
+        let _ = o.flush().await;
+    }
+    proc.set_exited(code);
+}
+
+/// Writes `d`; a FIFO whose reader is gone is dropped (the output is discarded from then on).
+async fn write_or_drop(w: &mut Option<pipe::Sender>, d: &[u8]) {
+    if let Some(p) = w.as_mut()
+        && p.write_all(d).await.is_err()
+    {
+        *w = None;
+    }
+}
