@@ -96,12 +96,13 @@ pub fn load(bundle: &Path) -> Result<ContainerSpec, ShimError> {
 pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError> {
     refuse_hooks(doc)?;
     refuse_host_network(doc)?;
-    refuse_devices(doc)?;
     let process = process(
         doc.get("process")
             .ok_or_else(|| bad("process", "missing"))?,
     )?;
+    // Capabilities before devices: a privileged bundle is named by its capabilities.
     refuse_caps(&doc["process"])?;
+    refuse_devices(doc)?;
     let mounts = mounts(doc)?;
     let res = &doc["linux"]["resources"];
     let mem_mib = match res["memory"]["limit"].as_i64() {

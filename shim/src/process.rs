@@ -68,6 +68,8 @@ pub struct Process {
     pub spec: ProcessSpec,
     status: Mutex<Status>,
     exit_tx: watch::Sender<Option<Exit>>,
+    /// Set once the exit has been published (`TaskExit`) and, for init, the VM torn down.
+    reported: watch::Sender<bool>,
     control: Mutex<Option<mpsc::UnboundedSender<Control>>>,
 }
 
@@ -87,12 +89,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Process {
     pub fn new(exec_id: String, stdio: Stdio, spec: ProcessSpec) -> Arc<Process> {
         let (exit_tx, _) = watch::channel(None);
+        let (reported, _) = watch::channel(false);
         Arc::new(Process {
             exec_id,
             stdio,
             spec,
             status: Mutex::new(Status::Created),
             exit_tx,
+            reported,
             control: Mutex::new(None),
         })
     }
@@ -119,6 +123,16 @@ impl Process {
                 };
             }
         }
+    }
+
+    pub fn set_reported(&self) {
+        self.reported.send_replace(true);
+    }
+
+    /// Waits until the exit has been reported (see [`Process::set_reported`]).
+    pub async fn wait_reported(&self) {
+        let mut rx = self.reported.subscribe();
+        let _ = rx.wait_for(|r| *r).await;
     }
 
     /// Records the end (the first one wins).
@@ -219,16 +233,17 @@ async fn open_writer(path: &str) -> Result<Option<pipe::Sender>, ShimError> {
         .map_err(ShimError::io(format!("opening {path}")))
 }
 
-/// Opens the stdin FIFO, waiting for containerd's writer (a non-blocking open would read
-/// end-of-file before the writer arrives).
-async fn open_stdin(path: String) -> Option<pipe::Receiver> {
-    let file = tokio::task::spawn_blocking(move || std::fs::File::open(path))
-        .await
-        .ok()?;
-    match file.and_then(pipe::Receiver::from_file) {
+/// Opens the stdin FIFO read-write, without waiting for containerd's writer: the pipe
+/// then never reads end-of-file by itself (a writer that comes and goes, or never comes, is
+/// not an end); containerd ends stdin with `close_io`, as with runc.
+fn open_stdin(path: &str) -> Option<pipe::Receiver> {
+    match pipe::OpenOptions::new()
+        .read_write(true)
+        .open_receiver(Path::new(path))
+    {
         Ok(r) => Some(r),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot open stdin FIFO");
+            tracing::warn!(path, error = %e, "cannot open stdin FIFO");
             None
         }
     }
@@ -253,7 +268,7 @@ async fn input_task(
 ) {
     let mut stdin = match proc.stdio.stdin.is_empty() {
         true => None,
-        false => open_stdin(proc.stdio.stdin.clone()).await,
+        false => open_stdin(&proc.stdio.stdin),
     };
     let mut stdin_open = stdin.is_some();
     if !stdin_open && input.close_stdin().await.is_err() {

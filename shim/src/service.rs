@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use containerd_shim::api::{self, Status as ApiStatus};
 use containerd_shim::asynchronous::{ExitSignal, Shim, spawn};
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
 };
 use containerd_shim::protos::protobuf::MessageDyn;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -30,6 +30,8 @@ use crate::process::{KILLED, Process, Status, Stdio};
 pub struct VmShim {
     exit: Arc<ExitSignal>,
     namespace: String,
+    /// The ttrpc socket this shim serves (`unix://…`), removed when it exits.
+    socket: String,
     config_path: Option<PathBuf>,
 }
 
@@ -41,7 +43,10 @@ impl Shim for VmShim {
         VmShim {
             exit: Arc::new(ExitSignal::default()),
             namespace: args.namespace.clone(),
-            config_path: std::env::var_os(CONFIG_PATH_ENV).map(PathBuf::from),
+            socket: args.socket.clone(),
+            config_path: std::env::var_os(CONFIG_PATH_ENV)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
         }
     }
 
@@ -75,6 +80,9 @@ impl Shim for VmShim {
             vm_sandbox::rundir::sweep(&host.run_dir_parent);
         }
         let _ = nix::mount::umount2(&bundle.join("rootfs"), nix::mount::MntFlags::MNT_DETACH);
+        if let Ok(address) = std::fs::read_to_string(bundle.join("address")) {
+            remove_socket(address.trim());
+        }
         Ok(api::DeleteResponse {
             exit_status: KILLED,
             exited_at: Some(timestamp(SystemTime::now())).into(),
@@ -82,8 +90,11 @@ impl Shim for VmShim {
         })
     }
 
+    /// Until `shutdown`; then the socket goes (containerd has removed the bundle, and with
+    /// it the `address` file the crate would look for).
     async fn wait(&mut self) {
         self.exit.wait().await;
+        remove_socket(&self.socket);
     }
 
     async fn create_task_service(&self, publisher: RemotePublisher) -> TaskService {
@@ -92,6 +103,18 @@ impl Shim for VmShim {
             publisher: Arc::new(publisher),
             containers: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+}
+
+/// Removes the Unix socket a `unix://PATH` address names, if it is one.
+fn remove_socket(address: &str) {
+    use std::os::unix::fs::FileTypeExt;
+    let path = address.strip_prefix("unix://").unwrap_or(address);
+    if path.is_empty() {
+        return;
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -129,14 +152,12 @@ impl TaskService {
         }
     }
 
-    /// Publishes `TaskExit` when `p` ends; for the init process also tears the VM down.
+    /// Publishes `TaskExit` when `p` ends (before `wait` answers, so containerd has the event
+    /// before it deletes); for the init process then tears the VM down.
     fn watch_exit(&self, c: Arc<Container>, p: Arc<Process>) {
         let svc = self.clone();
         tokio::spawn(async move {
             let exit = p.wait().await;
-            if p.exec_id.is_empty() {
-                c.init_ended().await;
-            }
             let ev = TaskExit {
                 container_id: c.id.clone(),
                 id: match p.exec_id.is_empty() {
@@ -150,6 +171,10 @@ impl TaskService {
             };
             svc.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(ev))
                 .await;
+            if p.exec_id.is_empty() {
+                c.init_ended().await;
+            }
+            p.set_reported();
         });
     }
 
@@ -181,7 +206,9 @@ impl TaskService {
         })
         .await?;
         let pid = c.pid;
-        lock(&self.containers).insert(req.id.clone(), Arc::new(c));
+        let c = Arc::new(c);
+        lock(&self.containers).insert(req.id.clone(), c.clone());
+        self.watch_exit(c.clone(), c.init.clone());
         let ev = TaskCreate {
             container_id: req.id.clone(),
             bundle: req.bundle.clone(),
@@ -207,8 +234,7 @@ impl TaskService {
 
     async fn do_start(&self, req: api::StartRequest) -> Result<api::StartResponse, ShimError> {
         let c = self.container(&req.id)?;
-        let p = c.start(&req.exec_id).await?;
-        self.watch_exit(c.clone(), p);
+        c.start(&req.exec_id).await?;
         if req.exec_id.is_empty() {
             let ev = TaskStart {
                 container_id: c.id.clone(),
@@ -277,10 +303,20 @@ impl TaskService {
     async fn do_delete(&self, req: api::DeleteRequest) -> Result<api::DeleteResponse, ShimError> {
         let c = self.container(&req.id)?;
         let p = c.delete(&req.exec_id).await?;
+        let exit = p.exit();
         if req.exec_id.is_empty() {
             lock(&self.containers).remove(&req.id);
+            let ev = TaskDelete {
+                container_id: c.id.clone(),
+                id: c.id.clone(),
+                pid: c.pid,
+                exit_status: exit.map(|e| e.code).unwrap_or(KILLED),
+                exited_at: exit.map(|e| timestamp(e.at)).into(),
+                ..Default::default()
+            };
+            self.publish(topics::TASK_DELETE_EVENT_TOPIC, Box::new(ev))
+                .await;
         }
-        let exit = p.exit();
         Ok(api::DeleteResponse {
             pid: c.pid,
             exit_status: exit.map(|e| e.code).unwrap_or(KILLED),
@@ -309,6 +345,7 @@ impl TaskService {
             terminal: req.terminal,
         };
         c.add_exec(&req.exec_id, stdio, spec)?;
+        self.watch_exit(c.clone(), c.process(&req.exec_id)?);
         let ev = TaskExecAdded {
             container_id: c.id.clone(),
             exec_id: req.exec_id.clone(),
@@ -352,7 +389,9 @@ impl Task for TaskService {
         req: api::WaitRequest,
     ) -> TtrpcResult<api::WaitResponse> {
         let c = self.container(&req.id)?;
-        let exit = c.process(&req.exec_id)?.wait().await;
+        let p = c.process(&req.exec_id)?;
+        let exit = p.wait().await;
+        p.wait_reported().await;
         Ok(api::WaitResponse {
             exit_status: exit.code,
             exited_at: Some(timestamp(exit.at)).into(),
