@@ -117,7 +117,9 @@ pub mod agent {
     pub use guest_agent::client::{
         ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
     };
-    pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus, TtySize};
+    pub use guest_agent::protocol::{
+        Command, ErrorKind, ExecOutput, ExitStatus, MAX_SIGNAL, TtySize,
+    };
 }
 
 /// The driver registry and the driver-level errors a caller may need to tell apart.

@@ -58,6 +58,7 @@ enum Control {
     Resize(TtySize),
     CloseStdin,
     Kill,
+    Signal(i32, bool),
 }
 
 /// One process (see the module docs).
@@ -211,6 +212,17 @@ impl Process {
         self.send(Control::Kill);
     }
 
+    /// Delivers `signal` to the running process (`all`: its process group in the guest).
+    pub fn signal(&self, signal: i32, all: bool) -> Result<(), ShimError> {
+        if self.status() != Status::Running || !self.send(Control::Signal(signal, all)) {
+            return Err(ShimError::State(format!(
+                "process {:?} is not running",
+                self.exec_id
+            )));
+        }
+        Ok(())
+    }
+
     pub fn resize(&self, rows: u16, cols: u16) {
         self.send(Control::Resize(TtySize { rows, cols }));
     }
@@ -257,6 +269,7 @@ async fn control(input: &mut InteractiveInput, c: Control, stdin_open: &mut bool
             input.close_stdin().await
         }
         Control::Kill => input.cancel().await,
+        Control::Signal(sig, all) => input.signal(sig, all).await,
     };
     r.is_ok()
 }

@@ -6,7 +6,8 @@
 //! layer; for others a `bind` of one directory. The identity ([`identity`]) is a sha256 over
 //! what makes the tree what it is: each committed layer's path and the inode and change time
 //! of its directory (a layer re-created at the same path is a new identity), plus the content
-//! key ([`vm_sandbox::mounts::dir_key`]) of anything writable. When `vm_sandbox`'s
+//! key ([`vm_sandbox::mounts::dir_key`]) of anything writable that is not empty (a container's
+//! fresh upper layer is empty, so the containers of one image share one root image). When `vm_sandbox`'s
 //! [`SnapshotRoots`] has no image for it, the mounts are mounted read-only on the bundle's
 //! `rootfs` directory just long enough for `mkfs.erofs` to read the merged tree. The guest then
 //! gets that image under the same tmpfs overlay as `--image`: its writes never reach the
@@ -60,6 +61,14 @@ fn hash_content(h: &mut Sha256, dir: &Path) -> Result<(), ShimError> {
     Ok(())
 }
 
+fn is_empty_dir(dir: &Path) -> Result<bool, ShimError> {
+    let mut rd = std::fs::read_dir(dir).map_err(ShimError::io(format!(
+        "snapshot upper layer {}",
+        dir.display()
+    )))?;
+    Ok(rd.next().is_none())
+}
+
 /// The identity of the snapshot `mounts` describe (`root` when there are none: a bundle
 /// whose `root.path` is already populated).
 pub fn identity(mounts: &[CdMount], root: &Path) -> Result<String, ShimError> {
@@ -79,7 +88,11 @@ pub fn identity(mounts: &[CdMount], root: &Path) -> Result<String, ShimError> {
                 for layer in lower.split(':') {
                     hash_dir_identity(&mut h, Path::new(layer))?;
                 }
-                if let Some(upper) = option(m, "upperdir") {
+                // Each container has its own upper layer, normally empty: an empty one adds
+                // nothing, so every container of one image shares one root image.
+                if let Some(upper) = option(m, "upperdir")
+                    && !is_empty_dir(Path::new(upper))?
+                {
                     h.update(b"upper\0");
                     hash_content(&mut h, Path::new(upper))?;
                 }
@@ -195,6 +208,13 @@ mod tests {
         let lower = format!("{}:{}", l1.display(), l2.display());
         let a = identity(&[overlay(&lower, &up)], t.path()).unwrap();
         assert_eq!(a, identity(&[overlay(&lower, &up)], t.path()).unwrap());
+        let other_up = t.path().join("up2");
+        std::fs::create_dir(&other_up).unwrap();
+        assert_eq!(
+            a,
+            identity(&[overlay(&lower, &other_up)], t.path()).unwrap(),
+            "another container's empty upper layer: the same root"
+        );
         let swapped = format!("{}:{}", l2.display(), l1.display());
         assert_ne!(a, identity(&[overlay(&swapped, &up)], t.path()).unwrap());
         std::fs::write(up.join("new"), b"x").unwrap();

@@ -287,15 +287,19 @@ impl TaskService {
     async fn do_kill(&self, req: api::KillRequest) -> Result<(), ShimError> {
         let c = self.container(&req.id)?;
         let p = c.process(&req.exec_id)?;
-        if req.signal != libc::SIGKILL as u32 {
-            return Err(ShimError::Unsupported(format!(
-                "signal {}: only SIGKILL (9) reaches the guest's processes so far",
-                req.signal
-            )));
-        }
-        match req.exec_id.is_empty() {
-            true => c.kill_all().await,
-            false => p.kill(),
+        let signal = i32::try_from(req.signal)
+            .ok()
+            .filter(|s| (1..=vm_sandbox::agent::MAX_SIGNAL).contains(s))
+            .ok_or_else(|| ShimError::Bundle {
+                what: "kill",
+                detail: format!("signal {} is not a signal number", req.signal),
+            })?;
+        // SIGKILL ends the process tree (for init: the VM goes with it); any other signal is
+        // delivered to the guest process (`all`: its process group).
+        match (signal == libc::SIGKILL, req.exec_id.is_empty()) {
+            (true, true) => c.kill_all().await,
+            (true, false) => p.kill(),
+            (false, _) => p.signal(signal, req.all)?,
         }
         Ok(())
     }

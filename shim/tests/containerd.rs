@@ -322,3 +322,63 @@ fn sigkilled_shim_leaves_nothing_running() {
     });
     assert_eq!(leftover_socket(&cd, "victim"), None, "shim socket left");
 }
+
+#[test]
+fn stdin_streams_until_close_io_and_signals_reach_the_guest_process() {
+    preflight!("stdin_streams_until_close_io_and_signals_reach_the_guest_process");
+    let cd = Containerd::start();
+    // `ctr run` passes its stdin through containerd's FIFO; at its end ctr calls CloseIO.
+    let mut child = cd
+        .ctr_cmd()
+        .args(["run", "--rm", "--runtime", common::shim_bin()])
+        .arg("--runtime-config-path")
+        .arg(cd.shim_config())
+        .args([common::IMAGE, "stdin", "wc", "-l"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"a\nb\nc\n").unwrap();
+    }
+    let out = common::Out::from(child.wait_with_output().unwrap());
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (0, "3"),
+        "{out:?}\n{}",
+        cd.log()
+    );
+
+    // `ctr task kill` (SIGTERM) reaches the guest process, which traps it and exits 7.
+    let mut child = cd
+        .ctr_cmd()
+        .args(["run", "--rm", "--runtime", common::shim_bin()])
+        .arg("--runtime-config-path")
+        .arg(cd.shim_config())
+        .args([common::IMAGE, "term", "sh", "-c"])
+        .arg("trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n", "{}", cd.log());
+    let out = cd.ctr(&["task", "kill", "term"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!((status.code(), rest.as_str()), (Some(7), "got TERM\n"));
+    // Both containers came from one snapshot of one image: one cached root, no reference left.
+    let images: Vec<String> = entries(&cd.snapshots())
+        .into_iter()
+        .filter(|n| n.ends_with(".erofs"))
+        .collect();
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(entries(&cd.snapshots().join("refs")), Vec::<String>::new());
+}
