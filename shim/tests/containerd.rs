@@ -329,11 +329,7 @@ fn stdin_streams_until_close_io_and_signals_reach_the_guest_process() {
     let cd = Containerd::start();
     // `ctr run` passes its stdin through containerd's FIFO; at its end ctr calls CloseIO.
     let mut child = cd
-        .ctr_cmd()
-        .args(["run", "--rm", "--runtime", common::shim_bin()])
-        .arg("--runtime-config-path")
-        .arg(cd.shim_config())
-        .args([common::IMAGE, "stdin", "wc", "-l"])
+        .run_cmd(&["--rm"], "stdin", &["wc", "-l"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -353,13 +349,9 @@ fn stdin_streams_until_close_io_and_signals_reach_the_guest_process() {
     );
 
     // `ctr task kill` (SIGTERM) reaches the guest process, which traps it and exits 7.
+    let script = "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done";
     let mut child = cd
-        .ctr_cmd()
-        .args(["run", "--rm", "--runtime", common::shim_bin()])
-        .arg("--runtime-config-path")
-        .arg(cd.shim_config())
-        .args([common::IMAGE, "term", "sh", "-c"])
-        .arg("trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done")
+        .run_cmd(&["--rm"], "term", &["sh", "-c", script])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -381,4 +373,67 @@ fn stdin_streams_until_close_io_and_signals_reach_the_guest_process() {
         .collect();
     assert_eq!(images.len(), 1, "{images:?}");
     assert_eq!(entries(&cd.snapshots().join("refs")), Vec::<String>::new());
+}
+
+/// `ctr run -t` on a real pseudo-terminal: the guest shell runs on a terminal (`stty size`
+/// answers), follows a window resize (ctr's ResizePty), computes, and `exit 3` ends ctr
+/// with 3; then `ctr task exec -t` gets a terminal of its own in a detached container.
+#[test]
+fn terminal_and_resize_through_ctr_t() {
+    use expectrl::{Eof, Expect, Session};
+    preflight!("terminal_and_resize_through_ctr_t");
+    let cd = Containerd::start();
+    let wait = Some(std::time::Duration::from_secs(60));
+    let step = |p: &mut expectrl::session::OsSession, want: &str| {
+        if let Err(e) = p.expect(want) {
+            panic!("waiting for {want:?}: {e}\n{}", cd.log());
+        }
+    };
+    let mut cmd = cd.run_cmd(&["--rm", "-t"], "tty", &["sh"]);
+    cmd.stdin(Stdio::inherit());
+    let mut p = Session::spawn(cmd).expect("spawning on a pty");
+    p.set_expect_timeout(wait);
+    p.send_line("echo $((6*7))").unwrap();
+    step(&mut p, "42");
+    p.get_process_mut().set_window_size(101, 33).unwrap();
+    // ctr forwards the new size on SIGWINCH; ask until the guest's terminal has it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        p.send_line("echo size=$(stty size)").unwrap();
+        p.set_expect_timeout(Some(std::time::Duration::from_secs(2)));
+        if p.expect("size=33 101").is_ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest terminal never got 33x101"
+        );
+    }
+    p.set_expect_timeout(wait);
+    p.send_line("exit 3").unwrap();
+    let _ = p.expect(Eof);
+    let status = p.get_process_mut().wait().unwrap();
+    // (ptyprocess's own nix WaitStatus: compared by its rendering, `Exited(Pid(N), 3)`.)
+    let status = format!("{status:?}");
+    assert!(
+        status.starts_with("Exited(") && status.ends_with(", 3)"),
+        "{status}"
+    );
+
+    cd.run_detached("texec");
+    let mut cmd = cd.ctr_cmd();
+    cmd.args(["task", "exec", "-t", "--exec-id", "t1", "texec", "sh"])
+        .stdin(Stdio::inherit());
+    let mut p = Session::spawn(cmd).expect("spawning on a pty");
+    p.set_expect_timeout(wait);
+    p.send_line("echo in-exec-$((2+2)); exit 4").unwrap();
+    step(&mut p, "in-exec-4");
+    let _ = p.expect(Eof);
+    let status = p.get_process_mut().wait().unwrap();
+    let status = format!("{status:?}");
+    assert!(
+        status.starts_with("Exited(") && status.ends_with(", 4)"),
+        "{status}"
+    );
+    cd.kill_and_delete("texec");
 }

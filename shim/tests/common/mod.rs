@@ -183,20 +183,20 @@ impl Containerd {
         Out::from(self.ctr_cmd().args(args).output().expect("running ctr"))
     }
 
+    /// `ctr run` with our shim and `shim.toml` as its runtime options, not started.
+    pub fn run_cmd(&self, flags: &[&str], id: &str, argv: &[&str]) -> Command {
+        let mut c = self.ctr_cmd();
+        c.args(["run", "--runtime", shim_bin(), "--runtime-config-path"])
+            .arg(self.shim_config())
+            .args(flags)
+            .args([IMAGE, id])
+            .args(argv);
+        c
+    }
+
     /// `ctr run` with our shim and `shim.toml` as its runtime options.
     pub fn run(&self, flags: &[&str], id: &str, argv: &[&str]) -> Out {
-        let config = self.shim_config();
-        let mut args = vec![
-            "run",
-            "--runtime",
-            shim_bin(),
-            "--runtime-config-path",
-            config.to_str().unwrap(),
-        ];
-        args.extend(flags);
-        args.extend([IMAGE, id]);
-        args.extend(argv);
-        self.ctr(&args)
+        Out::from(self.run_cmd(flags, id, argv).output().expect("running ctr"))
     }
 
     /// `ctr run -d` of a container that sleeps (asserted to start).
@@ -332,6 +332,7 @@ fn busybox_image() -> TestImage {
         .file_as("bin/busybox", 0o755, (0, 0), &busybox);
     for applet in [
         "sh", "cat", "echo", "sleep", "mkdir", "chown", "head", "grep", "id", "ls", "kill", "wc",
+        "stty",
     ] {
         l = l.symlink(&format!("bin/{applet}"), "busybox");
     }
