@@ -78,13 +78,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The VM spec for a container: the image set, the root, the process defaults and the
-/// bundle's limits, mounts and environment.
-fn vm_spec(c: &ContainerSpec, root: &Root, config: &ShimConfig) -> Result<Spec, ShimError> {
+/// The VM spec for a container: the image set, the root (`None` while only checking), the
+/// process defaults and the bundle's limits, mounts and environment.
+fn vm_spec(c: &ContainerSpec, root: Option<&Root>, config: &ShimConfig) -> Result<Spec, ShimError> {
     let mut image = match &config.images_dir {
         Some(dir) => {
             let p = vm_sandbox::images::images_in(&dir.join("current"))
-                .map_err(|e| ShimError::sandbox(&e))?;
+                .map_err(ShimError::sandbox("guest images"))?;
             vm_spec::Image {
                 kernel: p.vmlinux,
                 bz_image: Some(p.bz_image),
@@ -95,9 +95,11 @@ fn vm_spec(c: &ContainerSpec, root: &Root, config: &ShimConfig) -> Result<Spec, 
                 source: None,
             }
         }
-        None => vm_sandbox::images::default_spec_image().map_err(|e| ShimError::sandbox(&e))?,
+        None => {
+            vm_sandbox::images::default_spec_image().map_err(ShimError::sandbox("guest images"))?
+        }
     };
-    image.rootfs = Some(root.erofs.clone());
+    image.rootfs = root.map(|r| r.erofs.clone());
     image.config.working_dir = Some(c.process.cwd.clone());
     let limits = Limits {
         vcpus: c.vcpus.unwrap_or(1),
@@ -119,13 +121,11 @@ impl Container {
         let config = req.config.clone();
         let cache = match &config.snapshot_cache {
             Some(d) => SnapshotRoots::new(d),
-            None => SnapshotRoots::default_location().map_err(|e| ShimError::sandbox(&e))?,
+            None => {
+                SnapshotRoots::default_location().map_err(ShimError::sandbox("snapshot cache"))?
+            }
         };
         // Refusals first: the spec is validated and a driver selected before any work.
-        let probe = Root {
-            identity: String::new(),
-            erofs: PathBuf::new(),
-        };
         let options = Options {
             trust: config.trust,
             policy: config.policy(),
@@ -133,9 +133,8 @@ impl Container {
             run_dir_parent: Some(config.run_dir()),
             ..Options::default()
         };
-        let mut check = vm_spec(&spec, &probe, &config)?;
-        check.image.rootfs = None;
-        vm_sandbox::preflight(&check, &options).map_err(|e| ShimError::sandbox(&e))?;
+        vm_sandbox::preflight(&vm_spec(&spec, None, &config)?, &options)
+            .map_err(ShimError::sandbox("checking the VM"))?;
 
         let target = match req.rootfs.is_empty() {
             true => spec.root_path.clone(),
@@ -149,6 +148,7 @@ impl Container {
             .await
             .map_err(|e| ShimError::Rootfs(e.to_string()))??
         };
+        let boot_spec = vm_spec(&spec, Some(&root), &config)?;
         let host = HostState {
             snapshot_cache: cache.dir().to_path_buf(),
             identity: root.identity.clone(),
@@ -157,14 +157,14 @@ impl Container {
         };
         cache
             .hold(&host.identity, &host.holder)
-            .map_err(|e| ShimError::sandbox(&e))?;
+            .map_err(ShimError::sandbox("holding the root image"))?;
         let state = serde_json::to_vec(&host).map_err(|e| ShimError::State(e.to_string()))?;
         let written = std::fs::write(req.bundle.join(STATE_FILE), state)
             .map_err(ShimError::io(format!("writing {STATE_FILE}")));
         let booted = match written {
-            Ok(()) => MicroVm::boot(vm_spec(&spec, &root, &config)?, options)
+            Ok(()) => MicroVm::boot(boot_spec, options)
                 .await
-                .map_err(|e| ShimError::sandbox(&e)),
+                .map_err(ShimError::sandbox("booting the VM")),
             Err(e) => Err(e),
         };
         let vm = match booted {

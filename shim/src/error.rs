@@ -15,8 +15,13 @@ pub enum ShimError {
     Bundle { what: &'static str, detail: String },
     #[error("rootfs: {0}")]
     Rootfs(String),
-    #[error("{0}")]
-    Sandbox(String),
+    /// A step through `vm-sandbox` failed; the cause says why.
+    #[error("{what}")]
+    Sandbox {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     #[error("{what}")]
     Io {
         what: String,
@@ -37,9 +42,15 @@ impl ShimError {
         move |source| ShimError::Io { what, source }
     }
 
-    /// The sandbox's error with its whole cause chain on one line (what the user sees).
-    pub fn sandbox(e: &(dyn std::error::Error + 'static)) -> ShimError {
-        ShimError::Sandbox(vm_error_chain::error_chain(e))
+    /// A `vm-sandbox` step `what` failed with `e` (the user sees the whole chain).
+    pub fn sandbox<E>(what: &'static str) -> impl FnOnce(E) -> ShimError
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        move |e| ShimError::Sandbox {
+            what,
+            source: Box::new(e),
+        }
     }
 }
 

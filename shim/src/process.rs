@@ -188,7 +188,7 @@ impl Process {
         let Interactive { input, output } = guest
             .exec_interactive(run, tty)
             .await
-            .map_err(|e| ShimError::sandbox(&e))?;
+            .map_err(ShimError::sandbox("starting the process"))?;
         let (tx, rx) = mpsc::unbounded_channel();
         *lock(&self.control) = Some(tx);
         *lock(&self.status) = Status::Running;

@@ -56,7 +56,7 @@ fn hash_dir_identity(h: &mut Sha256, path: &Path) -> Result<(), ShimError> {
 
 fn hash_content(h: &mut Sha256, dir: &Path) -> Result<(), ShimError> {
     let key = vm_sandbox::mounts::dir_key(dir, MAX_WRITABLE_BYTES)
-        .map_err(|e| ShimError::Rootfs(vm_error_chain::error_chain(&e)))?;
+        .map_err(ShimError::sandbox("snapshot content key"))?;
     h.update(key.as_bytes());
     Ok(())
 }
@@ -118,7 +118,7 @@ pub fn prepare(
     let identity = identity(mounts, target)?;
     let image = cache
         .image_path(&identity)
-        .map_err(|e| ShimError::Rootfs(vm_error_chain::error_chain(&e)))?;
+        .map_err(ShimError::sandbox("snapshot root"))?;
     if image.is_file() {
         return Ok(Root {
             identity,
@@ -128,7 +128,7 @@ pub fn prepare(
     let _mounted = mount_all(mounts, target)?;
     let erofs = cache
         .erofs_for(&identity, target)
-        .map_err(|e| ShimError::Rootfs(vm_error_chain::error_chain(&e)))?;
+        .map_err(ShimError::sandbox("snapshot root"))?;
     Ok(Root { identity, erofs })
 }
 
