@@ -74,11 +74,12 @@ pub struct Process {
     control: Mutex<Option<mpsc::UnboundedSender<Control>>>,
 }
 
-/// The exit code containerd reports for `s`: the code, or 128 + the signal.
+/// The exit code containerd reports for `s`: the code, or 128 + the signal. The status comes
+/// from the guest: any value maps to some code without overflowing.
 pub fn exit_code(s: &ExitStatus) -> u32 {
     match (s.code, s.signal) {
         (Some(c), _) => c as u32,
-        (None, Some(sig)) => 128 + sig as u32,
+        (None, Some(sig)) => 128u32.saturating_add(sig as u32),
         (None, None) => KILLED,
     }
 }
@@ -353,5 +354,28 @@ async fn write_or_drop(w: &mut Option<pipe::Sender>, d: &[u8]) {
         && p.write_all(d).await.is_err()
     {
         *w = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: Option<i32>, signal: Option<i32>) -> ExitStatus {
+        ExitStatus {
+            code,
+            signal,
+            timed_out: false,
+        }
+    }
+
+    #[test]
+    fn exit_codes_as_containerd_reports_them() {
+        assert_eq!(exit_code(&status(Some(3), None)), 3);
+        assert_eq!(exit_code(&status(None, Some(libc::SIGTERM))), 143);
+        assert_eq!(exit_code(&status(None, None)), KILLED);
+        // Whatever a hostile guest reports maps to a code, without a panic.
+        assert_eq!(exit_code(&status(None, Some(-1))), u32::MAX);
+        assert_eq!(exit_code(&status(Some(-1), None)), u32::MAX);
     }
 }
