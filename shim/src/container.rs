@@ -131,6 +131,8 @@ impl Container {
             policy: config.policy(),
             name: req.id.chars().take(63).collect(),
             run_dir_parent: Some(config.run_dir()),
+            // Processes run in the image's own directories: no setup command in the image.
+            prepare_root: false,
             ..Options::default()
         };
         vm_sandbox::preflight(&vm_spec(&spec, None, &config)?, &options)
