@@ -105,7 +105,7 @@ fn vm_spec(c: &ContainerSpec, root: Option<&Root>, config: &ShimConfig) -> Resul
         vcpus: c.vcpus.unwrap_or(1),
         mem_mib: c.mem_mib.unwrap_or(config.default_memory_mib()),
         pids: c.pids.unwrap_or(0),
-        wall: std::time::Duration::ZERO,
+        wall: std::time::Duration::from_secs(config.wall_seconds.unwrap_or(0)),
     };
     let mut guarantees = Guarantees::untrusted(limits, c.mounts.clone());
     guarantees.env = c.process.env.clone();

@@ -54,6 +54,10 @@ pub struct ShimConfig {
     /// Environment names allowed although they look like secrets (`--env-allow`).
     #[serde(default)]
     pub env_allow: Vec<String>,
+    /// Hard lifetime of each container's VM in seconds (`--timeout`): when it expires the VM
+    /// is torn down and the container exits 137. Default: none.
+    #[serde(default)]
+    pub wall_seconds: Option<u64>,
 }
 
 fn untrusted() -> Trust {
@@ -70,6 +74,7 @@ impl Default for ShimConfig {
             snapshot_cache: None,
             default_memory_mib: None,
             env_allow: Vec::new(),
+            wall_seconds: None,
         }
     }
 }

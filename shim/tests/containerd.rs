@@ -251,6 +251,25 @@ fn policy_comes_from_the_runtime_options() {
         assert_ne!(out.code, 0, "{out:?}");
         assert!(out.stderr.contains("--allow-emulation"), "{out:?}");
     }
+    // The wall limit from the options tears the VM down: the container ends as if SIGKILLed.
+    let wall = cd.dir.path().join("wall.toml");
+    let base = std::fs::read_to_string(cd.shim_config()).unwrap();
+    std::fs::write(&wall, format!("{base}wall_seconds = 3\n")).unwrap();
+    let started = std::time::Instant::now();
+    let out = cd.ctr(&[
+        "run",
+        "--rm",
+        "--runtime",
+        common::shim_bin(),
+        "--runtime-config-path",
+        wall.to_str().unwrap(),
+        common::IMAGE,
+        "walled",
+        "sleep",
+        "1000",
+    ]);
+    assert_eq!(out.code, 137, "{out:?}\n{}", cd.log());
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
     // An unknown key in the options file is refused, naming it.
     let bad = cd.dir.path().join("bad.toml");
     std::fs::write(&bad, "allow_emulaton = true\n").unwrap();
