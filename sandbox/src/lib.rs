@@ -37,6 +37,9 @@
 //!   cached read-only erofs files with their process defaults: `oci::Store::open(dir)`,
 //!   `.pull(&Reference, &Auth)`, `.get_or_pull(name_or_ref)`, `.import(path)`, `.get(..)`,
 //!   `.list()`, `.remove(..)`, `.prune()` → `oci::Image { digest, erofs, size, config, refs }`.
+//! - **Roots from a runtime's snapshot.** [`SnapshotRoots`] turns a root filesystem another
+//!   runtime assembled (the containerd shim's snapshot) into the same read-only erofs root,
+//!   cached by the snapshot's identity, with one reference per VM using it.
 //! - **Callers need only this crate and `vm-spec`.** The agent types a caller handles are
 //!   re-exported in [`agent`], the driver registry in [`drivers`].
 //!
