@@ -130,6 +130,23 @@ fn detached_exec_kill_delete_leave_nothing() {
         (out.code, out.stdout.as_str(), out.stderr.as_str()),
         (5, "out\n", "err\n")
     );
+    // An exec elsewhere than the container's working directory is refused, not moved.
+    let out = cd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e2",
+        "--cwd",
+        "/etc",
+        "box",
+        "true",
+    ]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("process.cwd \"/etc\"")
+            && out.stderr.contains("working directory \"/\""),
+        "{out:?}"
+    );
     let vm_pids = cd.task_pids("box");
     assert!(
         !vm_pids.is_empty() && vm_pids.iter().all(|p| alive(*p)),
