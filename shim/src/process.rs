@@ -69,6 +69,8 @@ pub struct Process {
     pub spec: ProcessSpec,
     status: Mutex<Status>,
     exit_tx: watch::Sender<Option<Exit>>,
+    /// `close_io` was asked for (kept for a process not started yet).
+    stdin_closed: std::sync::atomic::AtomicBool,
     /// Set once the exit has been published (`TaskExit`) and, for init, the VM torn down.
     reported: watch::Sender<bool>,
     control: Mutex<Option<mpsc::UnboundedSender<Control>>>,
@@ -99,6 +101,7 @@ impl Process {
             status: Mutex::new(Status::Created),
             exit_tx,
             reported,
+            stdin_closed: Default::default(),
             control: Mutex::new(None),
         })
     }
@@ -228,8 +231,16 @@ impl Process {
         self.send(Control::Resize(TtySize { rows, cols }));
     }
 
+    /// containerd's `close_io`: ends stdin (after what is already in the FIFO), also when it
+    /// comes before the process has started.
     pub fn close_stdin(&self) {
+        self.stdin_closed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.send(Control::CloseStdin);
+    }
+
+    fn stdin_close_requested(&self) -> bool {
+        self.stdin_closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -262,17 +273,37 @@ fn open_stdin(path: &str) -> Option<pipe::Receiver> {
     }
 }
 
-async fn control(input: &mut InteractiveInput, c: Control, stdin_open: &mut bool) -> bool {
+/// Applies a control message other than `CloseStdin`; false once the session is gone.
+async fn control(input: &mut InteractiveInput, c: Control) -> bool {
     let r = match c {
         Control::Resize(size) => input.resize(size).await,
-        Control::CloseStdin => {
-            *stdin_open = false;
-            input.close_stdin().await
-        }
         Control::Kill => input.cancel().await,
         Control::Signal(sig, all) => input.signal(sig, all).await,
+        Control::CloseStdin => Ok(()),
     };
     r.is_ok()
+}
+
+/// Sends `data` to the command's stdin (waiting for the agent's credit).
+async fn forward(input: &mut InteractiveInput, data: &[u8]) -> bool {
+    input.writable(data.len()).await.is_ok() && input.write(data).await.is_ok()
+}
+
+/// containerd's `close_io`: what its writer left in the FIFO goes first (it closes after its
+/// last write, and the message can overtake our reading), then the command's stdin ends.
+async fn close_stdin(
+    input: &mut InteractiveInput,
+    stdin: &mut Option<pipe::Receiver>,
+    buf: &mut [u8],
+) -> bool {
+    if let Some(r) = stdin.take() {
+        while let Ok(n) = r.try_read(buf) {
+            if n == 0 || !forward(input, &buf[..n]).await {
+                break;
+            }
+        }
+    }
+    input.close_stdin().await.is_ok()
 }
 
 async fn input_task(
@@ -284,39 +315,51 @@ async fn input_task(
         true => None,
         false => open_stdin(&proc.stdio.stdin),
     };
-    let mut stdin_open = stdin.is_some();
-    if !stdin_open && input.close_stdin().await.is_err() {
+    let mut buf = vec![0u8; STDIN_CHUNK];
+    if (stdin.is_none() || proc.stdin_close_requested())
+        && !close_stdin(&mut input, &mut stdin, &mut buf).await
+    {
         return;
     }
-    let mut buf = vec![0u8; STDIN_CHUNK];
     loop {
-        tokio::select! {
-            c = rx.recv() => match c {
-                Some(c) => if !control(&mut input, c, &mut stdin_open).await { return },
-                None => return,
-            },
-            r = async { stdin.as_mut().unwrap().read(&mut buf).await }, if stdin_open => {
-                let n = r.unwrap_or(0);
-                if n == 0 {
-                    stdin_open = false;
-                    stdin = None;
-                    if input.close_stdin().await.is_err() { return }
-                    continue;
-                }
-                // Wait for the agent's credit without losing control messages meanwhile.
-                loop {
-                    tokio::select! {
-                        w = input.writable(n) => { if w.is_err() { return } break }
-                        c = rx.recv() => match c {
-                            Some(c) => if !control(&mut input, c, &mut stdin_open).await { return },
-                            None => return,
-                        },
-                    }
-                }
-                if input.write(&buf[..n]).await.is_err() {
-                    return;
-                }
+        let n = tokio::select! {
+            c = rx.recv() => {
+                let ok = match c {
+                    Some(Control::CloseStdin) => close_stdin(&mut input, &mut stdin, &mut buf).await,
+                    Some(c) => control(&mut input, c).await,
+                    None => false,
+                };
+                if !ok { return }
+                continue;
             }
+            r = async { stdin.as_mut().unwrap().read(&mut buf).await }, if stdin.is_some() => {
+                r.unwrap_or(0)
+            }
+        };
+        if n == 0 {
+            if !close_stdin(&mut input, &mut stdin, &mut buf).await {
+                return;
+            }
+            continue;
+        }
+        // Wait for the agent's credit without holding up control messages; a close that
+        // arrives meanwhile is applied after this chunk.
+        let mut close_after = false;
+        loop {
+            tokio::select! {
+                w = input.writable(n) => { if w.is_err() { return } break }
+                c = rx.recv() => match c {
+                    Some(Control::CloseStdin) => close_after = true,
+                    Some(c) => if !control(&mut input, c).await { return },
+                    None => return,
+                },
+            }
+        }
+        if input.write(&buf[..n]).await.is_err() {
+            return;
+        }
+        if close_after && !close_stdin(&mut input, &mut stdin, &mut buf).await {
+            return;
         }
     }
 }
