@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod http;
 pub mod tty;
 
 use std::path::{Path, PathBuf};
@@ -55,6 +56,7 @@ impl Env {
 }
 
 /// A finished run.
+#[derive(Debug)]
 pub struct Out {
     pub code: i32,
     pub stdout: String,
