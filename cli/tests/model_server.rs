@@ -7,6 +7,7 @@
 //! - 100 clients that disconnect mid-request; afterwards the fds of `vm serve` and of its
 //!   VM processes are back to their baseline and the `vm serve` RSS within
 //!   [`RSS_MARGIN_KIB`] of it, and the server still answers;
+//! - the server runs as the image's non-root user (uid 1000);
 //! - the guest has no network (a connect to a host port fails; no interface but `lo`);
 //! - the model file is unchanged (sha256) and a write to it from the guest, even as root,
 //!   fails (read-only mount);
@@ -365,6 +366,17 @@ fn onnx_model_server_in_a_guest() {
         names.iter().map(|n| n.trim()).collect::<Vec<_>>(),
         ["lo"],
         "{ifaces}"
+    );
+
+    // The server runs as the image's user app (1000), not root.
+    let who = "import os\nfor p in filter(str.isdigit, os.listdir('/proc')):\n \
+               c = open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')\n \
+               print(os.stat(f'/proc/{p}').st_uid) if b'/app/server.py' in c else None";
+    let uids = vm(&["exec", "onnx", "--", "python3", "-c", who]);
+    assert_eq!(
+        uids.stdout.trim(),
+        "1000",
+        "uid of the server process: {uids:?}"
     );
 
     // The model: a write from the guest fails even as root, the file is unchanged.
