@@ -64,7 +64,7 @@ onnx_pins=$(images/onnx-image.sh --versions)
 if ! "$onnx_venv/bin/python" -c 'import onnx, onnxruntime' 2>/dev/null ||
     [[ $(cat "$onnx_venv/.pins" 2>/dev/null) != "$onnx_pins" ]]; then
     say "creating $onnx_venv ($onnx_pins)"
-    /usr/bin/python3 -m venv "$onnx_venv" || die "python3 -m venv $onnx_venv failed"
+    /usr/bin/python3 -m venv --clear "$onnx_venv" || die "python3 -m venv $onnx_venv failed"
     # shellcheck disable=SC2086 # the pins are separate words
     "$onnx_venv/bin/pip" install --quiet $onnx_pins numpy || die "pip install $onnx_pins failed"
     echo "$onnx_pins" >"$onnx_venv/.pins"
