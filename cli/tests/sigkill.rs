@@ -68,6 +68,23 @@ fn assert_nothing_left(env: &Env, run_dir: &Path, vm_pids: &[u32]) {
     assert_eq!(processes_mentioning(run_dir), Vec::<u32>::new());
 }
 
+/// `kill -9` of the `vm` child owning `run_dir`, then [`assert_nothing_left`].
+fn kill_9_then_nothing_left(env: &Env, child: &mut common::ChildGuard, run_dir: &Path) {
+    let vm_pids = processes_mentioning(run_dir);
+    assert!(
+        !vm_pids.is_empty(),
+        "no VM process names {}",
+        run_dir.display()
+    );
+    sigkill(child.0.id());
+    child.0.wait().unwrap();
+    assert!(
+        run_dir.exists(),
+        "nothing to sweep: the test proves nothing"
+    );
+    assert_nothing_left(env, run_dir, &vm_pids);
+}
+
 #[test]
 fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
     let env = Env::new();
@@ -90,19 +107,7 @@ fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
     child.0.stdout.take().unwrap().read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"started\n");
     let run_dir = run_dir_in(&env.runtime().join(".exec"));
-    let vm_pids = processes_mentioning(&run_dir);
-    assert!(
-        !vm_pids.is_empty(),
-        "no VM process names {}",
-        run_dir.display()
-    );
-    sigkill(child.0.id());
-    child.0.wait().unwrap();
-    assert!(
-        run_dir.exists(),
-        "nothing to sweep: the test proves nothing"
-    );
-    assert_nothing_left(&env, &run_dir, &vm_pids);
+    kill_9_then_nothing_left(&env, &mut child, &run_dir);
 }
 
 #[test]
@@ -166,19 +171,7 @@ fn kill_9_of_vm_serve_leaves_nothing_after_the_next_command() {
     assert_eq!(&url, b"http://");
     let name = format!("serve-{}", child.0.id());
     let run_dir = run_dir_in(&env.runtime().join(&name));
-    let vm_pids = processes_mentioning(&run_dir);
-    assert!(
-        !vm_pids.is_empty(),
-        "no VM process names {}",
-        run_dir.display()
-    );
-    sigkill(child.0.id());
-    child.0.wait().unwrap();
-    assert!(
-        run_dir.exists(),
-        "nothing to sweep: the test proves nothing"
-    );
-    assert_nothing_left(&env, &run_dir, &vm_pids);
+    kill_9_then_nothing_left(&env, &mut child, &run_dir);
     assert!(
         !env.runtime().join(&name).exists(),
         "the record of {name} is left"
