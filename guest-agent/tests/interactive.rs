@@ -70,18 +70,7 @@ async fn expect(out: &mut InteractiveOutput, seen: &mut Vec<u8>, want: &str) {
     );
 }
 
-/// Pseudo-random bytes (xorshift), reproducible.
-fn bytes(n: usize, mut x: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
+use vm_test_support::data::noise as bytes;
 
 fn peak_rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -100,7 +100,7 @@ mod serving;
 
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
-pub use guest::{Guest, Run};
+pub use guest::{CopyError, DEFAULT_COPY_CAP, Guest, Run};
 pub use image_root::{ImageRootError, ResolvedImage, resolve_oci, use_image};
 pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
@@ -124,6 +124,7 @@ pub mod agent {
         ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
     };
     pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus, TtySize};
+    pub use guest_agent::sparse::{ChunkSink, Plain, SparseWriter};
 }
 
 /// The driver registry and the driver-level errors a caller may need to tell apart.

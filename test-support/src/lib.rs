@@ -29,6 +29,7 @@
 
 use std::io::Write;
 
+pub mod data;
 pub mod hybrid;
 
 /// The environment variable that lets a test that found no driver pass as skipped.

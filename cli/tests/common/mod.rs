@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod copy;
 pub mod http;
 pub mod tty;
 
