@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what only the tests need, on top of ci/setup.sh (the main job's
 # set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
-# (the sandbox tests serve from it), docker-registry and skopeo (the OCI tests run a
-# registry on 127.0.0.1), mmdebstrap and the Debian python3 + numpy root the image-root
-# tests boot (images/rootfs-debian.sh, cached) with the same root as an OCI image
-# (images/oci-debian.sh), the rustfmt and clippy components for the lint checks, and, when
-# the repository has fuzz targets, a nightly toolchain with cargo-fuzz. Idempotent: installs
-# only what is missing.
+# (the sandbox tests serve from it; its venv module makes the onnx venv), docker-registry and
+# skopeo (the OCI tests run a registry on 127.0.0.1), containerd (1.6, with ctr: the shim's
+# tests start their own in a temp dir), mmdebstrap and the Debian python3 + numpy root the
+# image-root tests boot (images/rootfs-debian.sh, cached) with the same root as an OCI image
+# (images/oci-debian.sh), the rustfmt and clippy components for the lint checks, the host
+# onnxruntime venv (~/.cache/vm/venv-onnx: onnx + onnxruntime, the versions
+# images/onnx-image.sh pins) and the python + onnxruntime model-server image with its tiny
+# model (images/onnx-image.sh, cached), and, when the repository has fuzz targets, a nightly
+# toolchain with cargo-fuzz. Idempotent: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=lib.sh
@@ -15,7 +18,7 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
-apt_install_missing setup-tests e2fsprogs python3 docker-registry skopeo mmdebstrap || die "cannot install the packages the tests need"
+apt_install_missing setup-tests e2fsprogs python3 python3-venv docker-registry skopeo containerd mmdebstrap || die "cannot install the packages the tests need"
 
 # Lints run in ci/test.sh.
 for component in clippy rustfmt; do
@@ -63,3 +66,26 @@ build_cached() {
 # benchmark push to a registry on 127.0.0.1.
 build_cached rootfs-debian.sh "Debian rootfs"
 build_cached oci-debian.sh "Debian OCI image"
+
+# The model-server test (cli/tests/model_server.rs): onnxruntime on the host, the same version as
+# the image's, to compute the answers the guest must match; and the image itself.
+onnx_venv=${VM_ONNX_VENV:-$HOME/.cache/vm/venv-onnx}
+onnx_pins=$(images/onnx-image.sh --versions)
+if ! "$onnx_venv/bin/python" -c 'import onnx, onnxruntime' 2>/dev/null ||
+    [[ $(cat "$onnx_venv/.pins" 2>/dev/null) != "$onnx_pins" ]]; then
+    say "creating $onnx_venv ($onnx_pins)"
+    /usr/bin/python3 -m venv --clear "$onnx_venv" || die "python3 -m venv $onnx_venv failed"
+    # shellcheck disable=SC2086 # the pins are separate words
+    "$onnx_venv/bin/pip" install --quiet $onnx_pins numpy || die "pip install $onnx_pins failed"
+    echo "$onnx_pins" >"$onnx_venv/.pins"
+fi
+if ! images/onnx-image.sh --print-dir >/dev/null; then
+    if ((EUID == 0)); then
+        images/onnx-image.sh >/dev/null || die "images/onnx-image.sh failed"
+    else
+        sudo HOME="$HOME" VM_ONNX_VENV="$onnx_venv" images/onnx-image.sh >/dev/null ||
+            die "images/onnx-image.sh failed"
+    fi
+else
+    say "onnxruntime image present: $(images/onnx-image.sh --print-dir)"
+fi

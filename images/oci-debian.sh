@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs the Debian python3 + numpy userland of images/rootfs-debian.sh as an OCI image layout
-# (one gzip layer, a config with Env, WorkingDir, User app and a Cmd that prints numpy's
+# (one uncompressed layer, a config with Env, WorkingDir, User app and a Cmd that prints numpy's
 # arange(6).sum()), for the tests and the benchmark that push it to a registry on 127.0.0.1,
 # pull it and boot it with `--image`.
 #
@@ -9,10 +9,10 @@
 #   images/oci-debian.sh --force       rebuild the layout (not the rootfs)
 #
 # The tree is the rootfs's own erofs, extracted with fsck.erofs (owners and modes kept), so the
-# image holds exactly the files the --rootfs tests boot. Cached in
-# ${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-~/.cache}/vm/rootfs}/oci-<key>/, <key> hashing this script
-# and the rootfs image's sha256; built in a temporary directory and renamed when complete.
-# Needs root (file owners in the layer), erofs-utils, tar, gzip and python3 (the JSON).
+# image holds exactly the files the --rootfs tests boot; packed by images/oci-pack.py. Cached in
+# ${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-~/.cache}/vm/rootfs}/oci-<key>/, <key> hashing this script,
+# oci-pack.py and the rootfs image's sha256; built in a temporary directory and renamed when complete.
+# Needs root (file owners in the layer), erofs-utils, GNU tar and python3.
 set -euo pipefail
 
 say() { echo "oci-debian: $*" >&2; }
@@ -34,7 +34,7 @@ fi
 rootfs_dir=$(dirname "$rootfs")
 rootfs_sum=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["file"]["sha256"])' \
     "$rootfs_dir/manifest.json") || die "cannot read $rootfs_dir/manifest.json"
-key=$({ sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1; echo "$rootfs_sum"; } | sha256sum | cut -c1-16)
+key=$({ cat "${BASH_SOURCE[0]}" "$here/oci-pack.py"; echo "$rootfs_sum"; } | sha256sum | cut -c1-16)
 cache=$(dirname "$rootfs_dir")
 dir=$cache/oci-$key
 
@@ -63,63 +63,12 @@ fsck.erofs --extract="$tmp/root" --preserve "$rootfs" >/dev/null || die "fsck.er
 find "$tmp/root" \( -type b -o -type c \) -delete
 
 out=$tmp/out
-mkdir -p "$out/blobs/sha256"
 say "packing the layer"
-(cd "$tmp/root" && find . -mindepth 1 -maxdepth 1 -printf '%P\n' | LC_ALL=C sort |
-    tar --numeric-owner --sort=name -cf - -T -) >"$tmp/layer.tar" || die "tar failed"
-diff_id=$(sha256sum "$tmp/layer.tar" | cut -d' ' -f1)
-gzip -n -6 "$tmp/layer.tar"
-
-python3 - "$out" "$tmp/layer.tar.gz" "$diff_id" "$tag" <<'EOF' || die "writing the layout failed"
-import hashlib, json, os, sys
-
-out, layer, diff_id, tag = sys.argv[1:]
-
-def blob(data):
-    d = hashlib.sha256(data).hexdigest()
-    with open(os.path.join(out, "blobs", "sha256", d), "wb") as f:
-        f.write(data)
-    return {"digest": "sha256:" + d, "size": len(data)}
-
-h = hashlib.sha256()
-with open(layer, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-        h.update(chunk)
-layer_digest = h.hexdigest()
-os.rename(layer, os.path.join(out, "blobs", "sha256", layer_digest))
-config = {
-    "architecture": "amd64",
-    "os": "linux",
-    "config": {
-        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-        "WorkingDir": "/home/app",
-        "User": "app",
-        "Cmd": ["python3", "-c", "import numpy; print(numpy.arange(6).sum())"],
-    },
-    "rootfs": {"type": "layers", "diff_ids": ["sha256:" + diff_id]},
-}
-cfg = blob(json.dumps(config, sort_keys=True).encode())
-manifest = {
-    "schemaVersion": 2,
-    "mediaType": "application/vnd.oci.image.manifest.v1+json",
-    "config": dict(cfg, mediaType="application/vnd.oci.image.config.v1+json"),
-    "layers": [{
-        "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-        "digest": "sha256:" + layer_digest,
-        "size": os.path.getsize(os.path.join(out, "blobs", "sha256", layer_digest)),
-    }],
-}
-m = blob(json.dumps(manifest, sort_keys=True).encode())
-index = {
-    "schemaVersion": 2,
-    "manifests": [dict(m, mediaType=manifest["mediaType"],
-                       annotations={"org.opencontainers.image.ref.name": tag})],
-}
-with open(os.path.join(out, "index.json"), "w") as f:
-    json.dump(index, f)
-with open(os.path.join(out, "oci-layout"), "w") as f:
-    json.dump({"imageLayoutVersion": "1.0.0"}, f)
-EOF
+config='{"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+         "WorkingDir": "/home/app", "User": "app",
+         "Cmd": ["python3", "-c", "import numpy; print(numpy.arange(6).sum())"]}'
+python3 "$here/oci-pack.py" "$tmp/root" "$out" "$tag" "$config" >/dev/null ||
+    die "images/oci-pack.py failed"
 
 rm -rf "$dir"
 mv "$out" "$dir"

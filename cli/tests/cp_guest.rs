@@ -13,20 +13,9 @@ use std::time::Instant;
 
 use common::Env;
 use common::copy::{self, MIB};
-use vm_test_support::no_guest_driver;
 
 /// The agent's lifetime peak RSS (it is PID 1) stays under this through the copies.
 const AGENT_HWM_BOUND_KIB: u64 = 64 * 1024;
-
-fn guest_unavailable(env: &Env) -> Option<String> {
-    if common::built_images().is_none() {
-        return Some("guest images are not built (<images dir>/current/)".into());
-    }
-    if !common::tcg_available(env) {
-        return Some("the tcg driver is not available".into());
-    }
-    None
-}
 
 /// Sets the size of the guest file `/tmp/grow` to `mib` MiB without writing (a sparse
 /// extension, busybox `dd` with `seek` and no data).
@@ -67,8 +56,8 @@ fn status_kib(status: &str, key: &str) -> u64 {
 fn cp_two_gib_sparse_through_a_guest_with_flat_memory() {
     let name = "cp_two_gib_sparse_through_a_guest_with_flat_memory";
     let env = Env::new();
-    if let Some(why) = guest_unavailable(&env) {
-        return no_guest_driver(name, &why);
+    if common::no_guest_here(&env, name) {
+        return;
     }
     let mib: u64 = std::env::var("VM_CP_GUEST_MIB")
         .ok()

@@ -228,7 +228,8 @@ pub enum Request {
     /// Reply: `Ok`, then the agent syncs and reboots (ends the VM) when PID 1.
     Shutdown,
     /// Reply: `Started`, then `Stdout`/`Stderr`/`StdinAck`* and `Exit`; meanwhile the client
-    /// sends `Data` (stdin, within [`STDIN_WINDOW`]), `DataEnd` (stdin EOF), `Resize`, `Cancel`.
+    /// sends `Data` (stdin, within [`STDIN_WINDOW`]), `DataEnd` (stdin EOF), `Resize`, `Cancel`,
+    /// `Signal`.
     /// An agent older than this request closes the connection without a reply.
     ExecInteractive(InteractiveRequest),
 }
@@ -249,7 +250,17 @@ pub enum ClientFrame {
     Cancel,
     /// Interactive exec with a terminal: the new window size (the command gets `SIGWINCH`).
     Resize(TtySize),
+    /// Interactive exec: deliver `signal` (1..=[`MAX_SIGNAL`]) to the command (`all`: to its
+    /// whole process group). The command's exit is reported as usual. An agent older than
+    /// this frame ends the session. (Appended last: earlier variants keep their encoding.)
+    Signal {
+        signal: i32,
+        all: bool,
+    },
 }
+
+/// The highest signal number a [`ClientFrame::Signal`] may carry (`SIGRTMAX` on Linux x86-64).
+pub const MAX_SIGNAL: i32 = 64;
 
 /// Error categories the agent reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -181,6 +181,40 @@ async fn cancel_with_a_full_window() {
     assert!(matches!(input.write(b"x").await, Err(ClientError::Ended)));
 }
 
+/// A signal reaches the command (a shell that traps TERM reports it and exits 7); with
+/// `all` it reaches the whole group (the shell and its `sleep` die of it); an out-of-range
+/// number is refused by the client before it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_reaches_the_command_or_its_group() {
+    let a = TestAgent::start();
+    let (mut input, mut output) = open(
+        &a,
+        "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
+        None,
+    )
+    .await;
+    let mut seen = Vec::new();
+    expect(&mut output, &mut seen, "ready").await;
+    input.signal(libc::SIGTERM, false).await.unwrap();
+    let (out, status) = tokio::time::timeout(T, collect(&mut output)).await.unwrap();
+    assert_eq!((out.as_slice(), status.code), (&b"got TERM\n"[..], Some(7)));
+
+    let (mut input, mut output) = open(&a, "echo ready; sleep 60; echo not reached", None).await;
+    let mut seen = Vec::new();
+    expect(&mut output, &mut seen, "ready").await;
+    input.signal(libc::SIGTERM, true).await.unwrap();
+    let (out, status) = tokio::time::timeout(T, collect(&mut output)).await.unwrap();
+    assert_eq!(
+        (out.as_slice(), status.signal),
+        (&b""[..], Some(libc::SIGTERM)),
+        "{status:?}"
+    );
+    assert!(matches!(
+        input.signal(0, false).await,
+        Err(ClientError::InvalidRequest(_))
+    ));
+}
+
 /// With a terminal: `tty` names a pty, `stty size` follows resizes, Ctrl-C (a byte) interrupts
 /// `sleep` and the shell survives, and `exit 3` is the exit status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
