@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod llama;
 pub mod tty;
 
 use std::path::{Path, PathBuf};
@@ -131,6 +132,19 @@ pub fn built_images() -> Option<PathBuf> {
         .iter()
         .all(|f| dir.join(f).is_file());
     complete.then_some(dir)
+}
+
+/// Why a guest cannot be booted here (no built images, or no tcg), if it cannot.
+pub fn guest_unavailable(env: &Env) -> Option<String> {
+    if built_images().is_none() {
+        return Some(
+            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
+        );
+    }
+    if !tcg_available(env) {
+        return Some("the tcg driver is not available".into());
+    }
+    None
 }
 
 /// Is a process with this pid alive (not a zombie)?

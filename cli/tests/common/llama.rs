@@ -1,0 +1,217 @@
+//! The llama.cpp model server for the CLI tests and the serve benchmark: the artefacts that
+//! `images/llama-server.sh` builds (a static `llama-server`, its OCI image, the tiny GGUF model
+//! and the venv with the `openai` client), importing the image, starting `vm serve` with it,
+//! and a small blocking HTTP client for `/health` and completions.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::Env;
+
+/// The name the tests import the image under (in their own OCI store).
+pub const IMAGE: &str = "vm.local/llama-server:test";
+/// The port llama-server listens on in the guest.
+pub const GUEST_PORT: u16 = 8080;
+
+/// What `images/llama-server.sh` built.
+pub struct Artifacts {
+    /// The OCI image layout.
+    pub oci: PathBuf,
+    /// The models directory (holds `tiny.gguf`), mounted read-only at /models.
+    pub models: PathBuf,
+    /// The venv's python (with `openai`).
+    pub python: PathBuf,
+    /// The same static llama-server on the host (for the benchmark's direct runs).
+    pub server: PathBuf,
+    /// The model's sha256 as built.
+    pub model_sha256: String,
+}
+
+/// The built artefacts, or `Err(reason)` when `images/llama-server.sh` has not built them on
+/// this host (ci/setup-tests.sh does).
+pub fn artifacts() -> Result<Artifacts, String> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../images/llama-server.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--print-path")
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(
+            "the llama.cpp image is not built (images/llama-server.sh, which \
+                    ci/setup-tests.sh runs)"
+                .into(),
+        );
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("manifest.json")).map_err(|e| format!("manifest.json: {e}"))?,
+    )
+    .map_err(|e| format!("manifest.json: {e}"))?;
+    let field = |v: &serde_json::Value| v.as_str().map(str::to_string).ok_or("manifest field");
+    Ok(Artifacts {
+        oci: dir.join("oci"),
+        models: dir.join("models"),
+        python: dir.join("python"),
+        server: PathBuf::from(field(&manifest["server"])?),
+        model_sha256: field(&manifest["model"]["sha256"])?,
+    })
+}
+
+/// sha256 of a file, hex.
+pub fn sha256_file(path: &Path) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(
+        std::fs::read(path).expect("reading the model"),
+    ))
+}
+
+/// A `vm` command in the test's environment with its own OCI store.
+pub fn vm_cmd(env: &Env) -> Command {
+    let mut c = env.cmd();
+    c.env("VM_OCI_DIR", env.dir.path().join("oci"));
+    c
+}
+
+/// Imports the image layout into the test's store as [`IMAGE`].
+pub fn import(env: &Env, art: &Artifacts) {
+    let out = vm_cmd(env)
+        .args(["images", "import"])
+        .arg(&art.oci)
+        .args(["--name", IMAGE])
+        .output()
+        .expect("running vm images import");
+    assert!(
+        out.status.success(),
+        "vm images import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `vm serve` arguments for the model server: the image, the models read-only at
+/// /models, a published ephemeral port, and the server's command line.
+pub fn serve_args(art: &Artifacts) -> Vec<String> {
+    let mount = format!("{}:/models:ro", art.models.display());
+    [
+        "serve",
+        "--allow-emulation",
+        "--image",
+        IMAGE,
+        "-v",
+        &mount,
+        "-p",
+        "0:8080",
+        "--",
+        "llama-server",
+        "-m",
+        "/models/tiny.gguf",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8080",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Starts `vm serve` (stdout piped) and returns it with the address it published (its first
+/// stdout line: `IP:PORT`, or a URL `http://IP:PORT/`).
+pub fn spawn_serve(env: &Env, args: &[String]) -> (super::ChildGuard, SocketAddr) {
+    let mut child = super::ChildGuard(
+        vm_cmd(env)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning vm serve"),
+    );
+    let addr = published_addr(&mut child.0);
+    (child, addr)
+}
+
+fn published_addr(child: &mut Child) -> SocketAddr {
+    let mut reader = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .expect("reading vm serve's stdout");
+    let text = line.trim();
+    let bare = text
+        .strip_prefix("http://")
+        .unwrap_or(text)
+        .trim_end_matches('/');
+    let addr: SocketAddr = bare.parse().unwrap_or_else(|_| {
+        let mut err = String::new();
+        if let Some(e) = child.stderr.as_mut() {
+            let _ = e.read_to_string(&mut err);
+        }
+        panic!("vm serve printed no address: {line:?}; stderr: {err}")
+    });
+    assert!(addr.ip().is_loopback(), "{addr}");
+    // Keep draining stdout so the server never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+    addr
+}
+
+/// One HTTP/1.1 exchange (`Connection: close`): (status code, body).
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    timeout: Duration,
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply)?;
+    let reply = String::from_utf8_lossy(&reply);
+    let status = reply
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP reply: {reply:.200}")))?;
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Polls `GET /health` until it answers 200 (the model is loaded) or `limit` passes; returns
+/// how long it took, or the last answer or error.
+pub fn wait_healthy(addr: SocketAddr, limit: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    loop {
+        let last = match http(addr, "GET", "/health", None, Duration::from_secs(30)) {
+            Ok((200, _)) => return Ok(start.elapsed()),
+            Ok((code, body)) => format!("{code} {body}"),
+            Err(e) => e.to_string(),
+        };
+        if start.elapsed() > limit {
+            return Err(format!("/health not 200 after {limit:?}: {last}"));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A greedy completion request body for `POST /v1/completions`.
+pub fn completion_body(max_tokens: u32) -> String {
+    serde_json::json!({
+        "model": "tiny", "prompt": "Once upon a time", "max_tokens": max_tokens,
+        "temperature": 0
+    })
+    .to_string()
+}
