@@ -4,7 +4,8 @@
 //! loopback port. Through that port: `/health` answers 200, and the official `openai` Python
 //! client gets a chat completion, a streamed completion and the same completion unstreamed
 //! (greedy: the streamed text equals it). In the guest (attached through the VM's agent
-//! socket): the server runs as uid 1000, and a write to the model fails. On the host: the
+//! socket, a static busybox mounted at /probe): the server runs as uid 1000, and a write to
+//! the model fails. On the host: the
 //! model's sha256 is what was built. Then Ctrl-C stops it with 130 and nothing is published.
 //! tcg is slow, so the limits are generous and the completions short.
 
@@ -39,7 +40,15 @@ fn llama_server_answers_the_openai_client() {
         "model changed"
     );
     llama::import(&env, &art);
-    let args = llama::serve_args(&art);
+    // A static busybox on a second read-only mount: the image has no tools of its own, and
+    // the test looks at the serving guest through it.
+    let probe = env.dir.path().join("probe");
+    std::fs::create_dir(&probe).unwrap();
+    std::fs::copy("/bin/busybox", probe.join("busybox")).expect("/bin/busybox (busybox-static)");
+    let args = llama::serve_args(
+        &art,
+        &["-v".into(), format!("{}:/probe:ro", probe.display())],
+    );
     let (mut child, addr) = llama::spawn_serve(&env, &args);
 
     let ready = llama::wait_healthy(addr, READY_LIMIT);
@@ -108,8 +117,8 @@ fn openai_client(art: &Artifacts, addr: std::net::SocketAddr) -> serde_json::Val
 }
 
 /// Attaches to the serving VM through its agent socket (the spec is the one `vm serve
-/// --dry-run` resolves for the same arguments): llama-server's uid is 1000, and writing the
-/// model fails (read-only mount), even through the agent.
+/// --dry-run` resolves for the same arguments): llama-server's uids are 1000 (read with the
+/// busybox at /probe), and writing the model fails (read-only mount), even through the agent.
 fn check_inside_guest(env: &Env, args: &[String]) {
     let mut dry = args.to_vec();
     dry.insert(1, "--dry-run".into());
@@ -119,7 +128,11 @@ fn check_inside_guest(env: &Env, args: &[String]) {
     let spec: vm_spec::Spec = serde_json::from_value(doc["spec"].clone()).expect("spec");
     let socket = common::files_under(&env.runtime())
         .into_iter()
-        .find(|p| p.file_name().is_some_and(|n| n == "vsock.sock"))
+        .find(|p| {
+            // `vsock.sock`, or padded `vsock---….sock` (the tcg backend's path rule).
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            n.is_some_and(|n| n.starts_with("vsock") && n.ends_with(".sock"))
+        })
         .expect("the serving VM's agent socket");
     let vm = vm_sandbox::RunningVm::attach(vm_sandbox::Attach {
         agent_socket: socket,
@@ -128,34 +141,37 @@ fn check_inside_guest(env: &Env, args: &[String]) {
     .expect("attach");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut uid = None;
-        for pid in 1..=400 {
-            let Ok(comm) = vm.read_absolute(&format!("/proc/{pid}/comm")).await else {
-                continue;
-            };
-            if String::from_utf8_lossy(&comm).trim() == "llama-server" {
-                let status = vm
-                    .read_absolute(&format!("/proc/{pid}/status"))
-                    .await
-                    .expect("status");
-                let status = String::from_utf8_lossy(&status).into_owned();
-                uid = status.lines().find(|l| l.starts_with("Uid:")).map(|l| {
-                    l.split_whitespace()
-                        .skip(1)
-                        .map(str::to_string)
-                        .collect::<Vec<_>>()
-                });
-                break;
-            }
-        }
+        let pid = busybox(&vm, &["pidof", "llama-server"]).await;
+        let pid: u32 = pid
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("pidof: {pid:?}"));
+        let status = busybox(&vm, &["cat", &format!("/proc/{pid}/status")]).await;
+        let uids: Vec<&str> = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .map(|l| l.split_whitespace().skip(1).collect())
+            .unwrap_or_default();
         assert_eq!(
-            uid,
-            Some(vec!["1000".to_string(); 4]),
-            "llama-server's real, effective, saved and fs uids"
+            uids, ["1000"; 4],
+            "llama-server's real, effective, saved and fs uids: {status}"
         );
-        let write = vm.write_file("/models/tiny.gguf", b"overwritten").await;
-        assert!(write.is_err(), "a guest write to the model succeeded");
+        // As root, through the agent: refused by the read-only mount itself.
+        let write = vm.write_absolute("/models/tiny.gguf", b"overwritten").await;
+        let err =
+            vm_error_chain::error_chain(&write.expect_err("a guest write to the model succeeded"));
+        assert!(err.contains("Read-only file system"), "{err}");
     });
+}
+
+/// Runs the busybox at /probe in the guest with `args`; its output (it must succeed).
+async fn busybox(vm: &vm_sandbox::RunningVm, args: &[&str]) -> String {
+    let mut argv = vec!["/probe/busybox"];
+    argv.extend_from_slice(args);
+    let out = vm.capture(&argv).await.expect("exec in the serving guest");
+    let text = String::from_utf8_lossy(&out.output).into_owned();
+    assert!(out.status.success(), "{argv:?}: {text}");
+    text
 }
 
 /// Stops `vm serve` (SIGINT) and returns its stderr, for a failure message.

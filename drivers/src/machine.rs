@@ -333,6 +333,11 @@ impl Machine {
         self.call(self.agent.write_file(root, path, data)).await
     }
 
+    /// Creates the guest directory `path` (and parents), owned by `owner` when given.
+    pub async fn make_dirs(&self, path: &str, owner: Option<&str>) -> Result<(), MachineError> {
+        self.call(self.agent.make_dirs(path, owner)).await
+    }
+
     /// Lists `path` under the guest directory `root`.
     pub async fn list(&self, root: &str, path: &str) -> Result<Vec<FileEntry>, MachineError> {
         self.call(self.agent.list(root, path)).await

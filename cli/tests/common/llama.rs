@@ -92,30 +92,29 @@ pub fn import(env: &Env, art: &Artifacts) {
 }
 
 /// The `vm serve` arguments for the model server: the image, the models read-only at
-/// /models, a published ephemeral port, and the server's command line.
-pub fn serve_args(art: &Artifacts) -> Vec<String> {
+/// /models (and `extra` options), a published ephemeral port, and the server's command line.
+pub fn serve_args(art: &Artifacts, extra: &[String]) -> Vec<String> {
     let mount = format!("{}:/models:ro", art.models.display());
-    [
-        "serve",
-        "--allow-emulation",
-        "--image",
-        IMAGE,
-        "-v",
-        &mount,
-        "-p",
-        "0:8080",
-        "--",
-        "llama-server",
-        "-m",
-        "/models/tiny.gguf",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8080",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    let head = ["serve", "--allow-emulation", "--image", IMAGE, "-v", &mount];
+    let mut args: Vec<String> = head.iter().map(|s| s.to_string()).collect();
+    args.extend(extra.iter().cloned());
+    args.extend(
+        [
+            "-p",
+            "0:8080",
+            "--",
+            "llama-server",
+            "-m",
+            "/models/tiny.gguf",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8080",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    args
 }
 
 /// Starts `vm serve` (stdout piped) and returns it with the address it published (its first

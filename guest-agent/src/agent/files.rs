@@ -1,4 +1,4 @@
-//! Confined file access: ReadFile, WriteFile, List.
+//! Confined file access: ReadFile, WriteFile, List, MakeDirs.
 //!
 //! Paths are relative to a root. `..` components, absolute paths, NUL bytes and overlong paths
 //! are refused before touching the filesystem; every open then goes through
@@ -28,6 +28,12 @@ pub enum FileError {
     TooLarge { max: u64 },
     #[error("more than {max} entries")]
     TooManyEntries { max: u32 },
+    #[error("cannot hand {path:?} to its owner")]
+    Owner {
+        path: String,
+        #[source]
+        source: super::user::UserError,
+    },
     #[error("i/o error on {path:?}")]
     Io {
         path: String,
@@ -40,7 +46,7 @@ impl FileError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             FileError::Escape(_) => ErrorKind::Escape,
-            FileError::BadPath(_) => ErrorKind::BadRequest,
+            FileError::BadPath(_) | FileError::Owner { .. } => ErrorKind::BadRequest,
             FileError::NotFound(_) => ErrorKind::NotFound,
             FileError::NotRegular(_) => ErrorKind::BadRequest,
             FileError::TooLarge { .. } | FileError::TooManyEntries { .. } => ErrorKind::TooLarge,
@@ -232,6 +238,38 @@ fn mkdirs(root: BorrowedFd<'_>, comps: &[&str]) -> Result<OwnedFd, FileError> {
         }
     }
     Ok(dir)
+}
+
+/// Creates the absolute directory `path` below `base` (with its missing parents) and, with an
+/// `owner`, gives the last directory to that user's uid and gid (resolved in `/etc`, the image
+/// root's in a guest booted with one).
+pub fn make_dirs(base: BorrowedFd<'_>, path: &str, owner: Option<&str>) -> Result<(), FileError> {
+    let comps = clean(path.trim_start_matches('/'))?;
+    let dir = mkdirs(base, &comps)?;
+    let Some(ids) = super::user::resolve_opt(owner).map_err(|source| FileError::Owner {
+        path: path.into(),
+        source,
+    })?
+    else {
+        return Ok(());
+    };
+    // SAFETY: dir is an open O_PATH fd; the empty path with AT_EMPTY_PATH names it.
+    let r = unsafe {
+        libc::fchownat(
+            dir.as_raw_fd(),
+            c"".as_ptr(),
+            ids.uid,
+            ids.gid,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(FileError::Io {
+            path: path.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
 }
 
 /// Regular files under `root/path`, recursively (symlinks are not followed).
