@@ -8,7 +8,7 @@
 #   images/rootfs-debian.sh --force       rebuild
 #
 # Cached in ${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-~/.cache}/vm/rootfs}/<key>/rootfs.erofs, where
-# <key> hashes this script (its package list, hooks and mkfs options). A build happens in a
+# <key> hashes this script and images/debian-root.sh (package list, hooks, mkfs options). A build happens in a
 # temporary directory next to it and is renamed into place only when complete, under a lock.
 # Needs root (mmdebstrap's root mode), mmdebstrap, erofs-utils and a Debian mirror.
 set -euo pipefail
@@ -30,7 +30,10 @@ for a in "$@"; do
 done
 
 cache=${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/rootfs}
-key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=debian-root.sh
+source "$here/debian-root.sh"
+key=$(cat "${BASH_SOURCE[0]}" "$here/debian-root.sh" | sha256sum | cut -c1-16)
 dir=$cache/$key
 image=$dir/rootfs.erofs
 
@@ -57,20 +60,7 @@ trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
 say "mmdebstrap $suite with $packages (about 1.5 min)"
 # Services must not start while packages install: a policy-rc.d that refuses, removed after.
-mmdebstrap --quiet --variant=essential --include="$packages" \
-    --dpkgopt='path-exclude=/usr/share/doc/*' \
-    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    --dpkgopt='path-exclude=/usr/share/man/*' \
-    --dpkgopt='path-exclude=/usr/share/info/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' \
-    --dpkgopt='path-include=/usr/share/locale/locale.alias' \
-    --setup-hook='mkdir -p "$1/usr/sbin" && printf "#!/bin/sh\nexit 101\n" >"$1/usr/sbin/policy-rc.d" && chmod 755 "$1/usr/sbin/policy-rc.d"' \
-    --customize-hook='rm -f "$1/usr/sbin/policy-rc.d"' \
-    --customize-hook='echo "app:x:1000:1000:app:/home/app:/bin/sh" >>"$1/etc/passwd"' \
-    --customize-hook='echo "app:x:1000:" >>"$1/etc/group"' \
-    --customize-hook='mkdir -p "$1/home/app" && chown 1000:1000 "$1/home/app"' \
-    --customize-hook='rm -rf "$1/var/cache/apt"/*.bin "$1/var/lib/apt/lists"/*' \
-    "$suite" "$tmp/root" ${mirror:+"$mirror"} ||
+debian_root "$suite" "$packages" "$tmp/root" "$mirror" ||
     die "mmdebstrap failed"
 
 mkdir -p "$tmp/out"

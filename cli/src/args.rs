@@ -213,22 +213,45 @@ pub struct RunArgs {
     pub dry: DryRunOpts,
 }
 
-/// Start a server in a VM and publish its port on the host.
+/// Start a server in a VM and publish its ports on the host.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
   vm serve -p 8000 --allow-emulation -- httpd -f -p 8000             # 127.0.0.1:8000 -> guest 8000
-  vm serve -p 9000:8000 -v /models:/models:ro -- server --port 8000
+  vm serve --name tiny --image onnx-server -v ./models:/models:ro -p 0:8000 --ready /health
+  vm serve -p 8000-8003:8000-8003 -p 9000:80 -- server                  # several ports, a range
   vm serve -p 0.0.0.0:8000:8000 -- server                               # exposed to the network
   vm serve -p 8000 --dry-run --json -- server                           # show normalized publish specs
+  vm logs tiny ; vm stop tiny ; vm rm tiny                              # from another shell
 
-Publish specs: PORT, HOSTPORT:GUESTPORT or IP:HOSTPORT:GUESTPORT (TCP); the host side binds
-to 127.0.0.1 unless an address is written out. The host address is printed on stdout once
-the server is started. Ctrl-C stops the server and the VM; if the server exits by itself,
-vm exits with its exit code. -w does not apply (the server runs in the guest root).")]
+Publish specs: PORT, HOSTPORT:GUESTPORT or IP:HOSTPORT:GUESTPORT (TCP), each port may be a
+range FIRST-LAST (host and guest ranges of equal length; host 0 = a free port for each);
+the host side binds to 127.0.0.1 unless an address is written out. vm waits until every
+published guest port accepts connections (and, with --ready PATH, until GET PATH on the
+first one answers 2xx), then prints one URL per published port on stdout. If the server
+exits first or --ready-timeout passes, vm prints the console and server-log tails and exits
+non-zero. Ctrl-C or `vm stop NAME` stops the server and the VM; if the server exits by
+itself, vm exits with its exit code. `vm logs NAME` shows the server's output (--console:
+the VM's console). Without --name the VM is named serve-PID and its record is removed when
+it ends; with --name it stays (exited) until `vm rm NAME`. -w does not apply.")]
 pub struct ServeArgs {
-    /// Publish the guest port on the host: [IP:]HOSTPORT:GUESTPORT or PORT (HOSTPORT 0 = any free port)
-    #[arg(short = 'p', long = "publish", value_name = "[IP:]HOSTPORT:GUESTPORT")]
-    pub publish: String,
+    /// Publish guest ports on the host: [IP:]HOSTPORT:GUESTPORT or PORT, ports or ranges
+    /// (HOSTPORT 0 = any free port); repeatable
+    #[arg(
+        short = 'p',
+        long = "publish",
+        value_name = "[IP:]HOSTPORT:GUESTPORT",
+        required = true
+    )]
+    pub publish: Vec<String>,
+    /// Name of the VM, for `vm logs`, `vm stop`, `vm exec NAME` ([a-z0-9][a-z0-9_.-]{0,62})
+    #[arg(long, value_parser = parse::vm_name)]
+    pub name: Option<String>,
+    /// Ready only when GET PATH on the first published port answers 2xx (e.g. /health)
+    #[arg(long, value_name = "PATH", value_parser = parse::http_path)]
+    pub ready: Option<String>,
+    /// How long to wait for the server to be ready
+    #[arg(long, value_name = "DURATION", value_parser = parse::duration, default_value = "300s")]
+    pub ready_timeout: std::time::Duration,
     #[command(flatten)]
     pub vm: VmOpts,
     #[command(flatten)]
@@ -283,15 +306,22 @@ pub struct RmArgs {
     pub names: Vec<String>,
 }
 
-/// Print a named VM's console and supervisor log.
+/// Print a named VM's console, or a `vm serve` VM's server output.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
   vm logs box
-  vm logs -f box    # keep following until the VM exits")]
+  vm logs -f box           # keep following until the VM exits
+  vm logs --console web    # a served VM's console instead of its server's output
+
+Both are bounded tails (the last 64 KiB of the server's output, the console ring),
+refreshed every second while the VM runs.")]
 pub struct LogsArgs {
     /// Keep printing new output until the VM exits
     #[arg(short, long)]
     pub follow: bool,
+    /// For a `vm serve` VM: show the VM's console, not the server's output
+    #[arg(long)]
+    pub console: bool,
     /// VM name
     #[arg(value_parser = parse::vm_name)]
     pub name: String,

@@ -94,6 +94,14 @@ pub fn duration(s: &str) -> Result<Duration, ParseError> {
     Ok(total)
 }
 
+/// Parses a `--ready` HTTP path: `/` then visible ASCII (no spaces or control characters),
+/// at most 1024 bytes (the rule is the sandbox's, `vm_sandbox::Readiness::check_path`).
+pub fn http_path(s: &str) -> Result<String, ParseError> {
+    vm_sandbox::Readiness::check_path(s)
+        .map(|()| s.to_string())
+        .map_err(|e| err(e.to_string()))
+}
+
 /// Formats a duration compactly (`1h2m3s`, `45s`, `250ms`).
 pub fn fmt_duration(d: Duration) -> String {
     let secs = d.as_secs();

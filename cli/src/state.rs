@@ -49,6 +49,8 @@ pub mod labels {
     pub const TRUST: &str = "vm.trust";
     /// Set when the VM runs under emulation because `--allow-emulation` was given.
     pub const EMULATED: &str = "vm.emulated";
+    /// A `vm serve` VM: its published URLs, space-separated (its logs are the server's).
+    pub const SERVE: &str = "vm.serve";
 }
 
 /// Errors of the state directory.
@@ -189,6 +191,42 @@ pub struct Record {
 }
 
 impl Record {
+    /// A new record in state `starting` for a VM `name` booted from `request` (stored for
+    /// the supervisor and `vm exec NAME`), with the base labels (cli version, name, trust).
+    pub fn starting(
+        name: &str,
+        limits: &vm_spec::Limits,
+        trust: vm_spec::Trust,
+        request: serde_json::Value,
+    ) -> Record {
+        let mut base = BTreeMap::new();
+        base.insert(
+            labels::CLI.to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        );
+        base.insert(labels::NAME.to_string(), name.to_string());
+        base.insert(labels::TRUST.to_string(), trust.to_string());
+        Record {
+            version: 1,
+            name: name.to_string(),
+            state: VmState::Starting,
+            supervisor: None,
+            driver: None,
+            containment: None,
+            created_unix: now_unix(),
+            started_unix: None,
+            exited_unix: None,
+            exit_reason: None,
+            error_code: None,
+            agent_socket: None,
+            host_pids: Vec::new(),
+            mem_mib: limits.mem_mib,
+            vcpus: limits.vcpus,
+            request,
+            labels: base,
+        }
+    }
+
     /// The state to show: a record that says starting/running/stopping whose supervisor is
     /// gone is `Exited` (stale).
     pub fn effective_state(&self) -> VmState {
@@ -443,25 +481,13 @@ mod tests {
     use super::*;
 
     fn record(name: &str) -> Record {
-        Record {
-            version: 1,
-            name: name.into(),
-            state: VmState::Starting,
-            supervisor: None,
-            driver: None,
-            containment: None,
-            created_unix: now_unix(),
-            started_unix: None,
-            exited_unix: None,
-            exit_reason: None,
-            error_code: None,
-            agent_socket: None,
-            host_pids: vec![],
-            mem_mib: 256,
-            vcpus: 1,
-            request: serde_json::Value::Null,
-            labels: BTreeMap::new(),
-        }
+        let limits = vm_spec::Limits::default(); // 256 MiB, one vCPU
+        Record::starting(
+            name,
+            &limits,
+            vm_spec::Trust::Untrusted,
+            serde_json::Value::Null,
+        )
     }
 
     #[test]

@@ -46,18 +46,58 @@ pub struct StartRequest {
     pub workdir: Option<String>,
 }
 
-fn write_console(dir: &Path, vm: &MicroVm, last: &mut String) {
-    let tail = vm.machine().console_tail();
-    if tail == *last {
+/// A `vm serve` VM's server output snapshot in its state directory.
+pub const SERVER_LOG: &str = "server.log";
+
+/// Replaces `dir/file` with `text` (write + rename) unless it is `last`, the text written
+/// before.
+pub fn write_snapshot(dir: &Path, file: &str, text: String, last: &mut String) {
+    if text == *last {
         return;
     }
-    let tmp = dir.join(".console.log.tmp");
-    if std::fs::write(&tmp, tail.as_bytes())
-        .and_then(|()| std::fs::rename(&tmp, dir.join(CONSOLE_LOG)))
+    let tmp = dir.join(format!(".{file}.tmp"));
+    if std::fs::write(&tmp, text.as_bytes())
+        .and_then(|()| std::fs::rename(&tmp, dir.join(file)))
         .is_ok()
     {
-        *last = tail;
+        *last = text;
     }
+}
+
+fn write_console(dir: &Path, vm: &MicroVm, last: &mut String) {
+    write_snapshot(dir, CONSOLE_LOG, vm.machine().console_tail(), last);
+}
+
+/// Records a booted VM as running: driver, containment, agent socket, host processes and
+/// their labels, then saves the record (what `vm run -d` and `vm serve` wait for).
+pub fn mark_running(
+    rt: &Runtime,
+    record: &mut Record,
+    vm: &MicroVm,
+    trust: Trust,
+) -> anyhow::Result<()> {
+    record.state = VmState::Running;
+    record.started_unix = Some(now_unix());
+    record.driver = Some(vm.driver().to_string());
+    record.containment = Some(vm.containment().to_string());
+    record.agent_socket = Some(vm.agent_socket().to_path_buf());
+    record.host_pids = vm
+        .machine()
+        .host_pids()
+        .into_iter()
+        .filter_map(ProcId::of)
+        .collect();
+    record
+        .labels
+        .insert(labels::DRIVER.into(), vm.driver().into());
+    record
+        .labels
+        .insert(labels::CONTAINMENT.into(), vm.containment().to_string());
+    if vm.containment() < vm_spec::required(trust) {
+        record.labels.insert(labels::EMULATED.into(), "true".into());
+    }
+    rt.save(record)?;
+    Ok(())
 }
 
 /// Entry point of `vm __supervise NAME`. Returns 0 when the VM ran and was stopped, else
@@ -104,27 +144,7 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
     };
     // Creates the guest root (the sandbox does so lazily) and proves the agent works.
     vm.walk("").await?;
-    record.state = VmState::Running;
-    record.started_unix = Some(now_unix());
-    record.driver = Some(vm.driver().to_string());
-    record.containment = Some(vm.containment().to_string());
-    record.agent_socket = Some(vm.agent_socket().to_path_buf());
-    record.host_pids = vm
-        .machine()
-        .host_pids()
-        .into_iter()
-        .filter_map(ProcId::of)
-        .collect();
-    record
-        .labels
-        .insert(labels::DRIVER.into(), vm.driver().into());
-    record
-        .labels
-        .insert(labels::CONTAINMENT.into(), vm.containment().to_string());
-    if vm.containment() < vm_spec::required(req.trust) {
-        record.labels.insert(labels::EMULATED.into(), "true".into());
-    }
-    rt.save(record)?;
+    mark_running(rt, record, &vm, req.trust)?;
     tracing::info!(name = %record.name, driver = vm.driver(), "VM running");
 
     let mut last = String::new();

@@ -390,6 +390,21 @@ fn serve_publish_specs_are_normalized() {
         ("3000/tcp", "127.0.0.1:3000:3000"),
         ("0:8000", "127.0.0.1:0:8000"),
     ];
+    let ranges = [
+        (
+            "8000-8002:9000-9002",
+            &[
+                "127.0.0.1:8000:9000",
+                "127.0.0.1:8001:9001",
+                "127.0.0.1:8002:9002",
+            ][..],
+        ),
+        ("0:8000-8001", &["127.0.0.1:0:8000", "127.0.0.1:0:8001"][..]),
+    ];
+    let table = table
+        .iter()
+        .map(|(w, want)| (*w, vec![*want]))
+        .chain(ranges.iter().map(|(w, want)| (*w, want.to_vec())));
     for (written, want) in table {
         let mut args: Vec<String> = vec![
             "serve".into(),
@@ -403,11 +418,11 @@ fn serve_publish_specs_are_normalized() {
         args.extend(["--".into(), "httpd".into()]);
         let out = env.run(&args);
         let doc = out.json();
-        assert_eq!(doc["publish"], serde_json::json!([want]), "{written}");
+        assert_eq!(doc["publish"], serde_json::json!(want), "{written}");
     }
     for bad in [
         "3000/udp",
-        "8000-8010:8000-8010",
+        "8000-8010:9000-9001",
         "abc",
         "8000:0",
         "1:2:3:4",

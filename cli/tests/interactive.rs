@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{Env, guest_unavailable};
 
 /// The `env` of a `--dry-run --json` spec with `extra` flags.
 fn dry_env(env: &Env, extra: &[&str]) -> Vec<String> {
@@ -53,19 +53,6 @@ fn term_is_passed_only_with_t_and_dry_run_shows_it() {
     let kv = dry_env(&env, &["-t", "-e", "TERM=vt100"]);
     assert!(kv.contains(&"TERM=vt100".to_string()), "{kv:?}");
     assert!(!kv.contains(&"TERM=xterm-test".to_string()), "{kv:?}");
-}
-
-/// Why a guest cannot be booted here, if it cannot.
-fn guest_unavailable(env: &Env) -> Option<String> {
-    if common::built_images().is_none() {
-        return Some(
-            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
-        );
-    }
-    if !common::tcg_available(env) {
-        return Some("the tcg driver is not available".into());
-    }
-    None
 }
 
 #[test]

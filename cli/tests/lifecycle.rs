@@ -8,24 +8,11 @@ mod common;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::Env;
+use common::{Env, guest_unavailable};
 use vm_test_support::no_guest_driver;
 
 /// Longer than tokio's default blocking-thread keep-alive (10 s) plus a margin.
 const IDLE_PAST_KEEP_ALIVE: Duration = Duration::from_secs(16);
-
-/// Why a guest cannot be booted here, if it cannot.
-fn guest_unavailable(env: &Env) -> Option<String> {
-    if common::built_images().is_none() {
-        return Some(
-            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
-        );
-    }
-    if !common::tcg_available(env) {
-        return Some("the tcg driver is not available".into());
-    }
-    None
-}
 
 #[test]
 fn exec_passes_output_and_exit_code_through() {
@@ -389,8 +376,9 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
         .unwrap();
     let addr: std::net::SocketAddr = line
         .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("not an address: {line:?}"));
+        .strip_prefix("http://")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("not an http://ADDRESS URL: {line:?}"));
     assert!(addr.ip().is_loopback(), "{addr}");
     // The server may need a moment to bind inside the guest.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -8,14 +8,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::Env;
-
-fn guest_unavailable(env: &Env) -> Option<String> {
-    if common::built_images().is_none() {
-        return Some("guest images are not built (run `vm images build`)".into());
-    }
-    (!common::tcg_available(env)).then(|| "the tcg driver is not available".into())
-}
+use common::{Env, guest_unavailable};
 
 /// The one run directory (`vm-*`) directly under `parent`.
 fn run_dir_in(parent: &Path) -> PathBuf {

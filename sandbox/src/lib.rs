@@ -27,8 +27,10 @@
 //!   an erofs image cached by content key (see [`mounts`]).
 //! - **Lifetime.** The wall limit goes into the `BootPlan` and the `Machine` enforces it.
 //!   [`MicroVm::close`] is idempotent and removes the per-VM run directory; `Drop` kills.
-//! - **Serving.** [`Guest::serve`] publishes a guest port on a host loopback address
-//!   (never a non-loopback one unless written out, see [`PublishSpec`]).
+//! - **Serving.** [`Guest::serve`] publishes guest ports on host loopback addresses
+//!   (never a non-loopback one unless written out, see [`PublishSpec`]; ranges as docker
+//!   writes them); [`Serving::wait_ready`] waits until they accept connections and,
+//!   optionally, until an HTTP path answers 2xx ([`Readiness`]).
 //! - **One set of rules for every VM.** A [`MicroVm`] (booted here, owned) and a
 //!   [`RunningVm`] (held by another process, e.g. a `vm run -d` supervisor, attached by its
 //!   agent socket) both dereference to [`Guest`], the one implementation of request
@@ -43,7 +45,7 @@
 //! # Example
 //! ```no_run
 //! use std::time::Duration;
-//! use vm_sandbox::{MicroVm, Options, PublishSpec, ServeSpec, images};
+//! use vm_sandbox::{MicroVm, Options, PublishSpec, Readiness, ServeSpec, images};
 //! use vm_spec::{Guarantees, Limits, Mount, Policy, Spec, Trust};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -69,10 +71,12 @@
 //! let server = vm
 //!     .serve(ServeSpec {
 //!         argv: vec!["httpd".into(), "-f".into(), "-p".into(), "8000".into()],
-//!         publish: PublishSpec::parse("0:8000")?, // a free loopback port -> guest 8000
+//!         publish: PublishSpec::parse_all(&["0:8000"])?, // a free loopback port -> guest 8000
 //!     })
 //!     .await?;
-//! println!("reachable at http://{}", server.addr());
+//! let ready = Readiness { http_path: Some("/".into()), timeout: Duration::from_secs(60) };
+//! server.wait_ready(&ready).await?; // or the server's exit, or NotReady with what was seen
+//! println!("reachable at {}", server.published()[0].url());
 //! server.stop().await?;
 //! vm.close().await;
 //! # Ok(()) }
@@ -88,6 +92,7 @@ mod link;
 mod microvm;
 pub mod mounts;
 pub mod publish;
+mod ready;
 pub mod rundir;
 mod running;
 mod select;
@@ -100,9 +105,12 @@ pub use image_root::{ImageRootError, ResolvedImage, resolve_oci, use_image};
 pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};
+pub use ready::{DEFAULT_READY_TIMEOUT, Probe, Readiness};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
-pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+pub use serving::{
+    MAX_CONNECTIONS, POLL_INTERVAL, Published, ServeError, ServeSpec, Serving, describe_exit,
+};
 /// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):
 /// `vm_drivers::sys`, the one place the host side calls them.
 pub use vm_drivers::sys;

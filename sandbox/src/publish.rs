@@ -11,8 +11,14 @@
 //! | `[::1]:9000:8000`       | `[::1]:9000` -> guest 8000     |
 //! | any of the above `/tcp` | the same                       |
 //!
+//! Ranges, as docker writes them, publish one mapping per port ([`PublishSpec::expand`],
+//! [`PublishSpec::parse_all`]): `8000-8003:8000-8003` (equal lengths), `8000-8003` (the same
+//! ports on both sides), `IP:8000-8003:9000-9003`, and `0:8000-8003` (a free host port for
+//! each guest port). At most [`MAX_RANGE`] ports per spec.
+//!
 //! Loopback is the default; a non-loopback address such as `0.0.0.0` is used only when it is
-//! written out. UDP, port ranges and a guest port 0 are refused.
+//! written out. UDP, a guest port 0 and a host range without a guest range of the same
+//! length are refused.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -20,6 +26,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// The most ports one range may publish.
+pub const MAX_RANGE: usize = 1024;
 
 /// A normalized publish spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -43,8 +52,8 @@ pub enum PublishError {
     BadAddress { spec: String, part: String },
     #[error("publish {spec:?}: protocol {proto:?} is not supported (tcp only)")]
     Protocol { spec: String, proto: String },
-    #[error("publish {spec:?}: port ranges are not supported")]
-    Range { spec: String },
+    #[error("publish {spec:?}: {why}")]
+    Range { spec: String, why: &'static str },
     #[error("publish {spec:?}: expected PORT, HOST:GUEST or IP:HOST:GUEST")]
     Form { spec: String },
     #[error("publish {spec:?}: host address {addr} is published twice")]
@@ -66,8 +75,20 @@ impl PublishSpec {
         SocketAddr::new(self.host_ip, self.host_port)
     }
 
-    /// Parse one spec (see the module docs for the forms).
+    /// Parse one spec that publishes exactly one port (see the module docs for the forms);
+    /// a range is refused here: [`PublishSpec::expand`] takes it.
     pub fn parse(spec: &str) -> Result<Self, PublishError> {
+        match PublishSpec::expand(spec)?.as_slice() {
+            [one] => Ok(*one),
+            _ => Err(PublishError::Range {
+                spec: spec.into(),
+                why: "a range publishes several ports (use parse_all)",
+            }),
+        }
+    }
+
+    /// Parse one spec, a range giving one mapping per port, in port order.
+    pub fn expand(spec: &str) -> Result<Vec<Self>, PublishError> {
         let err_spec = || spec.to_string();
         let body = match spec.rsplit_once('/') {
             Some((body, proto)) if proto.eq_ignore_ascii_case("tcp") => body,
@@ -82,51 +103,84 @@ impl PublishSpec {
         if body.trim().is_empty() {
             return Err(PublishError::Empty { spec: err_spec() });
         }
-        if body.contains('-') {
-            return Err(PublishError::Range { spec: err_spec() });
-        }
         let (ip, ports) = split_address(spec, body)?;
         let parts: Vec<&str> = ports.split(':').collect();
-        let port = |part: &str| {
-            part.parse::<u16>().map_err(|_| PublishError::BadPort {
-                spec: err_spec(),
-                part: part.into(),
-            })
-        };
-        let (host_port, guest_port) = match (ip.is_some(), parts.as_slice()) {
-            (false, [p]) => (port(p)?, port(p)?),
-            (_, [h, g]) => (port(h)?, port(g)?),
+        let (host, guest) = match (ip.is_some(), parts.as_slice()) {
+            (false, [p]) => (range(spec, p)?, range(spec, p)?),
+            (_, [h, g]) => (range(spec, h)?, range(spec, g)?),
             _ => return Err(PublishError::Form { spec: err_spec() }),
         };
-        if guest_port == 0 {
+        if guest.0 == 0 {
             return Err(PublishError::GuestPortZero { spec: err_spec() });
         }
+        let count = usize::from(guest.1 - guest.0) + 1;
+        let any_host = host == (0, 0);
+        if !any_host && usize::from(host.1 - host.0) + 1 != count {
+            return Err(PublishError::Range {
+                spec: err_spec(),
+                why: "the host and guest ranges differ in length",
+            });
+        }
+        if count > MAX_RANGE {
+            return Err(PublishError::Range {
+                spec: err_spec(),
+                why: "a range may publish at most 1024 ports",
+            });
+        }
         let host_ip = ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-        Ok(PublishSpec {
-            host_ip,
-            host_port,
-            guest_port,
-        })
+        Ok((0..count)
+            .map(|i| {
+                let i = i as u16; // count <= MAX_RANGE
+                PublishSpec {
+                    host_ip,
+                    host_port: if any_host { 0 } else { host.0 + i },
+                    guest_port: guest.0 + i,
+                }
+            })
+            .collect())
     }
 
-    /// Parse several specs, refusing the same non-zero host address twice.
+    /// Parse several specs (ranges expanded), refusing the same non-zero host address twice.
     pub fn parse_all<S: AsRef<str>>(specs: &[S]) -> Result<Vec<Self>, PublishError> {
         let mut out: Vec<PublishSpec> = Vec::with_capacity(specs.len());
         for s in specs {
-            let p = PublishSpec::parse(s.as_ref())?;
-            let clash = out
-                .iter()
-                .any(|o| o.host_port != 0 && o.host_addr() == p.host_addr());
-            if clash {
-                return Err(PublishError::Duplicate {
-                    spec: s.as_ref().to_string(),
-                    addr: p.host_addr(),
-                });
+            for p in PublishSpec::expand(s.as_ref())? {
+                let clash = out
+                    .iter()
+                    .any(|o| o.host_port != 0 && o.host_addr() == p.host_addr());
+                if clash {
+                    return Err(PublishError::Duplicate {
+                        spec: s.as_ref().to_string(),
+                        addr: p.host_addr(),
+                    });
+                }
+                out.push(p);
             }
-            out.push(p);
         }
         Ok(out)
     }
+}
+
+/// A port (`8000`) or an inclusive range (`8000-8003`), as `(first, last)`.
+fn range(spec: &str, part: &str) -> Result<(u16, u16), PublishError> {
+    let port = |p: &str| {
+        p.parse::<u16>().map_err(|_| PublishError::BadPort {
+            spec: spec.into(),
+            part: p.into(),
+        })
+    };
+    let Some((a, b)) = part.split_once('-') else {
+        let p = port(part)?;
+        return Ok((p, p));
+    };
+    let (a, b) = (port(a)?, port(b)?);
+    if a == 0 || b < a {
+        return Err(PublishError::Range {
+            spec: spec.into(),
+            why: "a range is FIRST-LAST with 0 < FIRST <= LAST",
+        });
+    }
+    Ok((a, b))
 }
 
 /// Split an optional leading IP (`1.2.3.4:` or `[v6]:`) from the port part. An IP is
@@ -201,7 +255,12 @@ mod tests {
             ("8000:0", "guest port"),
             ("0", "guest port"),
             ("3000/udp", "udp"),
-            ("8000-8010:8000-8010", "ranges"),
+            ("8000-8003:9000-9001", "differ in length"),
+            ("8003-8000", "FIRST-LAST"),
+            ("0-3:1-4", "FIRST-LAST"),
+            ("8000-8001", "several ports"),
+            ("1-2000", "at most 1024"),
+            ("9000-9003:80", "differ in length"),
             ("1:2:3:4", "expected"),
             ("999.1.1.1:80:80", "not an IP"),
             ("host:80:80", "not an IP"),
@@ -228,6 +287,40 @@ mod tests {
                 .host_ip
                 .is_unspecified()
         );
+    }
+
+    #[test]
+    fn ranges_expand_in_port_order() {
+        let all = |specs: &[&str]| -> Vec<String> {
+            PublishSpec::parse_all(specs)
+                .unwrap_or_else(|e| panic!("{specs:?}: {e}"))
+                .iter()
+                .map(|p| p.to_string())
+                .collect()
+        };
+        assert_eq!(
+            all(&["8000-8002:9000-9002"]),
+            [
+                "127.0.0.1:8000:9000",
+                "127.0.0.1:8001:9001",
+                "127.0.0.1:8002:9002"
+            ]
+        );
+        assert_eq!(
+            all(&["8000-8001"]),
+            ["127.0.0.1:8000:8000", "127.0.0.1:8001:8001"]
+        );
+        assert_eq!(
+            all(&["0:8000-8001"]),
+            ["127.0.0.1:0:8000", "127.0.0.1:0:8001"]
+        );
+        assert_eq!(
+            all(&["127.0.0.2:5-6:7-8", "[::1]:1-2:3-4/tcp"]),
+            ["127.0.0.2:5:7", "127.0.0.2:6:8", "[::1]:1:3", "[::1]:2:4"]
+        );
+        assert_eq!(PublishSpec::expand("1-1024").unwrap().len(), MAX_RANGE);
+        let err = PublishSpec::parse_all(&["8000-8002", "8001"]).unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
     }
 
     #[test]

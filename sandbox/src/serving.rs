@@ -1,15 +1,18 @@
 //! [`Serving`]: a long-lived guest process reachable on a host loopback port.
 //!
-//! `start` binds the host listener first (so a taken port fails before anything starts in
-//! the guest), then starts the process through the agent's Serve, then runs two tasks:
-//! - the accept loop: each host connection gets its own task that opens an agent Forward
-//!   to the guest port over vsock and splices the two with `copy_bidirectional` (at most
-//!   [`MAX_CONNECTIONS`] at once; more wait in the listen backlog);
+//! `start` binds every host listener first (so a taken port fails before anything starts in
+//! the guest), then starts the process through the agent's Serve, then runs its tasks:
+//! - one accept loop per published port: each host connection gets its own task that opens
+//!   an agent Forward to the guest port over vsock and splices the two with
+//!   `copy_bidirectional` (at most [`MAX_CONNECTIONS`] at once per port; more wait in the
+//!   listen backlog);
 //! - the monitor: polls the agent's ServeStatus every [`POLL_INTERVAL`] and publishes
 //!   running/exit/output to the handle.
 //!
-//! `stop` ends the guest process, aborts both tasks and every connection, and drops the
-//! listener, so the host port is closed when it returns. Idempotent; `Drop` does the same
+//! [`Serving::wait_ready`] (module `ready`) waits until the server answers.
+//!
+//! `stop` ends the guest process, aborts the tasks and every connection, and drops the
+//! listeners, so the host ports are closed when it returns. Idempotent; `Drop` does the same
 //! without waiting for the guest.
 
 use std::net::SocketAddr;
@@ -37,8 +40,8 @@ pub const MAX_CONNECTIONS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServeSpec {
     pub argv: Vec<String>,
-    /// Host address and guest port; host port 0 picks a free port.
-    pub publish: PublishSpec,
+    /// Host addresses and guest ports (at least one); host port 0 picks a free port.
+    pub publish: Vec<PublishSpec>,
 }
 
 /// Why serving failed.
@@ -46,6 +49,8 @@ pub struct ServeSpec {
 pub enum ServeError {
     #[error("serve: empty argv")]
     EmptyArgv,
+    #[error("serve: nothing to publish (give at least one port)")]
+    NoPublish,
     #[error("serve: cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
@@ -56,6 +61,37 @@ pub enum ServeError {
     Start(#[source] MachineError),
     #[error("serve: stopping the guest process failed")]
     Stop(#[source] MachineError),
+    #[error("serve: the server exited before it was ready ({})", describe_exit(.status))]
+    ExitedEarly { status: Option<ExitStatus> },
+    #[error("serve: ready path {path:?} must be /, then visible ASCII (at most 1024 bytes)")]
+    ReadyPath { path: String },
+    #[error("serve: not ready after {}s: {last}", .waited.as_secs())]
+    NotReady { waited: Duration, last: String },
+}
+
+/// How a server's end reads in messages: `exit code 3`, `signal 9`, or `status unknown`.
+pub fn describe_exit(status: &Option<ExitStatus>) -> String {
+    match status {
+        Some(ExitStatus { code: Some(c), .. }) => format!("exit code {c}"),
+        Some(ExitStatus {
+            signal: Some(s), ..
+        }) => format!("killed by signal {s}"),
+        _ => "status unknown".into(),
+    }
+}
+
+/// One published port: where the host listens and the guest port it reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    pub host: SocketAddr,
+    pub guest_port: u16,
+}
+
+impl Published {
+    /// `http://IP:PORT` (`http://[v6]:PORT`), the URL a client uses.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.host)
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -76,11 +112,33 @@ pub(crate) struct GuestProcess {
 /// A running guest server (see the module docs).
 #[derive(Debug)]
 pub struct Serving {
-    addr: SocketAddr,
+    published: Vec<Published>,
     id: ServeId,
-    machine: Link,
+    pub(crate) machine: Link,
     state: Arc<watch::Sender<State>>,
-    tasks: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
+    tasks: Mutex<Option<Tasks>>,
+}
+
+/// The accept loops (one per published port) and the monitor.
+#[derive(Debug)]
+struct Tasks {
+    accept: Vec<JoinHandle<()>>,
+    monitor: JoinHandle<()>,
+}
+
+impl Tasks {
+    fn abort(&self) {
+        self.accept.iter().for_each(JoinHandle::abort);
+        self.monitor.abort();
+    }
+
+    async fn join(self) {
+        // A listener is dropped when its task is gone.
+        for t in self.accept {
+            let _ = t.await;
+        }
+        let _ = self.monitor.await;
+    }
 }
 
 impl Serving {
@@ -92,13 +150,23 @@ impl Serving {
         if spec.argv.is_empty() {
             return Err(ServeError::EmptyArgv);
         }
-        let want = spec.publish.host_addr();
-        let listener = TcpListener::bind(want)
-            .await
-            .map_err(|source| ServeError::Bind { addr: want, source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| ServeError::Bind { addr: want, source })?;
+        if spec.publish.is_empty() {
+            return Err(ServeError::NoPublish);
+        }
+        let mut listeners = Vec::with_capacity(spec.publish.len());
+        for p in &spec.publish {
+            let want = p.host_addr();
+            let bound = TcpListener::bind(want)
+                .await
+                .and_then(|l| Ok((l.local_addr()?, l)));
+            let (host, listener) =
+                bound.map_err(|source| ServeError::Bind { addr: want, source })?;
+            let published = Published {
+                host,
+                guest_port: p.guest_port,
+            };
+            listeners.push((published, listener));
+        }
         let req = ServeRequest {
             command: Command::Argv(spec.argv),
             env: process.env,
@@ -111,25 +179,35 @@ impl Serving {
             ..Default::default()
         };
         let state = Arc::new(watch::Sender::new(initial));
-        let accept = tokio::spawn(accept_loop(
-            listener,
-            machine.clone(),
-            spec.publish.guest_port,
-        ));
+        let mut published = Vec::with_capacity(listeners.len());
+        let mut accept = Vec::with_capacity(listeners.len());
+        for (p, listener) in listeners {
+            tracing::info!(host = %p.host, guest_port = p.guest_port, "serving");
+            accept.push(tokio::spawn(accept_loop(
+                listener,
+                machine.clone(),
+                p.guest_port,
+            )));
+            published.push(p);
+        }
         let monitor = tokio::spawn(monitor(machine.clone(), id, state.clone()));
-        tracing::info!(%addr, guest_port = spec.publish.guest_port, "serving");
         Ok(Serving {
-            addr,
+            published,
             id,
             machine,
             state,
-            tasks: Mutex::new(Some((accept, monitor))),
+            tasks: Mutex::new(Some(Tasks { accept, monitor })),
         })
     }
 
-    /// The host address the server is reachable at.
+    /// The host address of the first published port.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.published[0].host // `start` refuses an empty publish list
+    }
+
+    /// Every published port, in the order given.
+    pub fn published(&self) -> &[Published] {
+        &self.published
     }
 
     /// True until the guest process exits or `stop` is called.
@@ -140,6 +218,15 @@ impl Serving {
     /// How the process ended, once it has.
     pub fn exit(&self) -> Option<ExitStatus> {
         self.state.borrow().exit
+    }
+
+    /// How the process ended: what the monitor saw, else the agent's answer now.
+    pub(crate) async fn exit_status(&self) -> Option<ExitStatus> {
+        if let Some(s) = self.exit() {
+            return Some(s);
+        }
+        let status = self.machine.serve_status(self.id).await.ok()?;
+        status.exit
     }
 
     /// The retained tail of the process's combined output.
@@ -155,13 +242,11 @@ impl Serving {
 
     /// End the guest process and close the host port. Idempotent.
     pub async fn stop(&self) -> Result<(), ServeError> {
-        let Some((accept, monitor)) = self.take_tasks() else {
+        let Some(tasks) = self.take_tasks() else {
             return Ok(());
         };
-        accept.abort();
-        monitor.abort();
-        let _ = accept.await; // the listener is dropped when the task is gone
-        let _ = monitor.await;
+        tasks.abort();
+        tasks.join().await;
         let result = self.machine.serve_stop(self.id).await;
         self.state.send_modify(|s| s.running = false);
         match result {
@@ -180,16 +265,15 @@ impl Serving {
         }
     }
 
-    fn take_tasks(&self) -> Option<(JoinHandle<()>, JoinHandle<()>)> {
+    fn take_tasks(&self) -> Option<Tasks> {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        if let Some((accept, monitor)) = self.take_tasks() {
-            accept.abort();
-            monitor.abort();
+        if let Some(tasks) = self.take_tasks() {
+            tasks.abort();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let (machine, id) = (self.machine.clone(), self.id);
                 rt.spawn(async move {

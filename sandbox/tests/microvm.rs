@@ -180,7 +180,7 @@ async fn serve_refuses_a_taken_host_port_before_starting() {
     let err = vm
         .serve(ServeSpec {
             argv: vec!["sleep".into(), marker.clone()],
-            publish: PublishSpec::loopback(port, 9),
+            publish: vec![PublishSpec::loopback(port, 9)],
         })
         .await
         .unwrap_err();
@@ -236,7 +236,7 @@ async fn serving_reports_a_process_that_exits_by_itself() {
     let serving = vm
         .serve(ServeSpec {
             argv: vec!["sh".into(), "-c".into(), "echo bye; exit 7".into()],
-            publish: PublishSpec::loopback(0, 9),
+            publish: vec![PublishSpec::loopback(0, 9)],
         })
         .await
         .unwrap();

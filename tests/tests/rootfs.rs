@@ -166,7 +166,7 @@ async fn serve_in_image_root(vm: &MicroVm) -> Result<(), String> {
                 exec httpd -f -p 127.0.0.1:8000 -h /work/srv";
     let spec = ServeSpec {
         argv: vec!["sh".into(), "-c".into(), line.into()],
-        publish: PublishSpec::parse("0:8000").ctx("publish spec")?,
+        publish: vec![PublishSpec::parse("0:8000").ctx("publish spec")?],
     };
     let server = vm.serve(spec).await.ctx("serve httpd")?;
     let addr = server.addr();

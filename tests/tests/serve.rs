@@ -41,7 +41,7 @@ async fn start(vm: &MicroVm) -> Result<Serving, String> {
     ];
     let spec = ServeSpec {
         argv: argv.iter().map(|s| s.to_string()).collect(),
-        publish: PublishSpec::parse(&format!("0:{GUEST_PORT}")).ctx("publish spec")?,
+        publish: vec![PublishSpec::parse(&format!("0:{GUEST_PORT}")).ctx("publish spec")?],
     };
     vm.serve(spec).await.ctx("serve httpd")
 }

@@ -164,12 +164,18 @@ pub async fn rm(a: RmArgs) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-/// `vm logs [-f] NAME`: the VM's console (a bounded tail the supervisor refreshes every
-/// second in `console.log`). With `-f`, new console output is printed until the VM exits.
+/// `vm logs [-f] [--console] NAME`: the VM's console (a bounded tail the supervisor
+/// refreshes every second in `console.log`), or for a `vm serve` VM its server's output
+/// (`server.log`, the same way) unless `--console`. With `-f`, new output is printed until
+/// the VM exits.
 pub async fn logs(a: LogsArgs) -> anyhow::Result<u8> {
     let rt = Runtime::from_env()?;
-    rt.load(&a.name)?;
-    let console = rt.dir(&a.name).join(crate::supervisor::CONSOLE_LOG);
+    let record = rt.load(&a.name)?;
+    let file = match record.labels.contains_key(labels::SERVE) && !a.console {
+        true => crate::supervisor::SERVER_LOG,
+        false => crate::supervisor::CONSOLE_LOG,
+    };
+    let console = rt.dir(&a.name).join(file);
     let mut printed = String::new();
     loop {
         let cur = match std::fs::read(&console) {

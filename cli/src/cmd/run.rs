@@ -1,6 +1,5 @@
 //! `vm run -d --name NAME`: start a long-lived VM held by a detached supervisor.
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::process::Stdio;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use crate::args::RunArgs;
 use crate::dryrun;
 use crate::exit;
 use crate::resolve;
-use crate::state::{Record, Runtime, VmState, labels, now_unix};
+use crate::state::{Record, Runtime, VmState};
 use crate::stream::Signals;
 use crate::supervisor::{SUPERVISOR_LOG, StartRequest};
 
@@ -64,32 +63,12 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         driver: a.vm.driver.clone(),
         workdir: a.cmd.workdir.clone(),
     };
-    let mut record_labels = BTreeMap::new();
-    record_labels.insert(
-        labels::CLI.to_string(),
-        env!("CARGO_PKG_VERSION").to_string(),
+    let record = Record::starting(
+        &a.name,
+        &spec.guarantees.limits,
+        trust,
+        serde_json::to_value(&request)?,
     );
-    record_labels.insert(labels::NAME.to_string(), a.name.clone());
-    record_labels.insert(labels::TRUST.to_string(), trust.to_string());
-    let record = Record {
-        version: 1,
-        name: a.name.clone(),
-        state: VmState::Starting,
-        supervisor: None,
-        driver: None,
-        containment: None,
-        created_unix: now_unix(),
-        started_unix: None,
-        exited_unix: None,
-        exit_reason: None,
-        error_code: None,
-        agent_socket: None,
-        host_pids: Vec::new(),
-        mem_mib: spec.guarantees.limits.mem_mib,
-        vcpus: spec.guarantees.limits.vcpus,
-        request: serde_json::to_value(&request)?,
-        labels: record_labels,
-    };
     let dir = rt.create(&record)?;
     match start(&rt, &a.name, &dir, &mut signals).await {
         Ok(code) => Ok(code),

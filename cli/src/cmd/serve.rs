@@ -1,12 +1,28 @@
-//! `vm serve -p [IP:]HOSTPORT:GUESTPORT -- CMD`: a server in a VM, published on the host.
+//! `vm serve -p [IP:]HOSTPORT:GUESTPORT [--ready PATH] -- CMD`: a server in a VM, published
+//! on the host, reported once it answers.
+//!
+//! The VM gets a record like a `vm run -d` one (named `--name`, else `serve-PID`), held by
+//! this process: `vm stop NAME` signals it, `vm logs NAME` reads the server output it
+//! snapshots into `server.log` every second (`console.log` beside it), `vm exec NAME` runs
+//! commands beside the server. Without `--name` the record is removed when the VM ends.
+//! Publishing, readiness and the server's lifecycle are `vm_sandbox::Serving`'s; this module
+//! parses, records and prints.
 
-use vm_sandbox::{MicroVm, Options, PublishSpec, ServeSpec};
+use std::time::Duration;
+
+use vm_sandbox::{MicroVm, Options, PublishSpec, Readiness, ServeError, ServeSpec, Serving};
+use vm_spec::Trust;
 
 use crate::args::ServeArgs;
 use crate::dryrun;
 use crate::exit;
 use crate::resolve;
+use crate::state::{ProcId, Record, Runtime, VmState, labels, now_unix};
 use crate::stream::{self, Signals};
+use crate::supervisor::{self, CONSOLE_LOG, SERVER_LOG, StartRequest};
+
+/// Lines of the console and of the server output shown when the server is not ready.
+const FAILURE_TAIL_LINES: usize = 20;
 
 /// `vm serve`.
 pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
@@ -15,14 +31,15 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
             "-w does not apply to vm serve (the server runs in the guest root)",
         ));
     }
-    let publish = PublishSpec::parse(&a.publish)?;
-    let mut signals = Signals::install()?;
+    let publish = PublishSpec::parse_all(&a.publish)?;
+    let signals = Signals::install()?;
     let resolved = resolve::flags(&a.vm, &a.cmd).await?;
     resolve::require_command(&resolved.spec, &a.command)?;
     if a.dry.dry_run {
         let plan = dryrun::Plan {
             command: Some(&a.command),
-            publish: Some(vec![publish.to_string()]),
+            publish: Some(publish.iter().map(|p| p.to_string()).collect()),
+            name: a.name.as_deref(),
             ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
         };
         return dryrun::report(&plan, a.dry.json);
@@ -36,68 +53,217 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         trust,
         policy,
         driver: a.vm.driver.clone(),
-        name: format!("serve-{}", std::process::id()),
-        run_dir_parent: Some(crate::state::Runtime::from_env()?.ephemeral_parent()),
         ..Options::default()
     };
-    let vm = tokio::select! {
-        vm = MicroVm::boot(spec, options) => vm?,
-        sig = signals.recv() => {
-            tracing::info!("{sig} while booting");
-            return Ok(exit::INTERRUPTED);
-        }
+    vm_sandbox::preflight(&spec, &options)?;
+
+    let rt = Runtime::from_env()?;
+    let keep = a.name.is_some();
+    let name = a
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("serve-{}", std::process::id()));
+    let request = StartRequest {
+        spec: spec.clone(),
+        trust,
+        policy,
+        driver: a.vm.driver.clone(),
+        workdir: None,
     };
-    let serving = match vm
-        .serve(ServeSpec {
-            argv: a.command.clone(),
-            publish,
-        })
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            vm.close().await;
-            return Err(e.into());
-        }
-    };
-    println!("{}", serving.addr());
-    let shown = match a.command.is_empty() {
-        true => vm.spec().default_command().join(" "),
-        false => a.command.join(" "),
-    };
-    eprintln!(
-        "vm: serving {} on {} ({} driver); Ctrl-C to stop",
-        shown,
-        serving.addr(),
-        vm.driver()
+    let mut record = Record::starting(
+        &name,
+        &spec.guarantees.limits,
+        trust,
+        serde_json::to_value(&request)?,
     );
-    let code = tokio::select! {
-        sig = signals.recv() => {
-            tracing::info!("{sig}: stopping the server");
-            exit::INTERRUPTED
+    record.supervisor = ProcId::current();
+    let dir = rt.create(&record)?;
+    let options = Options {
+        name: name.clone(),
+        run_dir_parent: Some(dir),
+        ..options
+    };
+    let mut session = Session {
+        rt: &rt,
+        record,
+        args: &a,
+        trust,
+        signals,
+    };
+    let result = session.boot_and_serve(spec, options, publish).await;
+    let (code, reason) = match &result {
+        Ok((code, reason)) => (*code, reason.clone()),
+        Err(e) => (exit::classify(e), exit::one_line(e)),
+    };
+    let mut record = session.record;
+    record.state = VmState::Exited;
+    record.exited_unix = Some(now_unix());
+    record.exit_reason = Some(reason);
+    if code != exit::OK && code != exit::INTERRUPTED {
+        record.error_code = Some(code);
+    }
+    let saved = match keep {
+        true => rt.save(&record),
+        false => rt.remove(&name),
+    };
+    if let Err(e) = saved {
+        tracing::warn!("recording the end of {name}: {e}");
+    }
+    result.map(|(code, _)| code)
+}
+
+/// One `vm serve` run: its record (held by this process) and what it was asked.
+struct Session<'a> {
+    rt: &'a Runtime,
+    record: Record,
+    args: &'a ServeArgs,
+    trust: Trust,
+    signals: Signals,
+}
+
+impl Session<'_> {
+    /// Boots, serves, waits for readiness, then holds the server until a signal or its
+    /// exit. Returns the exit code and the reason recorded.
+    async fn boot_and_serve(
+        &mut self,
+        spec: vm_spec::Spec,
+        options: Options,
+        publish: Vec<PublishSpec>,
+    ) -> anyhow::Result<(u8, String)> {
+        let vm = tokio::select! {
+            vm = MicroVm::boot(spec, options) => vm?,
+            sig = self.signals.recv() => {
+                return Ok((exit::INTERRUPTED, format!("{sig} while booting")));
+            }
+        };
+        let argv = self.args.command.clone();
+        let serving = match vm.serve(ServeSpec { argv, publish }).await {
+            Ok(s) => s,
+            Err(e) => {
+                vm.close().await;
+                return Err(e.into());
+            }
+        };
+        let outcome = self.hold(&vm, &serving).await;
+        if let Err(e) = serving.stop().await {
+            tracing::warn!("stopping the server: {e}");
         }
-        () = serving.done() => {
-            let tail = serving.output();
-            let tail = tail.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
-            match serving.exit() {
-                Some(status) => {
-                    eprintln!("vm: the server exited ({status:?}): {tail}");
-                    stream::status_code(&status)
+        let dir = self.rt.dir(&self.record.name);
+        supervisor::write_snapshot(&dir, SERVER_LOG, serving.output(), &mut String::new());
+        vm.close().await;
+        let console = vm.machine().console_tail();
+        supervisor::write_snapshot(&dir, CONSOLE_LOG, console, &mut String::new());
+        outcome
+    }
+
+    /// Waits until ready, records and prints the URLs, then holds the server.
+    async fn hold(&mut self, vm: &MicroVm, serving: &Serving) -> anyhow::Result<(u8, String)> {
+        let ready = Readiness {
+            http_path: self.args.ready.clone(),
+            timeout: self.args.ready_timeout,
+        };
+        let urls: Vec<String> = serving.published().iter().map(|p| p.url()).collect();
+        let name = self.record.name.clone();
+        // From here `vm logs NAME` shows the server's output, already while it starts.
+        self.record
+            .labels
+            .insert(labels::SERVE.into(), urls.join(" "));
+        self.rt.save(&self.record)?;
+        let dir = self.rt.dir(&name);
+        let (mut console, mut output) = (String::new(), String::new());
+        let waiting = serving.wait_ready(&ready);
+        tokio::pin!(waiting);
+        let waited = loop {
+            let tail = vm.machine().console_tail();
+            supervisor::write_snapshot(&dir, CONSOLE_LOG, tail, &mut console);
+            supervisor::write_snapshot(&dir, SERVER_LOG, serving.output(), &mut output);
+            tokio::select! {
+                r = &mut waiting => break r,
+                sig = self.signals.recv() => {
+                    return Ok((exit::INTERRUPTED, format!("stopped ({sig}) before ready")));
                 }
-                None if vm.machine().wall_expired() => {
-                    eprintln!("vm: the VM's wall lifetime expired");
-                    exit::TIMEOUT
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        };
+        if let Err(e) = waited {
+            return Ok(not_ready(vm, serving, e));
+        }
+        supervisor::mark_running(self.rt, &mut self.record, vm, self.trust)?;
+        for url in &urls {
+            println!("{url}");
+        }
+        let shown = match self.args.command.is_empty() {
+            true => vm.spec().default_command().join(" "),
+            false => self.args.command.join(" "),
+        };
+        eprintln!(
+            "vm: serving {shown} as {name} on {} ({} driver); Ctrl-C or `vm stop {name}` stops it",
+            urls.join(" "),
+            vm.driver(),
+        );
+        loop {
+            let tail = vm.machine().console_tail();
+            supervisor::write_snapshot(&dir, CONSOLE_LOG, tail, &mut console);
+            supervisor::write_snapshot(&dir, SERVER_LOG, serving.output(), &mut output);
+            tokio::select! {
+                sig = self.signals.recv() => {
+                    tracing::info!("{sig}: stopping the server");
+                    return Ok((exit::INTERRUPTED, format!("stopped ({sig})")));
                 }
-                None => {
-                    eprintln!("vm: the server stopped: {tail}");
-                    exit::FAILED
-                }
+                () = serving.done() => return Ok(server_ended(vm, serving)),
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
-    };
-    if let Err(e) = serving.stop().await {
-        tracing::warn!("stopping the server: {e}");
     }
-    vm.close().await;
-    Ok(code)
+}
+
+/// The server stopped on its own: say how, exit with its code.
+fn server_ended(vm: &MicroVm, serving: &Serving) -> (u8, String) {
+    let tail = last_lines(&serving.output(), 5).join(" | ");
+    match serving.exit() {
+        Some(status) => {
+            let how = vm_sandbox::describe_exit(&Some(status));
+            eprintln!("vm: the server exited ({how}): {tail}");
+            (
+                stream::status_code(&status),
+                format!("the server exited ({how})"),
+            )
+        }
+        None if vm.machine().wall_expired() => {
+            eprintln!("vm: the VM's wall lifetime expired");
+            (exit::TIMEOUT, "wall lifetime expired".into())
+        }
+        None => {
+            eprintln!("vm: the server stopped: {tail}");
+            (exit::FAILED, "the server stopped".into())
+        }
+    }
+}
+
+/// The server never became ready: the reason, the console tail and the server-output tail
+/// on stderr; the server's own code when it exited non-zero, else FAILED.
+fn not_ready(vm: &MicroVm, serving: &Serving, e: ServeError) -> (u8, String) {
+    let code = match &e {
+        ServeError::ExitedEarly {
+            status: Some(status),
+        } if !status.success() => stream::status_code(status),
+        _ => exit::FAILED,
+    };
+    let reason = exit::one_line(&anyhow::Error::new(e));
+    eprintln!("vm: {reason}");
+    eprintln!("vm: --- console (last {FAILURE_TAIL_LINES} lines) ---");
+    for l in last_lines(&vm.machine().console_tail(), FAILURE_TAIL_LINES) {
+        eprintln!("{l}");
+    }
+    eprintln!("vm: --- server output (last {FAILURE_TAIL_LINES} lines) ---");
+    for l in last_lines(&serving.output(), FAILURE_TAIL_LINES) {
+        eprintln!("{l}");
+    }
+    (code, reason)
+}
+
+/// The last `n` non-empty lines of `text`.
+fn last_lines(text: &str, n: usize) -> Vec<&str> {
+    let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    all[all.len().saturating_sub(n)..].to_vec()
 }

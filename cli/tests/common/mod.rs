@@ -173,6 +173,20 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Why a guest cannot be booted here, if it cannot: the built-in images are missing or
+/// the tcg driver is unavailable.
+pub fn guest_unavailable(env: &Env) -> Option<String> {
+    if built_images().is_none() {
+        return Some(
+            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
+        );
+    }
+    if !tcg_available(env) {
+        return Some("the tcg driver is not available".into());
+    }
+    None
+}
+
 /// Stops a `vm` child process when a test ends, even by panic: SIGINT (the clean path),
 /// then SIGKILL after 20 s; always reaped.
 pub struct ChildGuard(pub std::process::Child);

@@ -48,7 +48,7 @@ pub async fn serve(guest: &vm_sandbox::Guest) -> (vm_sandbox::Serving, u16) {
     let serving = guest
         .serve(vm_sandbox::ServeSpec {
             argv: server_argv(guest_port),
-            publish: vm_sandbox::PublishSpec::loopback(0, guest_port),
+            publish: vec![vm_sandbox::PublishSpec::loopback(0, guest_port)],
         })
         .await
         .unwrap();
