@@ -134,19 +134,6 @@ pub fn built_images() -> Option<PathBuf> {
     complete.then_some(dir)
 }
 
-/// Why a guest cannot be booted here (no built images, or no tcg), if it cannot.
-pub fn guest_unavailable(env: &Env) -> Option<String> {
-    if built_images().is_none() {
-        return Some(
-            "guest images are not built (<images dir>/current/; run `vm images build`)".into(),
-        );
-    }
-    if !tcg_available(env) {
-        return Some("the tcg driver is not available".into());
-    }
-    None
-}
-
 /// Is a process with this pid alive (not a zombie)?
 pub fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
