@@ -3,7 +3,9 @@
 # set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
 # (the sandbox tests serve from it), docker-registry and skopeo (the OCI tests run a
 # registry on 127.0.0.1), mmdebstrap and the Debian python3 + numpy root the image-root
-# tests boot (images/rootfs-debian.sh, cached), the rustfmt and clippy components for
+# tests boot (images/rootfs-debian.sh, cached), the llama.cpp model-server image, its tiny
+# model and the openai client venv (images/llama-server.sh: cmake and g++ build a static
+# llama-server once, ~8-15 min on 2 cores, cached by input hash), the rustfmt and clippy components for
 # the lint checks, and, when the repository has fuzz targets, a nightly
 # toolchain with cargo-fuzz. Idempotent: installs only what is missing.
 set -euo pipefail
@@ -14,7 +16,8 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
-apt_install_missing setup-tests e2fsprogs python3 docker-registry skopeo mmdebstrap || die "cannot install the packages the tests need"
+apt_install_missing setup-tests e2fsprogs python3 python3-venv docker-registry skopeo mmdebstrap \
+    cmake g++ make || die "cannot install the packages the tests need"
 
 # Lints run in ci/test.sh.
 for component in clippy rustfmt; do
@@ -53,4 +56,15 @@ if ! images/rootfs-debian.sh --print-path >/dev/null; then
     fi
 else
     say "Debian rootfs present: $(images/rootfs-debian.sh --print-path)"
+fi
+
+# The llama.cpp model server the llama tests and the llama_serve bench boot: a static
+# llama-server built from the llama-cpp-python sdist (the long step, only when its key —
+# sdist version, cmake flags, the build script — is not cached under ~/.cache/vm/llama),
+# then its OCI image, the tiny GGUF and the venv (seconds).
+if ! images/llama-server.sh --print-path >/dev/null 2>&1; then
+    say "building the llama.cpp server image (images/llama-server.sh)"
+    images/llama-server.sh >/dev/null || die "images/llama-server.sh failed"
+else
+    say "llama.cpp server image present: $(images/llama-server.sh --print-path)"
 fi

@@ -52,7 +52,7 @@ key=$( {
 } | sha256sum | cut -c1-16)
 dir=$cache/image-$key
 
-built() { [[ -f $dir/manifest.json && -f $dir/models/tiny.gguf && -x $dir/python ]]; }
+built() { [[ -f $dir/manifest.json && -f $dir/models/tiny.gguf && -x $dir/python && -x $venv/bin/python ]]; }
 if ((!force)) && built; then
     echo "$dir"
     exit 0
