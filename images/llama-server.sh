@@ -4,7 +4,7 @@
 #   - images/llama/build-server.sh: a fully static `llama-server` from the llama.cpp tree in
 #     llama-cpp-python's source distribution (the long step, ~15 min on 2 cores, cached by
 #     its own key);
-#   - an OCI image layout with a minimal root: /usr/local/bin/llama-server, an /etc/passwd and
+#   - an OCI image layout (images/oci-pack.py) with a minimal root: /usr/local/bin/llama-server, an /etc/passwd and
 #     /etc/group with the non-root user `llama` (uid/gid 1000), /tmp (1777), /models (the mount
 #     point); the image's User is `llama`, its Entrypoint the server (`vm images import` takes it);
 #   - models/tiny.gguf: a 2-layer, 64-dimension llama model with random weights from a fixed
@@ -18,7 +18,7 @@
 #   images/llama-server.sh --force       rebuild the image and the model (not the binary)
 #
 # Output: ${VM_LLAMA_DIR:-~/.cache/vm/llama}/image-<key>/{oci/,models/tiny.gguf,python,manifest.json}
-# where <key> hashes the binary, this script and the model generator. Everything in it is
+# where <key> hashes the binary, this script, the model generator and oci-pack.py. Everything in it is
 # deterministic (fixed mtimes, owners, seed): the same inputs give the same image digest.
 set -euo pipefail
 
@@ -48,7 +48,7 @@ fi
 bin_sum=$(sha256sum "$bin_dir/bin/llama-server" | cut -d' ' -f1)
 key=$( {
     echo "$bin_sum" "${venv_packages[*]}" "$vocab"
-    cat "${BASH_SOURCE[0]}" "$here/llama/make-tiny-gguf.py"
+    cat "${BASH_SOURCE[0]}" "$here/llama/make-tiny-gguf.py" "$here/oci-pack.py"
 } | sha256sum | cut -c1-16)
 dir=$cache/image-$key
 
@@ -99,35 +99,11 @@ printf 'root:x:0:\nllama:x:1000:\n' >"$root/etc/group"
 chmod 0644 "$root/etc/passwd" "$root/etc/group"
 chmod 1777 "$root/tmp"
 chmod 0755 "$root/models" "$root/usr" "$root/usr/local" "$root/usr/local/bin" "$root/etc"
-tar --create --file="$tmp/layer.tar" --directory="$root" --sort=name --mtime=@0 \
-    --owner=0 --group=0 --numeric-owner --format=gnu \
-    usr etc tmp models || die "tar failed"
-gzip -n -6 -c "$tmp/layer.tar" >"$tmp/layer.tar.gz"
-
-oci=$tmp/out/oci
-mkdir -p "$oci/blobs/sha256"
-# put FILE: stores FILE as a blob; prints "sha256:<hex> <size>".
-put() {
-    local sum size
-    sum=$(sha256sum "$1" | cut -d' ' -f1)
-    size=$(stat -c %s "$1")
-    cp "$1" "$oci/blobs/sha256/$sum"
-    echo "sha256:$sum $size"
-}
-diff_id=sha256:$(sha256sum "$tmp/layer.tar" | cut -d' ' -f1)
-read -r layer_digest layer_size < <(put "$tmp/layer.tar.gz")
-cat >"$tmp/config.json" <<EOF
-{"architecture":"amd64","os":"linux","config":{"User":"llama","Env":["PATH=/usr/local/bin:/usr/bin:/bin","HOME=/tmp"],"Entrypoint":["/usr/local/bin/llama-server"],"Cmd":["-m","/models/tiny.gguf","--host","127.0.0.1","--port","8080"],"WorkingDir":"/tmp","ExposedPorts":{"8080/tcp":{}}},"rootfs":{"type":"layers","diff_ids":["$diff_id"]}}
-EOF
-read -r config_digest config_size < <(put "$tmp/config.json")
-cat >"$tmp/manifest.json" <<EOF
-{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"$config_digest","size":$config_size},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"$layer_digest","size":$layer_size}]}
-EOF
-read -r manifest_digest manifest_size < <(put "$tmp/manifest.json")
-echo '{"imageLayoutVersion":"1.0.0"}' >"$oci/oci-layout"
-cat >"$oci/index.json" <<EOF
-{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"$manifest_digest","size":$manifest_size,"annotations":{"org.opencontainers.image.ref.name":"latest"}}]}
-EOF
+# Fixed mtimes and root owners: the same inputs give the same image digest.
+find "$root" -exec touch -h -d @0 {} +
+config='{"User":"llama","Env":["PATH=/usr/local/bin:/usr/bin:/bin","HOME=/tmp"],"Entrypoint":["/usr/local/bin/llama-server"],"Cmd":["-m","/models/tiny.gguf","--host","127.0.0.1","--port","8080"],"WorkingDir":"/tmp","ExposedPorts":{"8080/tcp":{}}}'
+manifest_digest=$(python3 "$here/oci-pack.py" "$root" "$tmp/out/oci" latest "$config") ||
+    die "oci-pack.py failed"
 # A wrapper, not a link: python finds its venv from the path it was started by.
 printf '#!/bin/sh\nexec "%s" "$@"\n' "$venv/bin/python" >"$tmp/out/python"
 chmod 0755 "$tmp/out/python"
