@@ -35,6 +35,8 @@
 //!    - `ReadFile` -> `FileStart{size}` `Data`* `DataEnd`; `WriteFile{size}` -> `Ok`, then the
 //!      client sends `Data`* `DataEnd` -> `Ok`. Chunks are at most 256 KiB; files at most 64 MiB.
 //!    - `List` -> `ListBatch`* `ListEnd` (regular files, recursive, with sizes).
+//!    - `MakeDirs{path, owner}` -> `Ok` (the directory and its parents, the last one handed to
+//!      `owner`, resolved in the guest's /etc): the runtime's own setup without a guest `mkdir`.
 //!    - `ServeStart` -> `ServeStarted{id}`; `ServeStatus{id}` / `ServeStop{id}` -> `ServeState`.
 //!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`; host EOF
 //!      half-closes the guest TCP connection, guest EOF closes the whole connection.
