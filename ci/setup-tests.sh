@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what only the tests need, on top of ci/setup.sh (the main job's
 # set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
-# (the sandbox tests serve from it), docker-registry and skopeo (the OCI tests run a
+# (the sandbox tests serve from it; its venv module makes the onnx venv), docker-registry and skopeo (the OCI tests run a
 # registry on 127.0.0.1), mmdebstrap and the Debian python3 + numpy root the image-root
-# tests boot (images/rootfs-debian.sh, cached), the llama.cpp model-server image, its tiny
-# model and the openai client venv (images/llama-server.sh: cmake and g++ build a static
-# llama-server once, ~8-15 min on 2 cores, cached by input hash), the rustfmt and clippy components for
-# the lint checks, and, when the repository has fuzz targets, a nightly
+# tests boot (images/rootfs-debian.sh, cached), the rustfmt and clippy components for
+# the lint checks, the host onnxruntime venv (~/.cache/vm/venv-onnx: onnx + onnxruntime, the
+# versions images/onnx-image.sh pins) and the python + onnxruntime model-server image with its
+# tiny model (images/onnx-image.sh, cached), the llama.cpp model-server image, its tiny model
+# and the openai client venv (images/llama-server.sh: cmake and g++ build a static
+# llama-server once, ~8-15 min on 2 cores, cached by input hash), and, when the repository
+# has fuzz targets, a nightly
 # toolchain with cargo-fuzz. Idempotent: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -56,6 +59,29 @@ if ! images/rootfs-debian.sh --print-path >/dev/null; then
     fi
 else
     say "Debian rootfs present: $(images/rootfs-debian.sh --print-path)"
+fi
+
+# The model-server test (cli/tests/model_server.rs): onnxruntime on the host, the same version as
+# the image's, to compute the answers the guest must match; and the image itself.
+onnx_venv=${VM_ONNX_VENV:-$HOME/.cache/vm/venv-onnx}
+onnx_pins=$(images/onnx-image.sh --versions)
+if ! "$onnx_venv/bin/python" -c 'import onnx, onnxruntime' 2>/dev/null ||
+    [[ $(cat "$onnx_venv/.pins" 2>/dev/null) != "$onnx_pins" ]]; then
+    say "creating $onnx_venv ($onnx_pins)"
+    /usr/bin/python3 -m venv "$onnx_venv" || die "python3 -m venv $onnx_venv failed"
+    # shellcheck disable=SC2086 # the pins are separate words
+    "$onnx_venv/bin/pip" install --quiet $onnx_pins numpy || die "pip install $onnx_pins failed"
+    echo "$onnx_pins" >"$onnx_venv/.pins"
+fi
+if ! images/onnx-image.sh --print-dir >/dev/null; then
+    if ((EUID == 0)); then
+        images/onnx-image.sh >/dev/null || die "images/onnx-image.sh failed"
+    else
+        sudo HOME="$HOME" VM_ONNX_VENV="$onnx_venv" images/onnx-image.sh >/dev/null ||
+            die "images/onnx-image.sh failed"
+    fi
+else
+    say "onnxruntime image present: $(images/onnx-image.sh --print-dir)"
 fi
 
 # The llama.cpp model server the llama tests and the llama_serve bench boot: a static

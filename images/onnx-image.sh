@@ -24,7 +24,7 @@ die() { echo "onnx-image: ERROR: $*" >&2; exit 1; }
 ORT_VERSION=1.32.0
 ONNX_VERSION=1.23.2
 suite=bookworm
-packages=python3,python3-numpy
+packages=python3,python3-numpy,libstdc++6
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=debian-root.sh
 source "$here/debian-root.sh"

@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Env;
-use common::llama;
+use common::{http, llama};
 
 const MAX_TOKENS: u32 = 4;
 
@@ -36,27 +36,24 @@ fn env_num(name: &str, default: usize) -> usize {
 /// One `GET /health`; its latency (it must answer 200).
 fn health(addr: SocketAddr) -> Duration {
     let t = Instant::now();
-    let (code, reply) = llama::http(addr, "GET", "/health", None, Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("/health via {addr}: {e}"));
-    assert_eq!(code, 200, "{reply}");
+    let r = http::get(addr, "/health").unwrap_or_else(|e| panic!("/health via {addr}: {e}"));
+    assert_eq!(r.status, 200, "{}", r.body);
     t.elapsed()
 }
 
 /// One completion; its latency (it must answer 200 with the tokens asked for).
 fn completion(addr: SocketAddr, body: &str) -> Duration {
     let t = Instant::now();
-    let (code, reply) = llama::http(
-        addr,
-        "POST",
-        "/v1/completions",
-        Some(body),
-        Duration::from_secs(120),
-    )
-    .unwrap_or_else(|e| panic!("completion via {addr}: {e}"));
+    let r = http::post(addr, "/v1/completions", body)
+        .unwrap_or_else(|e| panic!("completion via {addr}: {e}"));
     let took = t.elapsed();
-    assert_eq!(code, 200, "{reply}");
-    let doc: serde_json::Value = serde_json::from_str(&reply).expect("completion JSON");
-    assert_eq!(doc["usage"]["completion_tokens"], MAX_TOKENS, "{reply}");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["usage"]["completion_tokens"],
+        MAX_TOKENS,
+        "{}",
+        r.body
+    );
     took
 }
 

@@ -374,11 +374,7 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
     BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let addr: std::net::SocketAddr = line
-        .trim()
-        .strip_prefix("http://")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("not an http://ADDRESS URL: {line:?}"));
+    let addr = common::http::url_addr(&line);
     assert!(addr.ip().is_loopback(), "{addr}");
     // The server may need a moment to bind inside the guest.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::Env;
 use common::llama::{self, Artifacts};
@@ -66,8 +66,12 @@ fn llama_server_answers_the_openai_client() {
     let start = Instant::now();
     let (mut child, addr) = llama::spawn_serve(&env, &llama::serve_args(&art, &extra));
     eprintln!("{TEST}: ready (URL printed) after {:?}", start.elapsed());
-    let health = llama::http(addr, "GET", "/health", None, Duration::from_secs(60));
-    assert_eq!(health.as_ref().map(|h| h.0).ok(), Some(200), "{health:?}");
+    let health = common::http::get(addr, "/health");
+    assert_eq!(
+        health.as_ref().map(|h| h.status).ok(),
+        Some(200),
+        "{health:?}"
+    );
 
     let reply = openai_client(&art, addr);
     let chat = &reply["chat"];

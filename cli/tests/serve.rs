@@ -11,6 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use common::http::url_addr;
 use common::{ChildGuard, Env, VmGuard, guest_unavailable};
 use vm_test_support::no_guest_driver;
 
@@ -30,13 +31,6 @@ fn status_line(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     }
     let text = String::from_utf8_lossy(&buf).into_owned();
     Ok(text.lines().next().unwrap_or_default().to_string())
-}
-
-fn url_addr(line: &str) -> SocketAddr {
-    line.trim()
-        .strip_prefix("http://")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("not an http://ADDRESS URL: {line:?}"))
 }
 
 /// `vm serve --allow-emulation -p 0:8000 FLAGS -- SERVER`, run to its end.

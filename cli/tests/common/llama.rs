@@ -1,10 +1,10 @@
 //! The llama.cpp model server for the CLI tests and the serve benchmark: the artefacts that
 //! `images/llama-server.sh` builds (a static `llama-server`, its OCI image, the tiny GGUF model
 //! and the venv with the `openai` client), importing the image, starting `vm serve` with it,
-//! and a small blocking HTTP client for `/health` and completions.
+//! and waiting for `/health` (through `common::http`).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -118,7 +118,7 @@ pub fn serve_args(art: &Artifacts, extra: &[String]) -> Vec<String> {
 }
 
 /// Starts `vm serve` (stdout piped) and returns it with the address it published (its first
-/// stdout line: `IP:PORT`, or a URL `http://IP:PORT/`).
+/// stdout line, the URL `http://IP:PORT` printed once ready).
 pub fn spawn_serve(env: &Env, args: &[String]) -> (super::ChildGuard, SocketAddr) {
     let mut child = super::ChildGuard(
         vm_cmd(env)
@@ -138,55 +138,18 @@ fn published_addr(child: &mut Child) -> SocketAddr {
     reader
         .read_line(&mut line)
         .expect("reading vm serve's stdout");
-    let text = line.trim();
-    let bare = text
-        .strip_prefix("http://")
-        .unwrap_or(text)
-        .trim_end_matches('/');
-    let addr: SocketAddr = bare.parse().unwrap_or_else(|_| {
+    if line.trim().is_empty() {
         let mut err = String::new();
         if let Some(e) = child.stderr.as_mut() {
             let _ = e.read_to_string(&mut err);
         }
-        panic!("vm serve printed no address: {line:?}; stderr: {err}")
-    });
+        panic!("vm serve printed no URL; stderr: {err}");
+    }
+    let addr = super::http::url_addr(&line);
     assert!(addr.ip().is_loopback(), "{addr}");
     // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
     addr
-}
-
-/// One HTTP/1.1 exchange (`Connection: close`): (status code, body).
-pub fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    timeout: Duration,
-) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut reply = Vec::new();
-    s.read_to_end(&mut reply)?;
-    let reply = String::from_utf8_lossy(&reply);
-    let status = reply
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|r| r.get(..3))
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP reply: {reply:.200}")))?;
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 /// Polls `GET /health` until it answers 200 (the model is loaded) or `limit` passes; returns
@@ -194,9 +157,9 @@ pub fn http(
 pub fn wait_healthy(addr: SocketAddr, limit: Duration) -> Result<Duration, String> {
     let start = Instant::now();
     loop {
-        let last = match http(addr, "GET", "/health", None, Duration::from_secs(30)) {
-            Ok((200, _)) => return Ok(start.elapsed()),
-            Ok((code, body)) => format!("{code} {body}"),
+        let last = match super::http::get(addr, "/health") {
+            Ok(r) if r.status == 200 => return Ok(start.elapsed()),
+            Ok(r) => format!("{} {}", r.status, r.body),
             Err(e) => e.to_string(),
         };
         if start.elapsed() > limit {

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod http;
 pub mod llama;
 pub mod tty;
 
@@ -56,6 +57,7 @@ impl Env {
 }
 
 /// A finished run.
+#[derive(Debug)]
 pub struct Out {
     pub code: i32,
     pub stdout: String,
