@@ -19,6 +19,9 @@ say() { echo "llama-build: $*" >&2; }
 die() { echo "llama-build: ERROR: $*" >&2; exit 1; }
 
 sdist_version=0.3.36
+# The sdist's sha256 as first fetched: a registry file that changed under the same version is
+# refused rather than built.
+sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 # No native tuning and no AVX family: the binary must run under QEMU TCG and in a guest whose
 # kernel hides AVX (noxsave); SSE4.2 is the baseline. No OpenSSL, no OpenMP, no web UI download.
 cmake_flags=(
@@ -44,7 +47,7 @@ done
 
 cache=${VM_LLAMA_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/llama}
 key=$( {
-    echo "$sdist_version"
+    echo "$sdist_version $sdist_sha256"
     printf '%s\n' "${cmake_flags[@]}"
     cat "${BASH_SOURCE[0]}"
 } | sha256sum | cut -c1-16)
@@ -80,6 +83,8 @@ python3 -m venv "$tmp/venv" || die "python3 -m venv failed (python3-venv missing
 sdist=("$tmp"/sdist/llama_cpp_python-"$sdist_version".tar.gz)
 [[ -f ${sdist[0]} ]] || die "no sdist in $tmp/sdist"
 sdist_sha=$(sha256sum "${sdist[0]}" | cut -d' ' -f1)
+[[ $sdist_sha == "$sdist_sha256" ]] ||
+    die "llama-cpp-python $sdist_version sdist has sha256 $sdist_sha, expected $sdist_sha256"
 tar -xzf "${sdist[0]}" -C "$tmp" || die "cannot unpack ${sdist[0]}"
 src=$tmp/llama_cpp_python-$sdist_version/vendor/llama.cpp
 [[ -f $src/CMakeLists.txt ]] || die "the sdist has no vendor/llama.cpp"
