@@ -8,7 +8,7 @@
 # versions images/onnx-image.sh pins) and the python + onnxruntime model-server image with its
 # tiny model (images/onnx-image.sh, cached), the llama.cpp model-server image, its tiny model
 # and the openai client venv (images/llama-server.sh: cmake and g++ build a static
-# llama-server once, ~8-15 min on 2 cores, cached by input hash), and, when the repository
+# llama-server once, 8-21 min on 2 shared cores, cached by input hash), and, when the repository
 # has fuzz targets, a nightly
 # toolchain with cargo-fuzz. Idempotent: installs only what is missing.
 set -euo pipefail
