@@ -2,7 +2,8 @@
 # Installs what only the tests need, on top of ci/setup.sh (the main job's
 # set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
 # (the sandbox tests serve from it; its venv module makes the onnx venv), docker-registry and skopeo (the OCI tests run a
-# registry on 127.0.0.1), mmdebstrap and the Debian python3 + numpy root the image-root
+# registry on 127.0.0.1), containerd (1.6, with ctr: the shim's tests start their own in a
+# temp dir), mmdebstrap and the Debian python3 + numpy root the image-root
 # tests boot (images/rootfs-debian.sh, cached), the rustfmt and clippy components for
 # the lint checks, the host onnxruntime venv (~/.cache/vm/venv-onnx: onnx + onnxruntime, the
 # versions images/onnx-image.sh pins) and the python + onnxruntime model-server image with its
@@ -19,7 +20,7 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
-apt_install_missing setup-tests e2fsprogs python3 python3-venv docker-registry skopeo mmdebstrap \
+apt_install_missing setup-tests e2fsprogs python3 python3-venv docker-registry skopeo containerd mmdebstrap \
     cmake g++ make || die "cannot install the packages the tests need"
 
 # Lints run in ci/test.sh.
@@ -68,7 +69,7 @@ onnx_pins=$(images/onnx-image.sh --versions)
 if ! "$onnx_venv/bin/python" -c 'import onnx, onnxruntime' 2>/dev/null ||
     [[ $(cat "$onnx_venv/.pins" 2>/dev/null) != "$onnx_pins" ]]; then
     say "creating $onnx_venv ($onnx_pins)"
-    /usr/bin/python3 -m venv "$onnx_venv" || die "python3 -m venv $onnx_venv failed"
+    /usr/bin/python3 -m venv --clear "$onnx_venv" || die "python3 -m venv $onnx_venv failed"
     # shellcheck disable=SC2086 # the pins are separate words
     "$onnx_venv/bin/pip" install --quiet $onnx_pins numpy || die "pip install $onnx_pins failed"
     echo "$onnx_pins" >"$onnx_venv/.pins"

@@ -51,6 +51,9 @@ pub mod labels {
     pub const EMULATED: &str = "vm.emulated";
     /// A `vm serve` VM: its published URLs, space-separated (its logs are the server's).
     pub const SERVE: &str = "vm.serve";
+    /// `true`: the record goes with its VM (an unnamed `vm serve`), also when its holder
+    /// was killed (the next `vm` command's sweep removes it).
+    pub const EPHEMERAL: &str = "vm.ephemeral";
 }
 
 /// Errors of the state directory.
@@ -445,15 +448,28 @@ impl Runtime {
     /// Removes the run directories of VMs whose owning `vm` process or supervisor is gone
     /// (killed without its teardown): under [`EPHEMERAL_DIR`] and under every VM's state
     /// directory. Returns how many were removed. Every `vm` invocation runs it first.
+    /// Also removes the records of ephemeral VMs ([`labels::EPHEMERAL`]) whose holder is
+    /// gone, after killing what their VM left.
     pub fn sweep(&self) -> usize {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return 0;
         };
-        entries
+        let swept = entries
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .map(|e| rundir::sweep(&e.path()).len())
-            .sum()
+            .sum();
+        let records = self.list().unwrap_or_default();
+        let ephemeral = records
+            .into_iter()
+            .filter(|r| r.labels.get(labels::EPHEMERAL).is_some_and(|v| v == "true"));
+        for mut r in ephemeral.filter(Record::is_stale) {
+            tracing::info!(name = %r.name, "removing the record of an ephemeral VM whose holder is gone");
+            if let Err(e) = self.reap_stale(&mut r).and_then(|()| self.remove(&r.name)) {
+                tracing::warn!(name = %r.name, "removing a stale ephemeral VM: {e}");
+            }
+        }
+        swept
     }
 
     /// Removes VM `name`'s state directory.

@@ -1,6 +1,7 @@
 //! A real model server in a real guest (tcg here): the python + onnxruntime OCI image that
 //! `images/onnx-image.sh` builds, served by `vm serve --image … --memory 256M -v
 //! models:/models:ro -p 0:8000 --ready /health`, in ONE guest that goes through, in order:
+//! - `vm logs onnx` shows the server's own start line;
 //! - its inference endpoint answers exactly what onnxruntime on the host (the same version,
 //!   `~/.cache/vm/venv-onnx`) gives for the same model and inputs;
 //! - 8 concurrent clients × 50 requests through the forwarded port all succeed, exactly;
@@ -267,6 +268,18 @@ fn onnx_model_server_in_a_guest() {
     let health = http::get(addr, "/health").unwrap();
     assert_eq!(health.status, 200, "{}", health.body);
     assert_eq!(health.json()["onnxruntime"], "1.32.0", "{}", health.body);
+
+    // `vm logs NAME` is the server's own output (refreshed every second).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let banner = "server: onnxruntime 1.32.0 serving /models/tiny.onnx on 127.0.0.1:8000";
+    let logs = loop {
+        let logs = vm(&["logs", "onnx"]).stdout;
+        if logs.contains(banner) || Instant::now() > deadline {
+            break logs;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(logs.contains(banner), "vm logs onnx: {logs}");
 
     // Exact match with the host's onnxruntime.
     let rows = inputs();

@@ -1,5 +1,5 @@
-//! Teardown that survives `SIGKILL`: a `kill -9` of `vm exec`, or of a `run -d` supervisor,
-//! then one more `vm` command, and no process, socket or directory of the dead VM remains.
+//! Teardown that survives `SIGKILL`: a `kill -9` of `vm exec`, of a `run -d` supervisor or
+//! of an unnamed `vm serve` (whose record goes too), then one more `vm` command, and no process, socket or directory of the dead VM remains.
 //! Against a real guest under tcg; SKIPs (with the reason) when that cannot boot here.
 
 mod common;
@@ -68,6 +68,23 @@ fn assert_nothing_left(env: &Env, run_dir: &Path, vm_pids: &[u32]) {
     assert_eq!(processes_mentioning(run_dir), Vec::<u32>::new());
 }
 
+/// `kill -9` of the `vm` child owning `run_dir`, then [`assert_nothing_left`].
+fn kill_9_then_nothing_left(env: &Env, child: &mut common::ChildGuard, run_dir: &Path) {
+    let vm_pids = processes_mentioning(run_dir);
+    assert!(
+        !vm_pids.is_empty(),
+        "no VM process names {}",
+        run_dir.display()
+    );
+    sigkill(child.0.id());
+    child.0.wait().unwrap();
+    assert!(
+        run_dir.exists(),
+        "nothing to sweep: the test proves nothing"
+    );
+    assert_nothing_left(env, run_dir, &vm_pids);
+}
+
 #[test]
 fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
     let env = Env::new();
@@ -90,19 +107,7 @@ fn kill_9_of_vm_exec_leaves_nothing_after_the_next_command() {
     child.0.stdout.take().unwrap().read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"started\n");
     let run_dir = run_dir_in(&env.runtime().join(".exec"));
-    let vm_pids = processes_mentioning(&run_dir);
-    assert!(
-        !vm_pids.is_empty(),
-        "no VM process names {}",
-        run_dir.display()
-    );
-    sigkill(child.0.id());
-    child.0.wait().unwrap();
-    assert!(
-        run_dir.exists(),
-        "nothing to sweep: the test proves nothing"
-    );
-    assert_nothing_left(&env, &run_dir, &vm_pids);
+    kill_9_then_nothing_left(&env, &mut child, &run_dir);
 }
 
 #[test]
@@ -141,4 +146,35 @@ fn kill_9_of_a_supervisor_leaves_nothing_after_the_next_command() {
     assert_nothing_left(&env, &run_dir, &vm_pids);
     let ps = env.run(&["ps", "--json"]).json();
     assert_eq!(ps[0]["state"], "exited", "{ps}");
+}
+
+#[test]
+fn kill_9_of_vm_serve_leaves_nothing_after_the_next_command() {
+    let env = Env::new();
+    if let Some(why) = guest_unavailable(&env) {
+        return vm_test_support::no_guest_driver(
+            "kill_9_of_vm_serve_leaves_nothing_after_the_next_command",
+            &why,
+        );
+    }
+    let mut child = common::ChildGuard(
+        env.cmd()
+            .args(["serve", "--allow-emulation", "-p", "0:8000", "--"])
+            .args(["httpd", "-f", "-p", "8000", "-h", "/proc"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut url = [0u8; 7];
+    child.0.stdout.take().unwrap().read_exact(&mut url).unwrap();
+    assert_eq!(&url, b"http://");
+    let name = format!("serve-{}", child.0.id());
+    let run_dir = run_dir_in(&env.runtime().join(&name));
+    kill_9_then_nothing_left(&env, &mut child, &run_dir);
+    assert!(
+        !env.runtime().join(&name).exists(),
+        "the record of {name} is left"
+    );
+    assert_eq!(env.run(&["ps", "--json"]).json(), serde_json::json!([]));
 }

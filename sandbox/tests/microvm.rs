@@ -285,3 +285,83 @@ fn a_machine_weaker_than_its_driver_claimed_is_refused_and_torn_down() {
         "run dir left"
     );
 }
+
+/// `wait_ready`: a Python HTTP server that binds after 1 s is ready only once it answers
+/// 2xx on the path; a path answering 404 is `NotReady` naming the status; a server that
+/// exits first is `ExitedEarly` with its code, long before the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_ready_waits_for_2xx_and_reports_why_not() {
+    use vm_sandbox::{Readiness, ServeError};
+    let Some((tmp, registry, spec, options)) = setup("wait_ready", Duration::ZERO) else {
+        return;
+    };
+    std::fs::create_dir_all(tmp.path().join("www")).unwrap();
+    std::fs::write(tmp.path().join("www/health"), b"ok").unwrap();
+    let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
+    let port = common::echo::free_port();
+    let www = tmp.path().join("www").display().to_string();
+    let argv = [
+        "sh",
+        "-c",
+        "sleep 1; exec python3 -m http.server --bind 127.0.0.1 \"$0\" -d \"$1\"",
+    ];
+    let serving = vm
+        .serve(ServeSpec {
+            argv: argv
+                .iter()
+                .map(|s| s.to_string())
+                .chain([port.to_string(), www])
+                .collect(),
+            publish: vec![PublishSpec::loopback(0, port)],
+        })
+        .await
+        .unwrap();
+    let ready = |path: &str, secs| Readiness {
+        http_path: Some(path.into()),
+        timeout: Duration::from_secs(secs),
+    };
+    let t = std::time::Instant::now();
+    serving.wait_ready(&ready("/health", 30)).await.unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "ready before the bind"
+    );
+    // Ready means the first plain request answers.
+    let mut c = tokio::net::TcpStream::connect(serving.addr())
+        .await
+        .unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    c.write_all(b"GET /health HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut reply = Vec::new();
+    c.read_to_end(&mut reply).await.unwrap();
+    assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.0 200"));
+
+    let err = serving.wait_ready(&ready("/missing", 2)).await.unwrap_err();
+    let ServeError::NotReady { waited, last } = &err else {
+        panic!("{err:?}")
+    };
+    assert!(*waited >= Duration::from_secs(1), "{waited:?}");
+    assert!(
+        last.contains("GET /missing") && last.contains("404"),
+        "{last}"
+    );
+    let bad = serving.wait_ready(&ready("/a b", 2)).await.unwrap_err();
+    assert!(matches!(bad, ServeError::ReadyPath { .. }), "{bad:?}");
+    serving.stop().await.unwrap();
+
+    let early = vm
+        .serve(ServeSpec {
+            argv: vec!["sh".into(), "-c".into(), "sleep 0.5; exit 4".into()],
+            publish: vec![PublishSpec::loopback(0, common::echo::free_port())],
+        })
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let err = early.wait_ready(&ready("/", 60)).await.unwrap_err();
+    let ServeError::ExitedEarly { status } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(status.and_then(|s| s.code), Some(4), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    vm.close().await;
+}

@@ -77,6 +77,11 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         serde_json::to_value(&request)?,
     );
     record.supervisor = ProcId::current();
+    if !keep {
+        record
+            .labels
+            .insert(labels::EPHEMERAL.into(), "true".into());
+    }
     let dir = rt.create(&record)?;
     let options = Options {
         name: name.clone(),
