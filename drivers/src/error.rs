@@ -46,6 +46,26 @@ pub enum DriverError {
         #[source]
         source: io::Error,
     },
+    /// The jail of a VM process could not be built (the step and its cause).
+    #[error("cannot jail {program}")]
+    Jail {
+        /// The program.
+        program: String,
+        /// The cause.
+        #[source]
+        source: vmm::process::jail::JailError,
+    },
+    /// This host cannot build the driver's jail and the caller did not accept a weaker one.
+    #[error(
+        "{driver}: the jail cannot be built here ({reason}); refusing rather than running \
+             the VM unjailed (pass --allow-weaker-jail to accept that)"
+    )]
+    JailUnavailable {
+        /// The driver.
+        driver: &'static str,
+        /// What is missing.
+        reason: String,
+    },
     /// A helper process exited or never became ready; `output` is the tail of what it printed.
     #[error("{program} failed: {reason}")]
     Helper {

@@ -122,6 +122,7 @@ fn plan(name: &str, images: ImagePaths, run_dir: PathBuf) -> BootPlan {
         run_dir,
         wall: None,
         boot_timeout: Duration::from_secs(60),
+        allow_weaker_jail: false,
     }
 }
 

@@ -117,6 +117,7 @@ fn main() {
     cfg.jail = Some(vmm::process::JailConfig {
         root: run.join("root"),
         binds: vec![run.clone()],
+        ..vmm::process::JailConfig::default()
     });
     cfg.seccomp = true;
     measure(

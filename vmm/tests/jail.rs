@@ -43,6 +43,7 @@ fn jailed_config(dir: &Path) -> ProcessConfig {
     cfg.jail = Some(JailConfig {
         root: run.join("root"),
         binds: vec![run],
+        ..JailConfig::default()
     });
     cfg.seccomp = true;
     cfg

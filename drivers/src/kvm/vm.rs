@@ -73,6 +73,7 @@ fn jail_config(run: &mut RunDir) -> Result<JailConfig, DriverError> {
     Ok(JailConfig {
         root: run.make_dir(JAIL_ROOT)?,
         binds: vec![run.dir().to_path_buf()],
+        ..JailConfig::default()
     })
 }
 

@@ -58,7 +58,11 @@ impl VmProc {
             .collect();
         binds.dedup();
         let mut pc = ProcessConfig::from_vm_config(cfg);
-        pc.jail = Some(JailConfig { root, binds });
+        pc.jail = Some(JailConfig {
+            root,
+            binds,
+            ..JailConfig::default()
+        });
         pc.seccomp = true;
         let mut vm = Self::start_process(&pc);
         vm._jail_dir = Some(dir);

@@ -21,7 +21,10 @@
 //! (`virtio::test_utils`, feature `test-utils`) turns the filters on, so each device's workers
 //! run under the production filter through every happy path and malformed input there.
 
+pub mod vhost;
+
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use seccompiler::{
@@ -53,6 +56,9 @@ pub enum SeccompError {
     /// Installing it failed.
     #[error("installing the {0:?} seccomp filter")]
     Install(ThreadKind, #[source] seccompiler::Error),
+    /// Building the filter of a program we launch failed.
+    #[error("building the seccomp filter of {0}")]
+    External(&'static str, #[source] seccompiler::BackendError),
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -72,10 +78,42 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
     if !enabled() {
         return Ok(());
     }
-    let refuse = refusals(kind)?;
-    let prog = program(kind)?;
-    seccompiler::apply_filter(&refuse).map_err(|e| SeccompError::Install(kind, e))?;
-    seccompiler::apply_filter(&prog).map_err(|e| SeccompError::Install(kind, e))
+    compiled(kind)?.apply()
+}
+
+/// The two BPF programs of a thread kind, compiled once per process ([`compiled`]).
+#[derive(Debug)]
+pub struct Compiled {
+    kind: ThreadKind,
+    refusals: BpfProgram,
+    allow: BpfProgram,
+}
+
+impl Compiled {
+    /// Installs both programs on the calling thread. Allocates nothing on success (a forked
+    /// child of a multi-threaded process may call it).
+    pub fn apply(&self) -> Result<(), SeccompError> {
+        seccompiler::apply_filter(&self.refusals)
+            .map_err(|e| SeccompError::Install(self.kind, e))?;
+        seccompiler::apply_filter(&self.allow).map_err(|e| SeccompError::Install(self.kind, e))
+    }
+}
+
+static CACHE: [OnceLock<Compiled>; 5] = [const { OnceLock::new() }; 5];
+
+/// The filters of `kind`, compiled on first use and kept: every vCPU and worker thread of a
+/// VM installs the same programs, and compiling them is the costly part.
+pub fn compiled(kind: ThreadKind) -> Result<&'static Compiled, SeccompError> {
+    let slot = &CACHE[kind as usize];
+    if let Some(c) = slot.get() {
+        return Ok(c);
+    }
+    let c = Compiled {
+        kind,
+        refusals: refusals(kind)?,
+        allow: program(kind)?,
+    };
+    Ok(slot.get_or_init(|| c))
 }
 
 /// The calls every thread gets `EACCES` for instead of being killed: the C library makes them
