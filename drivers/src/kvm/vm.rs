@@ -111,8 +111,16 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     let mut run = RunDir::prepare(&plan.run_dir, &files)?;
     let uds = run.path(VSOCK_SOCKET);
     let (token, initrd) = boot::boot_secret(&plan, &run)?;
+    let jailed = crate::jail::kvm_report()
+        .decide(plan.allow_weaker_jail)
+        .map_err(|reason| DriverError::JailUnavailable {
+            driver: "kvm",
+            reason,
+        })?;
     let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone(), initrd)?);
-    cfg.jail = Some(jail_config(&mut run)?);
+    if jailed {
+        cfg.jail = Some(jail_config(&mut run)?);
+    }
     cfg.seccomp = true;
     let child = spawn_vmm(&cfg)?;
     tracing::info!(name = %plan.name, pid = child.pid(), "kvm vm process started");

@@ -175,15 +175,3 @@ pub(super) fn open_disks(disks: &[crate::BlockDevice]) -> Result<Vec<File>, Driv
         })
         .collect()
 }
-
-/// Whether this host lets the driver build the jail (and why not).
-pub fn available() -> Result<(), String> {
-    if nix::unistd::geteuid().is_root() {
-        Ok(())
-    } else {
-        Err(
-            "needs root to unshare namespaces, mount the jail root and switch to a per-VM uid"
-                .into(),
-        )
-    }
-}

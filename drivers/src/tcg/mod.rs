@@ -149,16 +149,12 @@ impl Driver for TcgDriver {
                 reason: format!("run_dir: {} is too long", plan.run_dir.display()),
             }
         })?;
-        let jailed = match jail::available() {
-            Ok(()) => true,
-            Err(_) if plan.allow_weaker_jail => false,
-            Err(reason) => {
-                return Err(DriverError::JailUnavailable {
-                    driver: "tcg",
-                    reason,
-                });
-            }
-        };
+        let jailed = crate::jail::tcg_report()
+            .decide(plan.allow_weaker_jail)
+            .map_err(|reason| DriverError::JailUnavailable {
+                driver: "tcg",
+                reason,
+            })?;
         let mut files = vec![VHOST_SOCKET, vsock_name.as_str()];
         files.extend(boot::RUN_FILES);
         let mut run = RunDir::prepare(&plan.run_dir, &files)?;
