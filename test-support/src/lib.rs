@@ -30,6 +30,7 @@
 use std::io::Write;
 
 pub mod hybrid;
+pub mod procfs;
 
 /// The environment variable that lets a test that found no driver pass as skipped.
 pub const ALLOW_NO_DRIVER: &str = "VM_TEST_ALLOW_NO_DRIVER";
