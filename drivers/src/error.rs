@@ -55,6 +55,14 @@ pub enum DriverError {
         #[source]
         source: vmm::process::jail::JailError,
     },
+    /// A VM process was killed by its seccomp filter (`SIGSYS`) before the agent answered.
+    #[error("{program} was killed by SIGSYS: it made a system call outside its seccomp allowlist")]
+    SeccompKilled {
+        /// The program.
+        program: String,
+        /// The tail of the guest console and the program's output.
+        console_tail: String,
+    },
     /// This host cannot build the driver's jail and the caller did not accept a weaker one.
     #[error(
         "{driver}: the jail cannot be built here ({reason}); refusing rather than running \

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use guest_agent::protocol::ExecRequest;
 use tcg_common::*;
+use vm_drivers::Driver;
 use vm_drivers::tcg::{QEMU, VHOST_VSOCK, find_program};
 use vm_test_support::procfs::{
     children, namespace, root_entries, status_field, thread_status_files,
@@ -177,5 +178,36 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
         (uids[1], 0o400)
     );
     rt.block_on(machine.close());
+    assert_nothing_left(&run_dir);
+}
+
+/// A vsock backend whose filter lacks `accept4` (test hook `TEST_DENY`, feature `test-hooks`)
+/// dies by `SIGSYS` as soon as QEMU connects to it: the boot fails with the driver's typed
+/// error naming the program and the cause, and leaves nothing behind.
+#[test]
+#[ignore = "slow tier: boots the real guest images under QEMU TCG"]
+fn a_vsock_backend_killed_by_its_filter_is_a_typed_error() {
+    let test = "a_vsock_backend_killed_by_its_filter_is_a_typed_error";
+    let Some(driver) = tcg_or_no_driver(test) else {
+        return;
+    };
+    let Some(images) = images_or_no_driver(test) else {
+        return;
+    };
+    vmm::seccomp::vhost::TEST_DENY.store(libc::SYS_accept4, std::sync::atomic::Ordering::SeqCst);
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let err = match driver.boot(plan("sigsys", images, run_dir.clone())) {
+        Ok(_) => panic!("the boot succeeded with accept4 forbidden to vhost-device-vsock"),
+        Err(e) => e,
+    };
+    vmm::seccomp::vhost::TEST_DENY.store(-1, std::sync::atomic::Ordering::SeqCst);
+    match &err {
+        vm_drivers::DriverError::SeccompKilled { program, .. } => {
+            assert_eq!(program, VHOST_VSOCK, "{err}")
+        }
+        other => panic!("not a seccomp error: {other} ({other:?})"),
+    }
+    assert!(err.to_string().contains("SIGSYS"), "{err}");
     assert_nothing_left(&run_dir);
 }

@@ -105,7 +105,7 @@ fn main() {
     std::fs::write(&kernel, TINY_RESET).expect("tiny guest");
     let run = dir.path().join("run");
     std::fs::create_dir_all(run.join("root")).expect("jail root");
-    let mut cfg = vmm::process::ProcessConfig::from_vm_config(&vmm::VmConfig {
+    let mut cfg = vmm::process::ProcessConfig::new(vmm::VmConfig {
         mem_mib: 128,
         kernel,
         kernel_format: vmm::KernelFormat::Raw,

@@ -117,7 +117,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
             driver: "kvm",
             reason,
         })?;
-    let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone(), initrd)?);
+    let mut cfg = ProcessConfig::new(vm_config(&plan, cmdline, uds.clone(), initrd)?);
     if jailed {
         cfg.jail = Some(jail_config(&mut run)?);
     }

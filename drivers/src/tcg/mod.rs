@@ -234,8 +234,15 @@ impl Driver for TcgDriver {
             plan.boot_timeout,
         );
         if let Err(e) = ready {
+            let killed = handle.seccomp_killed();
             handle.kill();
-            return Err(e);
+            return Err(match killed {
+                Some((program, output)) => DriverError::SeccompKilled {
+                    program: program.into(),
+                    console_tail: format!("{}{output}", handle.console_tail()),
+                },
+                None => e,
+            });
         }
         let info = MachineInfo {
             name: plan.name,
@@ -301,6 +308,21 @@ struct TcgHandle {
     qemu: Supervised,
     vhost: Supervised,
     run: Mutex<RunDir>,
+}
+
+impl TcgHandle {
+    /// The child a seccomp filter killed (it, or its reaper mirroring it, ended by `SIGSYS`),
+    /// with its output.
+    fn seccomp_killed(&self) -> Option<(&'static str, String)> {
+        use std::os::unix::process::ExitStatusExt;
+        [(QEMU, &self.qemu), (VHOST_VSOCK, &self.vhost)]
+            .into_iter()
+            .find(|(_, c)| {
+                c.exit_status()
+                    .is_some_and(|s| s.signal() == Some(libc::SIGSYS))
+            })
+            .map(|(p, c)| (p, c.output_tail()))
+    }
 }
 
 impl VmHandle for TcgHandle {
