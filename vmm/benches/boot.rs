@@ -103,7 +103,11 @@ fn median_delta(a: &[Sample], b: &[Sample], f: impl Fn(&Sample) -> Duration) -> 
 /// closed (the guest resets at once, so nothing more is needed).
 fn start_vm_vmm(cfg: &vmm::process::ProcessConfig) -> std::process::Child {
     let bin = env!("CARGO_BIN_EXE_vm-vmm");
-    let mut child = vmm::process::command(bin.as_ref())
+    let mut cmd = vmm::process::command(bin.as_ref());
+    if let Some(fd) = cfg.jail.as_ref().and_then(|j| j.netns_fd) {
+        vmm::process::jail::pass_fd(&mut cmd, fd);
+    }
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -153,6 +157,8 @@ fn main() {
     jailed.jail = Some(vmm::process::JailConfig {
         root: run.join("root"),
         binds: vec![run.clone()],
+        // As the kvm driver does: one empty network namespace for every VM of this process.
+        netns_fd: Some(vmm::process::jail::shared_netns().expect("network namespace")),
         ..vmm::process::JailConfig::default()
     });
     jailed.seccomp = true;

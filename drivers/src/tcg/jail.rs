@@ -103,6 +103,7 @@ pub(super) fn vhost(
             binds: vec![run_dir.to_path_buf()],
             exec,
             links,
+            netns_fd: Some(crate::kvm::vm::shared_netns()?),
             ..JailConfig::default()
         },
         memory: address_space(mem_mib, VHOST_OVERHEAD_MIB, 0),
@@ -144,6 +145,7 @@ pub(super) fn qemu(q: QemuJail<'_>) -> Result<ExecJail, DriverError> {
             ro,
             exec,
             links,
+            netns_fd: Some(crate::kvm::vm::shared_netns()?),
             ..JailConfig::default()
         },
         // Its guest RAM is a memfd it sizes with ftruncate.

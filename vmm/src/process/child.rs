@@ -111,9 +111,10 @@ fn guard_parent(launcher: u32) -> Result<(), ChildError> {
 }
 
 fn run() -> Result<ExitKind, ChildError> {
-    jail::close_inherited_fds();
     let mut control = BufReader::new(io::stdin());
-    let mut cfg = read_config(&mut control)?;
+    let read = read_config(&mut control);
+    jail::close_inherited_fds(read.as_ref().ok().and_then(|c| c.jail.as_ref()?.netns_fd));
+    let mut cfg = read?;
     guard_parent(cfg.parent_pid)?;
     if cfg.seccomp {
         seccomp::enable();

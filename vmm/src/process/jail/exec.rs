@@ -23,7 +23,6 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use nix::errno::Errno;
-use nix::sched::unshare;
 use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
 use nix::unistd::{ForkResult, Gid, Uid, fork, getpid};
@@ -31,8 +30,8 @@ use seccompiler::BpfProgram;
 
 use super::root::{at, cstring};
 use super::{
-    Identity, JAIL_ID_BASE, JailConfig, JailError, MemoryCap, RootPlan, Step, StepError,
-    namespace_flags, reap, restrict,
+    Identity, JAIL_ID_BASE, JailConfig, JailError, MemoryCap, RootPlan, Step, StepError, reap,
+    restrict,
 };
 use crate::seccomp::{self, Compiled, ThreadKind};
 
@@ -82,6 +81,7 @@ pub struct ExecJail {
     keep_fds: Vec<i32>,
     seccomp: Option<&'static BpfProgram>,
     reaper: &'static Compiled,
+    netns: Option<i32>,
 }
 
 impl ExecJail {
@@ -104,6 +104,7 @@ impl ExecJail {
             keep_fds: cfg.keep_fds,
             seccomp: cfg.seccomp,
             reaper: seccomp::compiled(ThreadKind::Reaper).map_err(JailError::Seccomp)?,
+            netns: cfg.jail.netns_fd,
         })
     }
 
@@ -121,7 +122,7 @@ impl ExecJail {
     }
 
     fn run(&self) -> Result<(), StepError> {
-        unshare(namespace_flags()).map_err(at(Step::Unshare))?;
+        super::enter_namespaces(self.netns)?;
         let id = JAIL_ID_BASE + getpid().as_raw() as u32;
         // SAFETY: this is already a forked child; the grandchild runs only the allocation-free
         // steps below, the reaper only system calls.

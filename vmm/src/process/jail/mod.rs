@@ -63,12 +63,68 @@ const REAPER_DATA_MIB: u64 = 16;
 /// The namespaces every jailed process gets.
 pub const NAMESPACES: [&str; 5] = ["mnt", "pid", "ipc", "uts", "net"];
 
-fn namespace_flags() -> CloneFlags {
-    CloneFlags::CLONE_NEWNS
+fn namespace_flags(netns: Option<i32>) -> CloneFlags {
+    let new = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWUTS;
+    if netns.is_some() {
+        new
+    } else {
+        new | CloneFlags::CLONE_NEWNET
+    }
+}
+
+/// Step 1's namespaces: joins the empty network namespace `netns` when given (see
+/// [`shared_netns`]), then unshares the others (and the network one when not given).
+/// Allocates nothing.
+pub(crate) fn enter_namespaces(netns: Option<i32>) -> Result<(), StepError> {
+    if let Some(fd) = netns {
+        // SAFETY: `fd` is a namespace descriptor the launcher passed on purpose; setns only
+        // reads it.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        nix::sched::setns(fd, CloneFlags::CLONE_NEWNET).map_err(at(Step::Unshare))?;
+    }
+    unshare(namespace_flags(netns)).map_err(at(Step::Unshare))
+}
+
+/// One empty network namespace per launcher process, made on first use by a short-lived
+/// thread (`unshare` applies to the calling thread only) and kept as a descriptor: the VM
+/// processes this launcher starts join it instead of each creating and destroying one of
+/// their own, which is most of the jail's cost (about 2 ms per VM here, see the README). It
+/// has no interface but a loopback that is down; what its members share is the abstract Unix
+/// socket namespace, and no VM process listens there (the kvm filters allow no `bind` or
+/// `listen`; vhost-device-vsock binds paths only).
+pub fn shared_netns() -> std::io::Result<i32> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    static NETNS: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(fd) = NETNS.get() {
+        return Ok(fd.as_raw_fd());
+    }
+    let fd = std::thread::spawn(|| -> std::io::Result<OwnedFd> {
+        unshare(CloneFlags::CLONE_NEWNET)?;
+        Ok(OwnedFd::from(std::fs::File::open(
+            "/proc/thread-self/ns/net",
+        )?))
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("the network namespace thread panicked"))??;
+    Ok(NETNS.get_or_init(|| fd).as_raw_fd())
+}
+
+/// Lets `fd` (close-on-exec in the launcher) through `exec` of `cmd`.
+pub fn pass_fd(cmd: &mut std::process::Command, fd: i32) {
+    use std::os::unix::process::CommandExt;
+    let hook = move || {
+        // SAFETY: only clears the close-on-exec flag of a descriptor.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and only clears a descriptor
+    // flag; it allocates nothing.
+    unsafe { cmd.pre_exec(hook) };
 }
 
 /// What the jail of one VM process is built from (all paths absolute; each bind lands at its
@@ -88,6 +144,10 @@ pub struct JailConfig {
     /// Symbolic links (path inside, target), as the host has them (`/lib` -> `usr/lib`).
     #[serde(default)]
     pub links: Vec<(PathBuf, PathBuf)>,
+    /// A network namespace to join (an inherited descriptor, [`shared_netns`]) instead of
+    /// creating one.
+    #[serde(default)]
+    pub netns_fd: Option<i32>,
 }
 
 /// Why the jail could not be built; the VM does not start.
@@ -158,13 +218,21 @@ pub struct MemoryCap {
     pub file_size: u64,
 }
 
-/// Closes every file descriptor above stderr.
-pub fn close_inherited_fds() {
-    // SAFETY: close_range only closes descriptors; nothing in this process uses any above 2 yet
-    // (it is called first thing in main).
-    let rc = unsafe { libc::close_range(3, libc::c_uint::MAX, 0) };
-    if rc != 0 {
-        eprintln!("vm-vmm: close_range: {}", std::io::Error::last_os_error());
+/// Closes every file descriptor above stderr but `keep` (the network namespace passed on
+/// purpose).
+pub fn close_inherited_fds(keep: Option<i32>) {
+    let ranges = match keep.and_then(|k| libc::c_uint::try_from(k).ok()) {
+        Some(k) if k > 3 => [(3, k - 1), (k + 1, libc::c_uint::MAX)],
+        Some(3) => [(4, libc::c_uint::MAX), (1, 0)],
+        _ => [(3, libc::c_uint::MAX), (1, 0)],
+    };
+    for (first, last) in ranges.into_iter().filter(|(f, l)| f <= l) {
+        // SAFETY: close_range only closes descriptors; nothing in this process uses any above
+        // 2 yet but `keep` (it is called right after the configuration is read).
+        let rc = unsafe { libc::close_range(first, last, 0) };
+        if rc != 0 {
+            eprintln!("vm-vmm: close_range: {}", std::io::Error::last_os_error());
+        }
     }
 }
 
@@ -177,7 +245,11 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
     ROOT.set(plan).ok();
     let reaper =
         crate::seccomp::compiled(crate::seccomp::ThreadKind::Reaper).map_err(JailError::Seccomp)?;
-    unshare(namespace_flags()).map_err(at(Step::Unshare))?;
+    enter_namespaces(cfg.netns_fd)?;
+    if let Some(fd) = cfg.netns_fd {
+        // SAFETY: the namespace is joined; the descriptor is not used again.
+        unsafe { libc::close(fd) };
+    }
     let id = JAIL_ID_BASE + getpid().as_raw() as u32;
     // SAFETY: the caller guarantees this process has one thread, so the child may run any code.
     match unsafe { fork() }.map_err(at(Step::Fork))? {
