@@ -124,12 +124,15 @@ impl ExecJail {
     fn run(&self) -> Result<(), StepError> {
         super::enter_namespaces(self.netns)?;
         let id = JAIL_ID_BASE + getpid().as_raw() as u32;
+        let (launcher, reaper_fd) = super::before_fork()?;
         // SAFETY: this is already a forked child; the grandchild runs only the allocation-free
         // steps below, the reaper only system calls.
         match unsafe { fork() }.map_err(at(Step::Fork))? {
             ForkResult::Child => {}
             // Every descriptor closed: the pipes (and the exec error channel) are the program's.
-            ForkResult::Parent { child } => reap(child, id, 0..=libc::c_uint::MAX, self.reaper),
+            ForkResult::Parent { child } => {
+                reap(child, id, 0..=libc::c_uint::MAX, self.reaper, launcher)
+            }
         }
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(at(Step::DeathSignal))?;
         let who = Identity {
@@ -148,6 +151,8 @@ impl ExecJail {
             JailError::Step(s, _) => s,
             _ => at(Step::ClearCaps)(Errno::EPERM),
         })?;
+        // The uid change cleared the parent-death signal set above.
+        super::rearm_under_reaper(reaper_fd)?;
         if let Some(prog) = self.seccomp {
             seccompiler::apply_filter(prog).map_err(|_| at(Step::Seccomp)(Errno::last()))?;
         }

@@ -251,17 +251,53 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
         unsafe { libc::close(fd) };
     }
     let id = JAIL_ID_BASE + getpid().as_raw() as u32;
+    let (launcher, reaper_fd) = before_fork()?;
     // SAFETY: the caller guarantees this process has one thread, so the child may run any code.
     match unsafe { fork() }.map_err(at(Step::Fork))? {
         ForkResult::Child => {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(at(Step::DeathSignal))?;
             JAIL_ID.set(id).ok();
+            REAPER_FD.set(reaper_fd).ok();
             Ok(())
         }
         // The control channel and the console belong to the child; stderr stays for errors.
-        ForkResult::Parent { child } => reap(child, id, 0..=1, reaper),
+        ForkResult::Parent { child } => reap(child, id, 0..=1, reaper, launcher),
     }
 }
+
+/// What the two sides of the jail's fork need to know their parent is alive once a uid change
+/// has cleared the parent-death signal: the launcher's pid (the reaper's parent), and a pidfd
+/// of the reaper-to-be (the child's parent, outside its PID namespace, where `getppid` says 0).
+fn before_fork() -> Result<(i32, i32), StepError> {
+    // SAFETY: pidfd_open of this process; the result is a new descriptor (close-on-exec).
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, getpid().as_raw(), 0) } as i32;
+    if fd < 0 {
+        return Err(at(Step::DeathSignal)(nix::errno::Errno::last()));
+    }
+    Ok((nix::unistd::getppid().as_raw(), fd))
+}
+
+/// After a uid change (which clears it): re-arms the parent-death signal and checks the parent,
+/// the reaper behind `reaper_fd`, has not died in between.
+pub(crate) fn rearm_under_reaper(reaper_fd: i32) -> Result<(), StepError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(at(Step::DeathSignal))?;
+    let mut p = libc::pollfd {
+        fd: reaper_fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait; a pidfd polls readable once its process exited.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    // SAFETY: the descriptor is not used again.
+    unsafe { libc::close(reaper_fd) };
+    if n != 0 {
+        return Err(at(Step::DeathSignal)(nix::errno::Errno::ESRCH));
+    }
+    Ok(())
+}
+
+/// The pidfd of the reaper (kept by [`enter`] for [`confine`]).
+static REAPER_FD: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
 
 /// The uid/gid chosen in [`enter`] (read by [`confine`] in the child).
 static JAIL_ID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
@@ -276,6 +312,7 @@ fn reap(
     id: u32,
     close: std::ops::RangeInclusive<libc::c_uint>,
     filter: &crate::seccomp::Compiled,
+    launcher: i32,
 ) -> ! {
     // SAFETY: closes descriptors the reaper never uses again.
     unsafe { libc::close_range(*close.start(), *close.end(), 0) };
@@ -285,7 +322,12 @@ fn reap(
         bytes: REAPER_DATA_MIB << 20,
         file_size: 0,
     };
-    let filtered = restrict(me, cap).is_ok() && filter.apply().is_ok();
+    // The uid change in `restrict` cleared the parent-death signal: re-armed, then the launcher
+    // must still be the parent (it may have died in between).
+    let filtered = restrict(me, cap).is_ok()
+        && nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_ok()
+        && nix::unistd::getppid().as_raw() == launcher
+        && filter.apply().is_ok();
     if !filtered {
         // Without its restrictions the reaper must not outlive the VM: take it down.
         let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
@@ -335,7 +377,11 @@ pub fn confine(cfg: &JailConfig, guest_mib: u32) -> Result<(), JailError> {
         bytes: data_limit(guest_mib),
         file_size: 0,
     };
-    restrict(Identity { uid: id, gid: id }, cap)
+    restrict(Identity { uid: id, gid: id }, cap)?;
+    if let Some(fd) = REAPER_FD.get() {
+        rearm_under_reaper(*fd)?;
+    }
+    Ok(())
 }
 
 /// The `RLIMIT_DATA` of a VM process with `guest_mib` of guest RAM.
