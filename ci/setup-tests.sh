@@ -2,7 +2,8 @@
 # Installs what only the tests need, on top of ci/setup.sh (the main job's
 # set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
 # (the sandbox tests serve from it), docker-registry and skopeo (the OCI tests run a
-# registry on 127.0.0.1), mmdebstrap and the Debian python3 + numpy root the image-root
+# registry on 127.0.0.1), containerd (1.6, with ctr: the shim's tests start their own in a
+# temp dir), mmdebstrap and the Debian python3 + numpy root the image-root
 # tests boot (images/rootfs-debian.sh, cached), the rustfmt and clippy components for
 # the lint checks, and, when the repository has fuzz targets, a nightly
 # toolchain with cargo-fuzz. Idempotent: installs only what is missing.
@@ -14,7 +15,7 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
-apt_install_missing setup-tests e2fsprogs python3 docker-registry skopeo mmdebstrap || die "cannot install the packages the tests need"
+apt_install_missing setup-tests e2fsprogs python3 docker-registry skopeo containerd mmdebstrap || die "cannot install the packages the tests need"
 
 # Lints run in ci/test.sh.
 for component in clippy rustfmt; do

@@ -307,9 +307,16 @@ pub struct LogsArgs {
   vm cp ./input.txt box:/tmp/input.txt
   vm cp box:/tmp/result.json ./result.json
   vm cp box:/etc/os-release -          # to stdout
+  vm cp --max-size 4G ./model.gguf box:/models/model.gguf
 
-Exactly one side is NAME:PATH (an absolute guest path).")]
+Exactly one side is NAME:PATH (an absolute guest path). Files stream in bounded chunks: any
+size up to --max-size, checked before the copy and again while it runs. Only regular files
+are copied (a FIFO or device source is refused). The destination is replaced only once the
+copy is complete; all-zero blocks stay holes (sparse files stay sparse).")]
 pub struct CpArgs {
+    /// Largest file copied (K, M, G, T suffix; MiB when bare)
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse::byte_size)]
+    pub max_size: u64,
     /// HOSTFILE or NAME:PATH
     pub src: String,
     /// HOSTFILE or NAME:PATH (`-` for stdout when copying out)

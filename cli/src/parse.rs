@@ -56,6 +56,14 @@ pub fn mem_mib(s: &str) -> Result<i64, ParseError> {
     i64::try_from(kib / 1024).map_err(|_| err(format!("invalid size {s:?}: too large")))
 }
 
+/// Parses a size in bytes, written as for [`mem_mib`] (a whole number of MiB, at least 1).
+pub fn byte_size(s: &str) -> Result<u64, ParseError> {
+    match mem_mib(s)? {
+        0 => Err(err(format!("invalid size {s:?}: must be at least 1M"))),
+        mib => Ok(mib as u64 * 1024 * 1024),
+    }
+}
+
 /// Parses a duration: a sequence of `<number><unit>` with units `ms`, `s`, `m`, `h`
 /// (e.g. `90s`, `5m`, `1h30m`); a bare number is seconds.
 pub fn duration(s: &str) -> Result<Duration, ParseError> {
@@ -227,6 +235,9 @@ mod tests {
 
     #[test]
     fn sizes() {
+        assert_eq!(byte_size("1G"), Ok(1 << 30));
+        assert_eq!(byte_size("3M"), Ok(3 << 20));
+        assert!(byte_size("0").is_err());
         assert_eq!(mem_mib("256"), Ok(256));
         assert_eq!(mem_mib("256M"), Ok(256));
         assert_eq!(mem_mib("256m"), Ok(256));

@@ -223,13 +223,24 @@ async fn named_vm_commands_through_the_agent_protocol() {
         b"payload\n"
     );
     let host_out = env.dir.path().join("out.txt");
-    let out = vm(
-        &env,
-        &["cp", "box:/data/in.txt", host_out.to_str().unwrap()],
-    )
-    .await;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(std::fs::read(&host_out).unwrap(), b"payload\n");
+    // The second copy goes over an existing file: it replaces the content, keeps the mode.
+    use std::os::unix::fs::PermissionsExt;
+    for over_existing in [false, true] {
+        if over_existing {
+            std::fs::write(&host_out, b"old and longer content").unwrap();
+            let perms = std::fs::Permissions::from_mode(0o600);
+            std::fs::set_permissions(&host_out, perms).unwrap();
+        }
+        let out = vm(
+            &env,
+            &["cp", "box:/data/in.txt", host_out.to_str().unwrap()],
+        )
+        .await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert_eq!(std::fs::read(&host_out).unwrap(), b"payload\n");
+    }
+    let mode = std::fs::metadata(&host_out).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
     let out = vm(&env, &["cp", "box:/data/in.txt", "-"]).await;
     assert_eq!(out.stdout, "payload\n");
     let out = vm(&env, &["cp", "box:/nope", host_out.to_str().unwrap()]).await;
@@ -354,4 +365,170 @@ async fn interactive_exec_in_a_named_vm() {
     let _ = supervisor.kill();
     let _ = supervisor.wait();
     b.front.abort();
+}
+
+/// Names in `dir`, sorted (temporary files of a copy start with `.`).
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `vm cp` streams: a 2 GiB sparse file goes in and comes back with the same sha256 while each
+/// `vm cp` peaks below the documented RSS bound, holes stay holes on both sides; a file over
+/// `--max-size` and a non-regular source are refused before any byte moves, leaving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cp_streams_two_gib_with_flat_memory_and_refuses_before_copying() {
+    use common::copy::{self, MIB};
+    let env = Env::new();
+    let HostBox {
+        root,
+        front,
+        mut supervisor,
+        ..
+    } = start_box(&env);
+    let src = env.dir.path().join("big.bin");
+    copy::sparse_file(&src, 2048 * MIB);
+    let want = copy::sha256_of(&src);
+    let src_s = src.to_str().unwrap();
+
+    let (out, hwm_in) = tokio::task::block_in_place(|| {
+        copy::run_peak_rss(
+            &env,
+            &["cp", "--max-size", "3G", src_s, "box:/data/big.bin"],
+        )
+    });
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let inside = root.join("data/big.bin");
+    assert_eq!(std::fs::metadata(&inside).unwrap().len(), 2048 * MIB);
+    assert_eq!(copy::sha256_of(&inside), want, "changed on the way in");
+    assert!(copy::allocated(&inside) < 64 * MIB, "holes not kept inside");
+    let back = env.dir.path().join("back.bin");
+    let back_s = back.to_str().unwrap();
+    let (out, hwm_out) = tokio::task::block_in_place(|| {
+        copy::run_peak_rss(
+            &env,
+            &["cp", "--max-size", "3G", "box:/data/big.bin", back_s],
+        )
+    });
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(copy::sha256_of(&back), want, "changed on the way out");
+    assert!(copy::allocated(&back) < 64 * MIB, "holes not kept outside");
+    eprintln!("vm cp of 2 GiB: peak RSS {hwm_in} KiB in, {hwm_out} KiB out");
+    for hwm in [hwm_in, hwm_out] {
+        assert!(
+            hwm < copy::VM_CP_HWM_BOUND_KIB,
+            "vm cp peaked at {hwm} KiB (bound {} KiB)",
+            copy::VM_CP_HWM_BOUND_KIB
+        );
+    }
+
+    // Over the cap (the default, 1 GiB): refused before the copy, both ways, nothing left.
+    let out = vm(&env, &["cp", src_s, "box:/data/capped.bin"]).await;
+    assert_eq!(out.code, 125, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "{src_s}: 2147483648 bytes is over the copy cap of 1073741824 bytes"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(names(&root.join("data")), ["big.bin"]);
+    let capped = env.dir.path().join("capped.bin");
+    let out = vm(
+        &env,
+        &[
+            "cp",
+            "--max-size",
+            "1G",
+            "box:/data/big.bin",
+            capped.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 125, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("over the cap of 1073741824 bytes"),
+        "{}",
+        out.stderr
+    );
+    assert!(!capped.exists());
+    assert!(
+        !names(env.dir.path()).iter().any(|n| n.contains(".vm-cp-")),
+        "{:?}",
+        names(env.dir.path())
+    );
+
+    // A source that grows past the cap while it is copied in: refused mid-stream, and the
+    // agent removes its temporary file (no half file in the guest).
+    let mut cp = tokio::process::Command::new(common::vm_bin())
+        .env("VM_RUNTIME_DIR", env.runtime())
+        .args(["cp", "--max-size", "3G", src_s, "box:/data/grow.bin"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !names(&root.join("data"))
+        .iter()
+        .any(|n| n.starts_with(".grow.bin.vm-part-"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the copy never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_len(4096 * MIB)
+        .unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(cp.stderr.as_mut().unwrap(), &mut stderr)
+        .await
+        .unwrap();
+    let status = cp.wait().await.unwrap();
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{src_s} grew past the copy cap of 3221225472 bytes while being copied"
+        )),
+        "{stderr}"
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    while names(&root.join("data")) != ["big.bin"] && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(names(&root.join("data")), ["big.bin"]);
+
+    // Not a regular file: refused up front, named in the error, never read.
+    let fifo = env.dir.path().join("fifo");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for (source, kind) in [
+        ("/dev/zero", "a character device"),
+        (fifo.to_str().unwrap(), "a FIFO"),
+        (env.dir.path().to_str().unwrap(), "a directory"),
+    ] {
+        let out = vm(&env, &["cp", source, "box:/data/x"]).await;
+        assert_eq!(out.code, 125, "{source}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("{source}: not a regular file ({kind})")),
+            "{source}: {}",
+            out.stderr
+        );
+    }
+    assert_eq!(names(&root.join("data")), ["big.bin"]);
+
+    front.abort();
+    let _ = supervisor.kill();
+    let _ = supervisor.wait();
 }

@@ -22,7 +22,9 @@ use guest_agent::client::{
 use guest_agent::protocol::{
     ExecOutput, ExecRequest, FileEntry, InteractiveRequest, ServeId, ServeRequest, ServeStatus,
 };
+use guest_agent::sparse::ChunkSink;
 use thiserror::Error;
+use tokio::io::AsyncRead;
 use tokio::sync::watch;
 use vm_spec::Containment;
 
@@ -331,6 +333,32 @@ impl Machine {
         data: &[u8],
     ) -> Result<(), MachineError> {
         self.call(self.agent.write_file(root, path, data)).await
+    }
+
+    /// Streams `path` under the guest directory `root` into `out`, at most `max` bytes
+    /// (see [`AgentClient::read_file_to`]).
+    pub async fn read_file_to<S: ChunkSink>(
+        &self,
+        root: &str,
+        path: &str,
+        max: u64,
+        out: &mut S,
+    ) -> Result<u64, MachineError> {
+        self.call(self.agent.read_file_to(root, path, max, out))
+            .await
+    }
+
+    /// Streams `src` to its end into `path` under the guest directory `root`, at most `max`
+    /// bytes (see [`AgentClient::write_file_from`]).
+    pub async fn write_file_from<R: AsyncRead + Unpin>(
+        &self,
+        root: &str,
+        path: &str,
+        max: u64,
+        src: &mut R,
+    ) -> Result<u64, MachineError> {
+        self.call(self.agent.write_file_from(root, path, max, src))
+            .await
     }
 
     /// Lists `path` under the guest directory `root`.

@@ -10,11 +10,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
-use vmm::virtio::queue::{
-    MAX_CHAIN_LEN, add_used, has_available, needs_notification, pop_chain, queue_usable,
-    read_chain, readable_len, writable_len,
-};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm::virtio::queue::queue_usable;
+use vmm::virtio::test_utils::walk::walk_all;
 
 const REGION: usize = 0x1_0000;
 const SECOND_REGION: u64 = 0x2_0000;
@@ -56,41 +54,5 @@ fuzz_target!(|data: &[u8]| {
 
     // The available index is fixed in memory (the device never writes the descriptor table or
     // the available ring), so at most `size` chains can be popped before the queue is empty.
-    let mut popped = 0usize;
-    loop {
-        let available = has_available(&q, &mem);
-        let chain = pop_chain(&mut q, &mem);
-        match (&available, &chain) {
-            (Ok(true), Ok(Some(_))) | (Ok(false), Ok(None)) | (Err(_), Err(_)) => {}
-            _ => panic!("has_available {available:?} but pop_chain {chain:?}"),
-        }
-        // An error here is DEVICE_NEEDS_RESET for the device: it stops using the queue.
-        let Ok(Some(chain)) = chain else { break };
-        popped += 1;
-        assert!(
-            popped <= usize::from(size),
-            "popped {popped} chains from a queue of {size}"
-        );
-        let mut written = 0u32;
-        if let Ok(bufs) = &chain.bufs {
-            assert!(
-                !bufs.is_empty() && bufs.len() <= MAX_CHAIN_LEN,
-                "{} bufs",
-                bufs.len()
-            );
-            for b in bufs {
-                assert!(
-                    b.len == 0 || mem.check_range(b.addr, b.len as usize, Permissions::ReadWrite),
-                    "accepted a buffer outside guest RAM: {b:?}"
-                );
-            }
-            let mut scratch = vec![0u8; readable_len(bufs).min(4096) as usize];
-            assert!(read_chain(&mem, bufs, 0, &mut scratch) <= scratch.len());
-            written = writable_len(bufs).min(u64::from(u32::MAX)) as u32;
-        }
-        if add_used(&mut q, &mem, chain.head, written).is_err() {
-            break;
-        }
-        needs_notification(&mut q, &mem);
-    }
+    walk_all(&mut q, &mem);
 });

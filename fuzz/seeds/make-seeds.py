@@ -109,14 +109,14 @@ def frame(payload):
     return struct.pack("<I", len(payload)) + payload
 
 
-write("agent_frames_from_host", "hello-v2", frame(bytes([0, 2]) + bytes(32)))
+write("agent_frames_from_host", "hello-v3", frame(bytes([0, 3]) + bytes(32)))
 write("agent_frames_from_host", "hello-wrong-version", frame(bytes([0, 1]) + bytes(range(32))))
 write("agent_frames_from_host", "request-ping", frame(bytes([1, 0])))
 write("agent_frames_from_host", "unknown-request", frame(bytes([1, 120])))
-write("agent_frames_from_host", "oversized-length", struct.pack("<I", 0xFFFFFFFF) + bytes([0, 2]))
+write("agent_frames_from_host", "oversized-length", struct.pack("<I", 0xFFFFFFFF) + bytes([0, 3]))
 write("agent_frames_from_host", "short-header", bytes([34, 0]))
 write("agent_frames_from_host", "two-frames",
-      frame(bytes([0, 2]) + bytes(32)) + frame(bytes([1, 0])))
+      frame(bytes([0, 3]) + bytes(32)) + frame(bytes([1, 0])))
 # AgentFrame: each small variant tag, empty and with a short byte payload.
 for v in range(12):
     write("client_frames_from_agent", f"variant-{v}-empty", frame(bytes([v])))

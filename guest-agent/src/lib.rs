@@ -1,7 +1,8 @@
 //! The guest agent: PID 1 in every guest, its versioned protocol, and the host-side client.
 //!
 //! # Pieces
-//! - [`protocol`]: the message types shared by both sides; [`frame`]: the codec.
+//! - [`protocol`]: the message types shared by both sides; [`frame`]: the codec;
+//!   [`sparse`]: hole-preserving writes of streamed files (both sides).
 //! - [`config`]: [`config::AgentConfig`], carried on the kernel command line as `vm.*` words.
 //! - [`client`]: [`client::AgentClient`], the async host client (Unix socket or hybrid vsock).
 //! - [`agent`] (Linux): the server the `vm-agent` binary runs — as PID 1 in a guest over vsock,
@@ -32,8 +33,13 @@
 //!      -> `ExecDone{status, truncated}`.
 //!    - `ExecStream` -> `Stdout`/`Stderr`* -> `Exit`. Back-pressure: the agent reads the child's
 //!      pipes only as fast as it can write frames to the client.
-//!    - `ReadFile` -> `FileStart{size}` `Data`* `DataEnd`; `WriteFile{size}` -> `Ok`, then the
-//!      client sends `Data`* `DataEnd` -> `Ok`. Chunks are at most 256 KiB; files at most 64 MiB.
+//!    - `ReadFile{max}` -> `FileStart{size}` `Data`* `DataEnd` (to EOF; a file over `max`
+//!      is refused before any data, one that grows past it mid-stream ends with
+//!      `Error{TooLarge}`); `WriteFile{max}` -> `Ok`, then the client sends `Data`* `DataEnd`
+//!      (at most `max` bytes) -> `Ok`, written to a temporary file renamed over the
+//!      destination at the end (removed on any failure). Chunks are at most 256 KiB, so
+//!      memory stays flat on both sides whatever the file size (caps: the caller's, default
+//!      1 GiB, at most 1 TiB). All-zero 4 KiB blocks are written as holes (sparse).
 //!    - `List` -> `ListBatch`* `ListEnd` (regular files, recursive, with sizes).
 //!    - `ServeStart` -> `ServeStarted{id}`; `ServeStatus{id}` / `ServeStop{id}` -> `ServeState`.
 //!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`; host EOF
@@ -87,12 +93,15 @@ pub mod client;
 pub mod config;
 pub mod frame;
 pub mod protocol;
+pub mod sparse;
 pub mod token;
 
 /// vsock port the agent listens on inside the guest.
 pub const AGENT_PORT: u32 = 1024;
 /// Protocol version exchanged in the handshake.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: `ReadFile` carries the caller's cap and streams to EOF; `WriteFile{max}` replaces the
+/// destination atomically (temporary file + rename).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 pub use client::{
     AgentClient, ClientError, ClientLimits, ExecEvent, ExecStream, ForwardStream, Interactive,

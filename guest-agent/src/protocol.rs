@@ -17,8 +17,11 @@ use serde::{Deserialize, Serialize};
 pub const MAX_FRAME: u32 = 1024 * 1024;
 /// Largest byte chunk carried in one `Data`/`Stdout`/`Stderr` frame.
 pub const MAX_CHUNK: usize = 256 * 1024;
-/// Largest file ReadFile/WriteFile transfers (read and written in [`MAX_CHUNK`] chunks).
-pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// Hard ceiling of one ReadFile/WriteFile transfer, whatever the request asks: files are
+/// streamed in [`MAX_CHUNK`] chunks, so this bounds time and guest disk, not memory.
+pub const MAX_FILE_BYTES: u64 = 1 << 40;
+/// The default cap of one file transfer (the host client's and `vm cp`'s; configurable).
+pub const DEFAULT_FILE_CAP: u64 = 1 << 30;
 /// Largest stdin carried inline in an [`ExecRequest`].
 pub const MAX_STDIN_BYTES: usize = 512 * 1024;
 /// Hard maximum of combined output the agent retains for a non-streaming Exec.
@@ -190,17 +193,24 @@ pub enum Request {
     Exec(ExecRequest),
     /// Reply: `Stdout`/`Stderr` chunks, then `Exit`.
     ExecStream(ExecRequest),
-    /// Reply: `FileStart{size}`, `Data` chunks, `DataEnd`.
+    /// Reply: `FileStart{size}` (its size when opened; a file larger than `max` is refused
+    /// before any data with `TooLarge`), `Data` chunks up to EOF, `DataEnd`. A file that grows
+    /// past `max` while being read ends the stream with `Error{TooLarge}`.
     ReadFile {
         root: String,
         path: String,
+        /// The caller's cap in bytes (clamped to [`MAX_FILE_BYTES`]).
+        max: u64,
     },
-    /// Reply `Ok` (file opened); the client then sends `Data` chunks totalling `size` and
-    /// `DataEnd`; final reply: `Ok`.
+    /// Reply `Ok` (a temporary file beside the destination was created); the client then
+    /// sends `Data` chunks totalling at most `max` bytes and `DataEnd`; the temporary file is
+    /// renamed over the destination and the final reply is `Ok`. Any failure or a connection
+    /// that ends before `DataEnd` removes the temporary file: no half file is left.
     WriteFile {
         root: String,
         path: String,
-        size: u64,
+        /// The most bytes that follow (clamped to [`MAX_FILE_BYTES`]); more is `TooLarge`.
+        max: u64,
     },
     /// Reply: `ListBatch`* then `ListEnd`.
     List {
@@ -218,7 +228,8 @@ pub enum Request {
     /// Reply: `Ok`, then the agent syncs and reboots (ends the VM) when PID 1.
     Shutdown,
     /// Reply: `Started`, then `Stdout`/`Stderr`/`StdinAck`* and `Exit`; meanwhile the client
-    /// sends `Data` (stdin, within [`STDIN_WINDOW`]), `DataEnd` (stdin EOF), `Resize`, `Cancel`.
+    /// sends `Data` (stdin, within [`STDIN_WINDOW`]), `DataEnd` (stdin EOF), `Resize`, `Cancel`,
+    /// `Signal`.
     /// An agent older than this request closes the connection without a reply.
     ExecInteractive(InteractiveRequest),
 }
@@ -239,7 +250,17 @@ pub enum ClientFrame {
     Cancel,
     /// Interactive exec with a terminal: the new window size (the command gets `SIGWINCH`).
     Resize(TtySize),
+    /// Interactive exec: deliver `signal` (1..=[`MAX_SIGNAL`]) to the command (`all`: to its
+    /// whole process group). The command's exit is reported as usual. An agent older than
+    /// this frame ends the session. (Appended last: earlier variants keep their encoding.)
+    Signal {
+        signal: i32,
+        all: bool,
+    },
 }
+
+/// The highest signal number a [`ClientFrame::Signal`] may carry (`SIGRTMAX` on Linux x86-64).
+pub const MAX_SIGNAL: i32 = 64;
 
 /// Error categories the agent reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

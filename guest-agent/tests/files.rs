@@ -46,9 +46,28 @@ async fn size_limits() {
     let a = TestAgent::start();
     let c = a.client();
     let f = std::fs::File::create(a.root().join("huge")).unwrap();
-    f.set_len(65 * 1024 * 1024).unwrap(); // sparse, above the 64 MiB maximum
+    f.set_len(65 * 1024 * 1024).unwrap(); // sparse
+    let mut out = Vec::new();
+    let e = c
+        .read_file_to("/", "huge", 64 * 1024 * 1024, &mut out)
+        .await
+        .unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::TooLarge), "{e}");
+    assert!(e.to_string().contains("over the cap of 67108864"), "{e}");
+    assert!(
+        out.is_empty(),
+        "{} bytes arrived before the refusal",
+        out.len()
+    );
+    // The in-memory read keeps its 64 MiB default; the streaming call takes any cap.
     let e = c.read_file("/", "huge").await.unwrap_err();
     assert_eq!(e.agent_kind(), Some(ErrorKind::TooLarge), "{e}");
+    let mut sink = guest_agent::sparse::Plain(tokio::io::sink());
+    let n = c
+        .read_file_to("/", "huge", 128 * 1024 * 1024, &mut sink)
+        .await
+        .unwrap();
+    assert_eq!(n, 65 * 1024 * 1024);
     let small = c.clone().with_limits(ClientLimits {
         max_file_bytes: 10,
         ..Default::default()
@@ -58,10 +77,8 @@ async fn size_limits() {
         Err(guest_agent::ClientError::TooLarge { .. })
     ));
     std::fs::write(a.root().join("eleven"), [1u8; 11]).unwrap();
-    assert!(matches!(
-        small.read_file("/", "eleven").await,
-        Err(guest_agent::ClientError::TooLarge { .. })
-    ));
+    let e = small.read_file("/", "eleven").await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::TooLarge), "{e}");
 }
 
 #[tokio::test]

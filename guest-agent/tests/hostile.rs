@@ -86,14 +86,15 @@ async fn agent_survives_hostile_clients() {
     // Idle connection that never says Hello: same.
     let mut idle = UnixStream::connect(&a.sock).await.unwrap();
     assert!(closed_within(&mut idle, Duration::from_secs(3)).await);
-    // WriteFile sending more data than announced.
+    // WriteFile sending more data than its cap: refused, and no file (not even a temporary
+    // one) is left.
     let mut s = UnixStream::connect(&a.sock).await.unwrap();
     write_frame(&mut s, &a.hello(), MAX_FRAME, T).await.unwrap();
     let _: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
     let req = Request::WriteFile {
         root: "/".into(),
         path: "w".into(),
-        size: 2,
+        max: 2,
     };
     write_frame(&mut s, &ClientFrame::Request(req), MAX_FRAME, T)
         .await
@@ -104,7 +105,9 @@ async fn agent_survives_hostile_clients() {
         .await
         .unwrap();
     let f: AgentFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
-    assert!(matches!(f, AgentFrame::Error(e) if e.kind == ErrorKind::BadRequest));
+    assert!(matches!(f, AgentFrame::Error(e) if e.kind == ErrorKind::TooLarge));
+    let left: Vec<_> = std::fs::read_dir(a.root()).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
     assert!(a.alive());
     a.client().ping().await.unwrap();
 }
@@ -288,14 +291,19 @@ async fn client_survives_a_hostile_agent() {
             };
             let _ = write_frame(&mut s, &done, MAX_FRAME, T).await;
         }),
-        // 7: file larger than announced
+        // 7: a small file announced, then data streaming on past the client's cap (2 MiB)
         behave(|mut s| async move {
             hello(&mut s).await;
             let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
             write_frame(&mut s, &AgentFrame::FileStart { size: 4 }, MAX_FRAME, T)
                 .await
                 .unwrap();
-            let _ = write_frame(&mut s, &AgentFrame::Data(vec![0; 100]), MAX_FRAME, T).await;
+            for _ in 0..64 {
+                let chunk = AgentFrame::Data(vec![0; 256 * 1024]);
+                if write_frame(&mut s, &chunk, MAX_FRAME, T).await.is_err() {
+                    return;
+                }
+            }
         }),
         // 8: file announced above the client's maximum
         behave(|mut s| async move {
@@ -317,6 +325,7 @@ async fn client_survives_a_hostile_agent() {
     let limits = ClientLimits {
         step_timeout: Duration::from_millis(300),
         max_output_bytes: 1024 * 1024,
+        max_file_bytes: 2 * 1024 * 1024,
         ..Default::default()
     };
     let c = AgentClient::unix(&sock).with_limits(limits);

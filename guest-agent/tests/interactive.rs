@@ -70,18 +70,7 @@ async fn expect(out: &mut InteractiveOutput, seen: &mut Vec<u8>, want: &str) {
     );
 }
 
-/// Pseudo-random bytes (xorshift), reproducible.
-fn bytes(n: usize, mut x: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
+use vm_test_support::data::noise as bytes;
 
 fn peak_rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -190,6 +179,40 @@ async fn cancel_with_a_full_window() {
     assert_eq!(status.signal, Some(libc::SIGKILL), "{status:?}");
     // The input half learns that the command ended.
     assert!(matches!(input.write(b"x").await, Err(ClientError::Ended)));
+}
+
+/// A signal reaches the command (a shell that traps TERM reports it and exits 7); with
+/// `all` it reaches the whole group (the shell and its `sleep` die of it); an out-of-range
+/// number is refused by the client before it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_reaches_the_command_or_its_group() {
+    let a = TestAgent::start();
+    let (mut input, mut output) = open(
+        &a,
+        "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
+        None,
+    )
+    .await;
+    let mut seen = Vec::new();
+    expect(&mut output, &mut seen, "ready").await;
+    input.signal(libc::SIGTERM, false).await.unwrap();
+    let (out, status) = tokio::time::timeout(T, collect(&mut output)).await.unwrap();
+    assert_eq!((out.as_slice(), status.code), (&b"got TERM\n"[..], Some(7)));
+
+    let (mut input, mut output) = open(&a, "echo ready; sleep 60; echo not reached", None).await;
+    let mut seen = Vec::new();
+    expect(&mut output, &mut seen, "ready").await;
+    input.signal(libc::SIGTERM, true).await.unwrap();
+    let (out, status) = tokio::time::timeout(T, collect(&mut output)).await.unwrap();
+    assert_eq!(
+        (out.as_slice(), status.signal),
+        (&b""[..], Some(libc::SIGTERM)),
+        "{status:?}"
+    );
+    assert!(matches!(
+        input.signal(0, false).await,
+        Err(ClientError::InvalidRequest(_))
+    ));
 }
 
 /// With a terminal: `tty` names a pty, `stty size` follows resizes, Ctrl-C (a byte) interrupts

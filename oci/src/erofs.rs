@@ -22,8 +22,8 @@ pub enum ErofsError {
     Failed { status: String, stderr: String },
 }
 
-/// Builds `out` from the directory `tree`.
-pub(crate) fn build(tree: &Path, out: &Path) -> Result<(), ErofsError> {
+/// Builds `out` from the directory `tree` (owners, modes and xattrs as in the tree).
+pub fn build(tree: &Path, out: &Path) -> Result<(), ErofsError> {
     let mut cmd = Command::new("mkfs.erofs");
     cmd.arg("--quiet")
         .arg("-U00000000-0000-0000-0000-000000000000")

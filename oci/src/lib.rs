@@ -46,7 +46,7 @@ use thiserror::Error;
 pub use auth::{Auth, AuthError};
 pub use config::{ConfigError, ImageConfig};
 pub use digest::{Digest, DigestError};
-pub use erofs::ErofsError;
+pub use erofs::{ErofsError, build as build_erofs};
 pub use limits::Limits;
 pub use oci_client::{ParseError, Reference};
 pub use store::{Image, Removed, Store, default_dir};

@@ -54,6 +54,9 @@ pub enum SandboxError {
         #[source]
         source: MachineError,
     },
+    /// A host file could not be copied into or out of the guest (the cause says why).
+    #[error(transparent)]
+    Copy(#[from] crate::guest::CopyError),
     #[error("serve failed")]
     Serve(#[from] ServeError),
     #[error("cannot create the guest root: {0}")]

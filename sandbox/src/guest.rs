@@ -12,6 +12,9 @@
 //! - every process gets exactly the VM's environment, plus the variables its [`Run`] sets,
 //!   and that whole environment passes [`vm_spec::env::check_env`] (secret-looking values
 //!   are refused unless allowed by the spec's or the run's `env_allow`).
+//!
+//! Files of any size stream through [`Guest::copy_in`], [`Guest::copy_out`] and the
+//! `*_to`/`*_from` calls (see `transfer`); `read_file`/`write_file` hold one in memory.
 
 use std::time::Duration;
 
@@ -26,6 +29,10 @@ use crate::error::SandboxError;
 use crate::glob::Glob;
 use crate::link::Link;
 use crate::serving::{GuestProcess, ServeSpec, Serving};
+
+mod transfer;
+
+pub use transfer::{CopyError, DEFAULT_COPY_CAP};
 
 /// `PATH` for the runtime's own setup commands (never for the caller's work, whose
 /// environment is exactly the VM's).

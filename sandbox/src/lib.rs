@@ -37,6 +37,9 @@
 //!   cached read-only erofs files with their process defaults: `oci::Store::open(dir)`,
 //!   `.pull(&Reference, &Auth)`, `.get_or_pull(name_or_ref)`, `.import(path)`, `.get(..)`,
 //!   `.list()`, `.remove(..)`, `.prune()` → `oci::Image { digest, erofs, size, config, refs }`.
+//! - **Roots from a runtime's snapshot.** [`SnapshotRoots`] turns a root filesystem another
+//!   runtime assembled (the containerd shim's snapshot) into the same read-only erofs root,
+//!   cached by the snapshot's identity, with one reference per VM using it.
 //! - **Callers need only this crate and `vm-spec`.** The agent types a caller handles are
 //!   re-exported in [`agent`], the driver registry in [`drivers`].
 //!
@@ -52,7 +55,10 @@
 //!     .with_env("PATH", "/usr/bin:/bin");
 //! let spec = Spec::new(images::default_spec_image()?, guarantees);
 //! // On a host without hardware virtualization, accept QEMU emulation explicitly.
-//! let options = Options { policy: Policy { allow_emulation: true }, ..Options::default() };
+//! let options = Options {
+//!     policy: Policy { allow_emulation: true, ..Policy::default() },
+//!     ..Options::default()
+//! };
 //! assert_eq!(options.trust, Trust::Untrusted);
 //! let vm = MicroVm::boot(spec, options).await?;
 //! println!("running on {} ({})", vm.driver(), vm.containment());
@@ -92,10 +98,11 @@ pub mod rundir;
 mod running;
 mod select;
 mod serving;
+pub mod snapshot_root;
 
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
-pub use guest::{Guest, Run};
+pub use guest::{CopyError, DEFAULT_COPY_CAP, Guest, Run};
 pub use image_root::{ImageRootError, ResolvedImage, resolve_oci, use_image};
 pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
@@ -103,6 +110,7 @@ pub use publish::{PublishError, PublishSpec};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{MAX_CONNECTIONS, POLL_INTERVAL, ServeError, ServeSpec, Serving};
+pub use snapshot_root::{SnapshotRootError, SnapshotRoots};
 /// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):
 /// `vm_drivers::sys`, the one place the host side calls them.
 pub use vm_drivers::sys;
@@ -115,7 +123,10 @@ pub mod agent {
     pub use guest_agent::client::{
         ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
     };
-    pub use guest_agent::protocol::{Command, ErrorKind, ExecOutput, ExitStatus, TtySize};
+    pub use guest_agent::protocol::{
+        Command, ErrorKind, ExecOutput, ExitStatus, MAX_SIGNAL, TtySize,
+    };
+    pub use guest_agent::sparse::{ChunkSink, Plain, SparseWriter};
 }
 
 /// The driver registry and the driver-level errors a caller may need to tell apart.

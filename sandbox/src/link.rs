@@ -10,6 +10,8 @@ use guest_agent::client::{AgentClient, ClientError, ExecStream, ForwardStream, I
 use guest_agent::protocol::{
     ExecOutput, ExecRequest, FileEntry, InteractiveRequest, ServeId, ServeRequest, ServeStatus,
 };
+use guest_agent::sparse::ChunkSink;
+use tokio::io::AsyncRead;
 use vm_drivers::{Machine, MachineError};
 
 /// The way to one guest's agent.
@@ -62,6 +64,26 @@ impl Link {
         data: &[u8],
     ) -> Result<(), MachineError> {
         call!(self, write_file(root, path, data))
+    }
+
+    pub(crate) async fn read_file_to<S: ChunkSink>(
+        &self,
+        root: &str,
+        path: &str,
+        max: u64,
+        out: &mut S,
+    ) -> Result<u64, MachineError> {
+        call!(self, read_file_to(root, path, max, out))
+    }
+
+    pub(crate) async fn write_file_from<R: AsyncRead + Unpin>(
+        &self,
+        root: &str,
+        path: &str,
+        max: u64,
+        src: &mut R,
+    ) -> Result<u64, MachineError> {
+        call!(self, write_file_from(root, path, max, src))
     }
 
     pub(crate) async fn list(

@@ -39,6 +39,12 @@ pub struct Options {
     /// the spec has been accepted); `None` = the system temp dir. Each run directory names its
     /// owner so [`crate::rundir::sweep`] can remove it after a `SIGKILL`.
     pub run_dir_parent: Option<PathBuf>,
+    /// Create the guest working root (and the image's working directory) with a setup
+    /// command (`mkdir`, `chown`) inside the guest before the first operation. `false` for a
+    /// caller whose processes run only in directories the image itself provides (the
+    /// containerd shim: an image without `mkdir` still runs); its file operations under the
+    /// root then fail where the root does not exist.
+    pub prepare_root: bool,
 }
 
 impl Default for Options {
@@ -52,6 +58,7 @@ impl Default for Options {
             mount_cache: None,
             max_mount_bytes: DEFAULT_MAX_DIR_BYTES,
             run_dir_parent: None,
+            prepare_root: true,
         }
     }
 }
@@ -203,7 +210,11 @@ impl MicroVm {
             },
         };
         Ok(MicroVm {
-            guest: Guest::new(Link::Booted(machine.clone()), confinement, false),
+            guest: Guest::new(
+                Link::Booted(machine.clone()),
+                confinement,
+                !options.prepare_root,
+            ),
             machine,
             spec,
             run_dir_path: run_dir.path().to_path_buf(),

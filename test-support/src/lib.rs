@@ -29,8 +29,39 @@
 
 use std::io::Write;
 
+pub mod data;
 pub mod hybrid;
 pub mod procfs;
+
+/// A finished command: its exit code (-1 for a signal) and its output as text.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<std::process::Output> for Out {
+    fn from(o: std::process::Output) -> Out {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Out {
+    /// Stdout as JSON (panics, showing both streams, when it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
 
 /// The environment variable that lets a test that found no driver pass as skipped.
 pub const ALLOW_NO_DRIVER: &str = "VM_TEST_ALLOW_NO_DRIVER";

@@ -1,8 +1,12 @@
-//! Files: write/read round trips, listing and globbing, and refused escapes from the root.
+//! Files: write/read round trips, streamed transfers with their cap, listing and globbing,
+//! and refused escapes from the root.
 
 use guest_agent::protocol::ErrorKind;
+use guest_agent::sparse::ChunkSink;
+use sha2::{Digest, Sha256};
 use vm_drivers::MachineError;
 use vm_sandbox::SandboxError;
+use vm_test_support::data::{self, MIB};
 use vm_tests::host::{pseudo_random, sha256_hex};
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, error_chain, exec_ok};
 
@@ -59,6 +63,75 @@ async fn blob_round_trip(vm: &MicroVm) -> Result<(), String> {
         blob.len()
     );
     ensure!(back == blob, "blob read back differs from what was written");
+    Ok(())
+}
+
+/// Digests what streams through it, holding none of it.
+#[derive(Default)]
+struct Digesting {
+    h: Sha256,
+    n: u64,
+}
+
+impl ChunkSink for Digesting {
+    async fn put(&mut self, d: &[u8]) -> std::io::Result<()> {
+        self.h.update(d);
+        self.n += d.len() as u64;
+        Ok(())
+    }
+}
+
+/// A 48 MiB file streamed in from a host file and out into a digest, never held whole on the
+/// host: the sha256 matches on the way in (computed by the guest) and out; a cap below the
+/// size is refused before any byte moves, both ways, and the refused write leaves the file
+/// as it was.
+async fn streamed(vm: &MicroVm) -> Result<(), String> {
+    let size = 48 * MIB;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let src = dir.path().join("stream.bin");
+    data::sparse_file(&src, size).map_err(|e| e.to_string())?;
+    let want = data::sha256_file(&src).map_err(|e| e.to_string())?;
+    let open = || async { tokio::fs::File::open(&src).await.map_err(|e| e.to_string()) };
+    let n = vm
+        .write_file_from("data/stream.bin", 64 * MIB, &mut open().await?)
+        .await
+        .ctx("stream in")?;
+    ensure!(n == size, "streamed in {n} bytes of {size}");
+    let sum = exec_ok(vm, "sha256sum data/stream.bin").await?;
+    ensure!(
+        sum.starts_with(&want),
+        "guest sha256sum {sum:?}, host {want}"
+    );
+    let read_back = || async {
+        let mut d = Digesting::default();
+        let r = vm.read_file_to("data/stream.bin", 64 * MIB, &mut d).await;
+        r.map(|_| (d.n, hex::encode(d.h.finalize())))
+    };
+    let (n, got) = read_back().await.ctx("stream out")?;
+    ensure!(
+        n == size && got == want,
+        "streamed out {n} bytes, sha256 {got}"
+    );
+
+    let mut d = Digesting::default();
+    let e = vm.read_file_to("data/stream.bin", 16 * MIB, &mut d).await;
+    ensure!(
+        matches!(&e, Err(e) if agent_kind(e) == Some(ErrorKind::TooLarge)) && d.n == 0,
+        "a read over the cap: {:?} after {} bytes",
+        e.map_err(|e| error_chain(&e)),
+        d.n
+    );
+    let e = vm
+        .write_file_from("data/stream.bin", 16 * MIB, &mut open().await?)
+        .await;
+    ensure!(e.is_err(), "a write over the cap was accepted");
+    let (n, got) = read_back()
+        .await
+        .ctx("stream out after the refused write")?;
+    ensure!(
+        n == size && got == want,
+        "the refused write changed the file"
+    );
     Ok(())
 }
 
@@ -205,6 +278,7 @@ fn files() {
         let mut c = Cases::new("files", driver);
         c.run("round_trip", round_trip(&vm)).await;
         c.run("blob_round_trip", blob_round_trip(&vm)).await;
+        c.run("streamed", streamed(&vm)).await;
         c.run("walk_and_glob", walk_and_glob(&vm)).await;
         c.run("lexical_escapes", lexical_escapes(&vm)).await;
         c.run("symlink_escapes", symlink_escapes(&vm)).await;

@@ -1,10 +1,11 @@
 //! `vm cp`: copy one file into or out of a running named VM by its absolute guest path
-//! (`vm_sandbox::Guest::read_absolute`/`write_absolute`; bounded by the agent protocol's
-//! file size limit).
+//! (`vm_sandbox::Guest::copy_in`/`copy_out`/`copy_out_to`): streamed in bounded chunks,
+//! at most `--max-size` bytes, only regular files, the destination replaced only once complete.
 
-use std::io::Write;
+use std::path::Path;
 
 use anyhow::Context;
+use vm_sandbox::agent::Plain;
 
 use crate::args::CpArgs;
 use crate::exit;
@@ -35,26 +36,21 @@ pub async fn run(a: CpArgs) -> anyhow::Result<u8> {
     match (guest_ref(&a.src), guest_ref(&a.dst)) {
         (None, Some((name, path))) => {
             let name = guest_path(name, path)?;
-            let data = std::fs::read(&a.src).with_context(|| format!("reading {}", a.src))?;
             let (vm, _) = super::attach(&rt, &name)?;
-            vm.write_absolute(path, &data)
+            vm.copy_in(Path::new(&a.src), path, a.max_size)
                 .await
-                .with_context(|| format!("writing {name}:{path}"))?;
+                .with_context(|| format!("copying {} to {name}:{path}", a.src))?;
         }
         (Some((name, path)), None) => {
             let name = guest_path(name, path)?;
             let (vm, _) = super::attach(&rt, &name)?;
-            let data = vm
-                .read_absolute(path)
-                .await
-                .with_context(|| format!("reading {name}:{path}"))?;
-            if a.dst == "-" {
-                let mut out = std::io::stdout().lock();
-                out.write_all(&data)?;
-                out.flush()?;
+            let copied = if a.dst == "-" {
+                let mut out = Plain(tokio::io::stdout());
+                vm.copy_out_to(path, a.max_size, &mut out).await
             } else {
-                std::fs::write(&a.dst, &data).with_context(|| format!("writing {}", a.dst))?;
-            }
+                vm.copy_out(path, Path::new(&a.dst), a.max_size).await
+            };
+            copied.with_context(|| format!("copying {name}:{path} to {}", a.dst))?;
         }
         (Some(_), Some(_)) => {
             return Err(exit::usage(

@@ -3,10 +3,11 @@
 
 #![allow(dead_code)]
 
+pub mod copy;
 pub mod tty;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 /// The built binary.
 pub fn vm_bin() -> &'static str {
@@ -55,32 +56,7 @@ impl Env {
 }
 
 /// A finished run.
-pub struct Out {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl From<Output> for Out {
-    fn from(o: Output) -> Out {
-        Out {
-            code: o.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-        }
-    }
-}
-
-impl Out {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not JSON ({e}): {}\nstderr: {}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-}
+pub use vm_test_support::Out;
 
 /// The skip convention: `SKIP <name>: <reason>` on stderr and appended to `$VM_TEST_SKIP_LOG`.
 #[allow(unused_imports)] // not every test binary that includes this module skips

@@ -3,15 +3,13 @@
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::files::{self, FileError};
-use super::{Agent, Stream, guard};
+use super::{Agent, Stream, guard, transfer};
 use crate::PROTOCOL_VERSION;
 use crate::frame::{FrameError, read_frame, write_frame};
-use crate::protocol::{
-    AgentFrame, ClientFrame, ErrorKind, MAX_CHUNK, MAX_FILE_BYTES, MAX_FRAME, Request, WireError,
-};
+use crate::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_FRAME, Request, WireError};
 
 /// Join an error and its sources into one line.
 pub(super) async fn send<W: AsyncWrite + Unpin>(
@@ -32,7 +30,7 @@ pub(super) async fn send_error<W: AsyncWrite + Unpin>(
     send(w, &AgentFrame::Error(WireError { kind, message }), t).await
 }
 
-async fn recv<S: Stream>(s: &mut S, t: Duration) -> Result<ClientFrame, FrameError> {
+pub(super) async fn recv<S: Stream>(s: &mut S, t: Duration) -> Result<ClientFrame, FrameError> {
     read_frame(s, MAX_FRAME, Some(t), t).await
 }
 
@@ -87,9 +85,11 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
         Request::Ping => send(&mut s, &AgentFrame::Pong, t).await,
         Request::Exec(r) => super::exec::run(agent, s, r, false).await,
         Request::ExecStream(r) => super::exec::run(agent, s, r, true).await,
-        Request::ReadFile { root, path } => read_file(agent, &mut s, &root, &path).await,
-        Request::WriteFile { root, path, size } => {
-            write_file(agent, &mut s, &root, &path, size).await
+        Request::ReadFile { root, path, max } => {
+            transfer::read_file(agent, &mut s, &root, &path, max).await
+        }
+        Request::WriteFile { root, path, max } => {
+            transfer::write_file(agent, &mut s, &root, &path, max).await
         }
         Request::List { root, path } => list(agent, &mut s, root, path).await,
         Request::ServeStart(r) => match agent.serves().start(agent, &r, agent.max_serves()) {
@@ -115,87 +115,12 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
     }
 }
 
-async fn file_error<S: Stream>(s: &mut S, e: FileError, t: Duration) -> Result<(), FrameError> {
+pub(super) async fn file_error<W: AsyncWrite + Unpin>(
+    s: &mut W,
+    e: FileError,
+    t: Duration,
+) -> Result<(), FrameError> {
     send_error(s, e.kind(), &vm_error_chain::error_chain(&e), t).await
-}
-
-async fn read_file<S: Stream>(
-    agent: &Agent,
-    s: &mut S,
-    root: &str,
-    path: &str,
-) -> Result<(), FrameError> {
-    let t = agent.io_timeout();
-    let opened =
-        files::open_root(agent.base_fd(), root).and_then(|r| files::open_read(r.as_fd(), path));
-    let (f, size) = match opened {
-        Ok(x) => x,
-        Err(e) => return file_error(s, e, t).await,
-    };
-    send(s, &AgentFrame::FileStart { size }, t).await?;
-    let mut f = tokio::fs::File::from_std(f);
-    let mut left = size;
-    let mut buf = vec![0u8; MAX_CHUNK];
-    while left > 0 {
-        let want = (left as usize).min(MAX_CHUNK);
-        let n = match f.read(&mut buf[..want]).await {
-            Ok(0) => return send_error(s, ErrorKind::Io, "file shrank while being read", t).await,
-            Ok(n) => n,
-            Err(e) => return send_error(s, ErrorKind::Io, &format!("read failed: {e}"), t).await,
-        };
-        left -= n as u64;
-        send(s, &AgentFrame::Data(buf[..n].to_vec()), t).await?;
-    }
-    send(s, &AgentFrame::DataEnd, t).await
-}
-
-async fn write_file<S: Stream>(
-    agent: &Agent,
-    s: &mut S,
-    root: &str,
-    path: &str,
-    size: u64,
-) -> Result<(), FrameError> {
-    let t = agent.io_timeout();
-    if size > MAX_FILE_BYTES {
-        return file_error(
-            s,
-            FileError::TooLarge {
-                max: MAX_FILE_BYTES,
-            },
-            t,
-        )
-        .await;
-    }
-    let opened =
-        files::open_root(agent.base_fd(), root).and_then(|r| files::open_write(r.as_fd(), path));
-    let f = match opened {
-        Ok(f) => f,
-        Err(e) => return file_error(s, e, t).await,
-    };
-    send(s, &AgentFrame::Ok, t).await?;
-    let mut f = tokio::fs::File::from_std(f);
-    let mut got = 0u64;
-    loop {
-        match recv(s, t).await? {
-            ClientFrame::Data(d) => {
-                got += d.len() as u64;
-                if got > size {
-                    return send_error(s, ErrorKind::BadRequest, "more data than announced", t)
-                        .await;
-                }
-                if let Err(e) = f.write_all(&d).await {
-                    return send_error(s, ErrorKind::Io, &format!("write failed: {e}"), t).await;
-                }
-            }
-            ClientFrame::DataEnd if got == size => break,
-            _ => return send_error(s, ErrorKind::BadRequest, "expected Data or DataEnd", t).await,
-        }
-    }
-    if let Err(e) = f.flush().await {
-        return send_error(s, ErrorKind::Io, &format!("write failed: {e}"), t).await;
-    }
-    send(s, &AgentFrame::Ok, t).await
 }
 
 /// Batches are flushed at this many path bytes, well under the frame limit.

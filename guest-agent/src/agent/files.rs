@@ -1,5 +1,9 @@
 //! Confined file access: ReadFile, WriteFile, List.
 //!
+//! A write never touches its destination until it is complete: [`create_part`] makes a
+//! temporary file beside it ([`Part`]), which [`Part::commit`] renames over the destination
+//! and which is removed if the part is dropped uncommitted (an error, a dropped connection).
+//!
 //! Paths are relative to a root. `..` components, absolute paths, NUL bytes and overlong paths
 //! are refused before touching the filesystem; every open then goes through
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to a directory fd, so neither a
@@ -11,7 +15,9 @@ use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
-use crate::protocol::{ErrorKind, FileEntry, MAX_FILE_BYTES, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::protocol::{ErrorKind, FileEntry, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
 
 /// File errors, each mapped to a wire [`ErrorKind`].
 #[derive(Debug, thiserror::Error)]
@@ -24,8 +30,10 @@ pub enum FileError {
     NotFound(String),
     #[error("{0:?} is not a regular file")]
     NotRegular(String),
-    #[error("file is larger than {max} bytes")]
-    TooLarge { max: u64 },
+    #[error("{path:?} is {size} bytes, over the cap of {max} bytes")]
+    TooLarge { path: String, size: u64, max: u64 },
+    #[error("{path:?} grew past the cap of {max} bytes while being copied")]
+    Grew { path: String, max: u64 },
     #[error("more than {max} entries")]
     TooManyEntries { max: u32 },
     #[error("i/o error on {path:?}")]
@@ -43,7 +51,9 @@ impl FileError {
             FileError::BadPath(_) => ErrorKind::BadRequest,
             FileError::NotFound(_) => ErrorKind::NotFound,
             FileError::NotRegular(_) => ErrorKind::BadRequest,
-            FileError::TooLarge { .. } | FileError::TooManyEntries { .. } => ErrorKind::TooLarge,
+            FileError::TooLarge { .. }
+            | FileError::Grew { .. }
+            | FileError::TooManyEntries { .. } => ErrorKind::TooLarge,
             FileError::Io { .. } => ErrorKind::Io,
         }
     }
@@ -155,8 +165,12 @@ pub fn open_root(base: BorrowedFd<'_>, root: &str) -> Result<OwnedFd, FileError>
     )
 }
 
-/// Open a regular file for reading; returns it with its size.
-pub fn open_read(root: BorrowedFd<'_>, path: &str) -> Result<(std::fs::File, u64), FileError> {
+/// Open a regular file for reading; returns it with its size, refused when over `max`.
+pub fn open_read(
+    root: BorrowedFd<'_>,
+    path: &str,
+    max: u64,
+) -> Result<(std::fs::File, u64), FileError> {
     let rel = clean(path)?.join("/");
     if rel.is_empty() {
         return Err(FileError::NotRegular(path.into()));
@@ -173,16 +187,93 @@ pub fn open_read(root: BorrowedFd<'_>, path: &str) -> Result<(std::fs::File, u64
         return Err(FileError::NotRegular(path.into()));
     }
     let size = st.st_size as u64;
-    if size > MAX_FILE_BYTES {
+    if size > max {
         return Err(FileError::TooLarge {
-            max: MAX_FILE_BYTES,
+            path: path.into(),
+            size,
+            max,
         });
     }
     Ok((std::fs::File::from(fd), size))
 }
 
-/// Create/truncate a regular file for writing, creating missing parent directories.
-pub fn open_write(root: BorrowedFd<'_>, path: &str) -> Result<std::fs::File, FileError> {
+/// A temporary file beside a write's destination (see the module docs).
+#[derive(Debug)]
+pub struct Part {
+    dir: OwnedFd,
+    tmp: CString,
+    name: CString,
+    path: String,
+    committed: bool,
+}
+
+impl Part {
+    /// Renames the temporary file over the destination.
+    pub fn commit(mut self) -> Result<(), FileError> {
+        // SAFETY: dir is an open directory fd; both names are NUL-terminated single components.
+        let r = unsafe {
+            libc::renameat(
+                self.dir.as_raw_fd(),
+                self.tmp.as_ptr(),
+                self.dir.as_raw_fd(),
+                self.name.as_ptr(),
+            )
+        };
+        if r < 0 {
+            return Err(FileError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        if !self.committed {
+            // SAFETY: dir is an open directory fd; tmp is a NUL-terminated single component.
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.tmp.as_ptr(), 0) };
+        }
+    }
+}
+
+/// A fresh temporary name beside `name` (a hidden, bounded-length single component).
+fn part_name(name: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut cut = name.len().min(200);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!(
+        ".{}.vm-part-{}-{nanos:x}-{seq}",
+        &name[..cut],
+        std::process::id()
+    )
+}
+
+/// Gives the temporary file the replaced file's owner (best effort: only root may) and
+/// permission bits (`0o777`; set-id bits are not carried over to new content).
+fn keep_owner_and_mode(file: &std::fs::File, st: &libc::stat, path: &str) -> Result<(), FileError> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::os::unix::fs::fchown(file, Some(st.st_uid), Some(st.st_gid));
+    file.set_permissions(std::fs::Permissions::from_mode(st.st_mode & 0o777))
+        .map_err(|source| FileError::Io {
+            path: path.into(),
+            source,
+        })
+}
+
+/// Starts a write of `path`: missing parent directories are created, an existing destination
+/// must be a regular file (followed beneath the root; a symlink at the destination is
+/// replaced, never written through) whose owner and mode the new file keeps, and the data
+/// goes to a fresh temporary file beside it.
+pub fn create_part(root: BorrowedFd<'_>, path: &str) -> Result<(Part, std::fs::File), FileError> {
     let comps = clean(path)?;
     let Some((last, parents)) = comps.split_last() else {
         return Err(FileError::BadPath(path.into()));
@@ -198,13 +289,45 @@ pub fn open_write(root: BorrowedFd<'_>, path: &str) -> Result<std::fs::File, Fil
         Err(FileError::NotFound(_)) => mkdirs(root, parents)?,
         Err(e) => return Err(e),
     };
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOCTTY | libc::O_NONBLOCK;
-    let fd = openat2(parent.as_fd(), last, flags, 0o644, BENEATH)?;
-    let st = fstat(fd.as_fd(), path)?;
-    if !is_reg(&st) {
-        return Err(FileError::NotRegular(path.into()));
+    let existing = match openat2(parent.as_fd(), last, libc::O_PATH, 0, BENEATH) {
+        Ok(fd) => {
+            let st = fstat(fd.as_fd(), path)?;
+            if !is_reg(&st) {
+                return Err(FileError::NotRegular(path.into()));
+            }
+            Some(st)
+        }
+        Err(FileError::NotFound(_)) => None,
+        Err(e) => return Err(e),
+    };
+    let name = CString::new(*last).map_err(|_| FileError::BadPath(path.into()))?;
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_NONBLOCK;
+    let mut tries = 0;
+    loop {
+        let tmp = part_name(last);
+        match openat2(parent.as_fd(), &tmp, flags, 0o644, BENEATH) {
+            Ok(fd) => {
+                let file = std::fs::File::from(fd);
+                let part = Part {
+                    dir: parent,
+                    tmp: CString::new(tmp).map_err(|_| FileError::BadPath(path.into()))?,
+                    name,
+                    path: path.into(),
+                    committed: false,
+                };
+                if let Some(st) = existing {
+                    keep_owner_and_mode(&file, &st, path)?;
+                }
+                return Ok((part, file));
+            }
+            Err(FileError::Io { source, .. })
+                if source.raw_os_error() == Some(libc::EEXIST) && tries < 8 =>
+            {
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
     }
-    Ok(std::fs::File::from(fd))
 }
 
 fn mkdirs(root: BorrowedFd<'_>, comps: &[&str]) -> Result<OwnedFd, FileError> {

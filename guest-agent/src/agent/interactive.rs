@@ -37,7 +37,8 @@ use super::pty::Pty;
 use super::{Agent, Stream};
 use crate::frame::{FrameError, FrameReader, encode_frame};
 use crate::protocol::{
-    AgentFrame, ClientFrame, ErrorKind, ExitStatus, InteractiveRequest, MAX_FRAME, STDIN_WINDOW,
+    AgentFrame, ClientFrame, ErrorKind, ExitStatus, InteractiveRequest, MAX_FRAME, MAX_SIGNAL,
+    STDIN_WINDOW,
 };
 use vm_error_chain::error_chain;
 
@@ -177,6 +178,8 @@ impl Input {
 enum Step {
     Continue,
     Cancel,
+    /// Deliver a signal to the command (or its group).
+    Signal(i32, bool),
     /// The connection is dead or the host broke the protocol.
     Gone(FrameError),
 }
@@ -201,6 +204,10 @@ fn on_frame(f: Result<ClientFrame, FrameError>, input: &mut Input, pty: Option<&
             Step::Continue
         }
         Ok(ClientFrame::Cancel) => Step::Cancel,
+        Ok(ClientFrame::Signal { signal, all }) if (1..=MAX_SIGNAL).contains(&signal) => {
+            Step::Signal(signal, all)
+        }
+        Ok(ClientFrame::Signal { .. }) => bad("signal number out of range"),
         Ok(_) => bad("unexpected frame during an interactive exec"),
         Err(e) => Step::Gone(e),
     }
@@ -224,7 +231,13 @@ struct Session<'a, S: Stream> {
     io_timeout: Duration,
     /// A `Cancel` arrived while a frame was being written.
     cancelled: bool,
+    /// Signals that arrived while a frame was being written (at most [`MAX_PENDING_SIGNALS`];
+    /// more are dropped), delivered by the session loop.
+    pending_signals: Vec<(i32, bool)>,
 }
+
+/// Bound on signals queued while a frame is written.
+const MAX_PENDING_SIGNALS: usize = 16;
 
 impl<S: Stream> Session<'_, S> {
     /// Write a frame without a timeout, reading the host's frames meanwhile (stdin keeps
@@ -244,6 +257,11 @@ impl<S: Stream> Session<'_, S> {
                     match on_frame(f, &mut self.input, self.pty) {
                         Step::Continue => {}
                         Step::Cancel => self.cancelled = true,
+                        Step::Signal(sig, all) => {
+                            if self.pending_signals.len() < MAX_PENDING_SIGNALS {
+                                self.pending_signals.push((sig, all));
+                            }
+                        }
                         Step::Gone(e) => return Err(e),
                     }
                 }
@@ -346,6 +364,7 @@ pub(super) async fn run<S: Stream>(
         pty: pty.as_ref(),
         io_timeout: t,
         cancelled: false,
+        pending_signals: Vec::new(),
     };
     let result = session(&mut s, &mut p, req.exec.timeout).await;
     p.kill_tree();
@@ -377,9 +396,13 @@ async fn session<S: Stream>(
         if s.cancelled {
             break End::Cancelled;
         }
+        for (sig, all) in s.pending_signals.drain(..) {
+            p.signal(sig, all);
+        }
         tokio::select! {
             f = s.frames.read(&mut s.rd, None, t) => match on_frame(f, &mut s.input, s.pty) {
                 Step::Continue => s.ack().await?,
+                Step::Signal(sig, all) => p.signal(sig, all),
                 Step::Cancel => break End::Cancelled,
                 Step::Gone(e) => return Err(e),
             },

@@ -22,6 +22,7 @@ mod pty;
 pub mod reaper;
 mod serve;
 pub mod sys;
+mod transfer;
 pub mod user;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -298,6 +298,19 @@ impl Proc {
     pub fn kill_tree(&self) {
         kill_tree(self.pid, self.cgroup.as_ref());
     }
+
+    /// Deliver `signal` to the process (`all`: to its process group, which it leads).
+    pub fn signal(&self, signal: i32, all: bool) {
+        let r = match all {
+            // SAFETY: killpg has no memory effects; pid is our child's group id (setsid).
+            true => unsafe { libc::killpg(self.pid, signal) },
+            // SAFETY: kill has no memory effects; pid is our child, not yet reaped.
+            false => unsafe { libc::kill(self.pid, signal) },
+        };
+        if r < 0 {
+            tracing::debug!(pid = self.pid, signal, error = %std::io::Error::last_os_error(), "signal");
+        }
+    }
 }
 
 /// SIGKILL the tree rooted at session leader `pid`.

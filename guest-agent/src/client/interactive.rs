@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use super::{AgentClient, ClientError, ExecEvent, frame_err, unexpected};
 use crate::frame::{FrameError, FrameReader, write_frame};
 use crate::protocol::{
-    AgentFrame, ClientFrame, ErrorKind, InteractiveRequest, MAX_FRAME, MAX_STDIN_CHUNK, Request,
-    STDIN_WINDOW, TtySize,
+    AgentFrame, ClientFrame, ErrorKind, InteractiveRequest, MAX_FRAME, MAX_SIGNAL, MAX_STDIN_CHUNK,
+    Request, STDIN_WINDOW, TtySize,
 };
 
 /// One interactive exec: drive both halves; dropping both closes the connection, which kills
@@ -165,6 +165,17 @@ impl InteractiveInput {
     /// Set the terminal's window size (no effect without a terminal).
     pub async fn resize(&mut self, size: TtySize) -> Result<(), ClientError> {
         self.send(&ClientFrame::Resize(size), "resize").await
+    }
+
+    /// Deliver `signal` to the command (`all`: its whole process group); its exit, if it
+    /// ends, comes through the output half as usual. An agent older than this request ends
+    /// the session (the output half reports the error).
+    pub async fn signal(&mut self, signal: i32, all: bool) -> Result<(), ClientError> {
+        if !(1..=MAX_SIGNAL).contains(&signal) {
+            return Err(ClientError::InvalidRequest("signal number out of range"));
+        }
+        self.send(&ClientFrame::Signal { signal, all }, "signal")
+            .await
     }
 
     /// Ask the agent to kill the command's whole tree; the output half then ends with the

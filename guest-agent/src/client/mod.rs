@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
+mod files;
 mod interactive;
 mod stream;
 
@@ -21,14 +22,17 @@ pub use stream::{ExecEvent, ExecStream};
 use crate::PROTOCOL_VERSION;
 use crate::frame::{FrameError, read_frame, write_frame};
 use crate::protocol::{
-    AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, FileEntry, MAX_CHUNK,
-    MAX_EXEC_OUTPUT, MAX_FILE_BYTES, MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request,
-    ServeId, ServeRequest, ServeStatus,
+    AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, MAX_EXEC_OUTPUT,
+    MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request, ServeId, ServeRequest, ServeStatus,
 };
 use crate::token::{AgentToken, TOKEN_LEN};
 
 /// The byte stream returned by [`AgentClient::forward`]: spliced to `127.0.0.1:<port>` in the guest.
 pub type ForwardStream = UnixStream;
+
+/// Default cap of a file held whole in host memory ([`AgentClient::read_file`]): files larger
+/// than this are for the streaming calls.
+pub const MAX_IN_MEMORY_FILE: u64 = 64 * 1024 * 1024;
 
 /// Bounds and timeouts of a client.
 #[derive(Debug, Clone)]
@@ -40,7 +44,8 @@ pub struct ClientLimits {
     /// Cap on combined Exec output kept in host memory; past it output is dropped and
     /// `truncated` set.
     pub max_output_bytes: u64,
-    /// Cap on ReadFile/WriteFile sizes.
+    /// Cap on the size of a file read into memory ([`AgentClient::read_file`]); the
+    /// streaming calls take their cap as an argument.
     pub max_file_bytes: u64,
     /// Cap on List entries.
     pub max_list_entries: usize,
@@ -56,7 +61,7 @@ impl Default for ClientLimits {
             connect_timeout: Duration::from_secs(5),
             step_timeout: Duration::from_secs(10),
             max_output_bytes: MAX_EXEC_OUTPUT,
-            max_file_bytes: MAX_FILE_BYTES,
+            max_file_bytes: MAX_IN_MEMORY_FILE,
             max_list_entries: MAX_LIST_ENTRIES as usize,
             default_exec_timeout: Duration::from_secs(3600),
             exec_grace: Duration::from_secs(5),
@@ -382,100 +387,6 @@ impl AgentClient {
         )
         .await?;
         Ok(ExecStream::new(c, deadline))
-    }
-
-    /// Read a file at `path` relative to `root` (confined to `root`).
-    pub async fn read_file(&self, root: &str, path: &str) -> Result<Vec<u8>, ClientError> {
-        let (mut c, _) = self.connect().await?;
-        let size = match c
-            .request(
-                Request::ReadFile {
-                    root: root.into(),
-                    path: path.into(),
-                },
-                "read_file",
-            )
-            .await?
-        {
-            AgentFrame::FileStart { size } => size,
-            f => return Err(unexpected("read_file", &f)),
-        };
-        let max = self.limits.max_file_bytes.min(MAX_FILE_BYTES);
-        if size > max {
-            return Err(ClientError::TooLarge { what: "file", max });
-        }
-        let mut buf = Vec::with_capacity(size.min(MAX_CHUNK as u64) as usize);
-        loop {
-            match c.recv(None, "read_file").await? {
-                AgentFrame::Data(d) => {
-                    if buf.len() as u64 + d.len() as u64 > size {
-                        return Err(ClientError::TooLarge {
-                            what: "file data past its announced size",
-                            max: size,
-                        });
-                    }
-                    buf.extend_from_slice(&d);
-                }
-                AgentFrame::DataEnd if buf.len() as u64 == size => return Ok(buf),
-                f => return Err(unexpected("read_file", &f)),
-            }
-        }
-    }
-
-    /// Create or replace the file at `path` relative to `root` (parents created).
-    pub async fn write_file(&self, root: &str, path: &str, data: &[u8]) -> Result<(), ClientError> {
-        let max = self.limits.max_file_bytes.min(MAX_FILE_BYTES);
-        if data.len() as u64 > max {
-            return Err(ClientError::TooLarge { what: "file", max });
-        }
-        let (mut c, _) = self.connect().await?;
-        let req = Request::WriteFile {
-            root: root.into(),
-            path: path.into(),
-            size: data.len() as u64,
-        };
-        match c.request(req, "write_file").await? {
-            AgentFrame::Ok => {}
-            f => return Err(unexpected("write_file", &f)),
-        }
-        for chunk in data.chunks(MAX_CHUNK) {
-            c.send(&ClientFrame::Data(chunk.to_vec()), "write_file")
-                .await?;
-        }
-        c.send(&ClientFrame::DataEnd, "write_file").await?;
-        match c.recv(None, "write_file").await? {
-            AgentFrame::Ok => Ok(()),
-            f => Err(unexpected("write_file", &f)),
-        }
-    }
-
-    /// Regular files under `root/path`, recursively, with sizes (symlinks are not followed).
-    pub async fn list(&self, root: &str, path: &str) -> Result<Vec<FileEntry>, ClientError> {
-        let (mut c, _) = self.connect().await?;
-        c.send(
-            &ClientFrame::Request(Request::List {
-                root: root.into(),
-                path: path.into(),
-            }),
-            "list",
-        )
-        .await?;
-        let mut out = Vec::new();
-        loop {
-            match c.recv(None, "list").await? {
-                AgentFrame::ListBatch(b) => {
-                    if out.len() + b.len() > self.limits.max_list_entries {
-                        return Err(ClientError::TooLarge {
-                            what: "list entry count",
-                            max: self.limits.max_list_entries as u64,
-                        });
-                    }
-                    out.extend(b);
-                }
-                AgentFrame::ListEnd => return Ok(out),
-                f => return Err(unexpected("list", &f)),
-            }
-        }
     }
 
     /// Start a long-lived process.

@@ -2,6 +2,8 @@
 //! `GuestMemoryMmap`, drives the MMIO registers through [`BusDevice`], notifies queues and waits
 //! on the interrupt `EventFd`. Used by the tests in `vmm/tests/virtio_*.rs`; not for production.
 
+pub mod walk;
+
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 

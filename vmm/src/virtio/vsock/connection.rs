@@ -104,6 +104,12 @@ impl Conn {
         }
     }
 
+    /// Guest data buffered for the host socket (at most [`BUF_ALLOC`]).
+    #[cfg(test)]
+    pub fn buffered(&self) -> usize {
+        self.tx.len()
+    }
+
     /// Bytes the guest can still take.
     pub fn peer_credit(&self) -> u32 {
         self.peer_buf_alloc

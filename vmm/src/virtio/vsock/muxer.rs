@@ -10,6 +10,9 @@
 //! [`MAX_QUEUED_RST`] queued bare RST replies, and a host socket is only watched for input while
 //! the guest has credit and we have not yet seen it readable, so a guest that posts no RX
 //! buffers costs no CPU.
+//!
+//! Split by direction: `host` (host clients, handshakes, socket events), `guest` (the TX
+//! queue), `rx` (the RX and event queues); this file holds the state and the worker glue.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
@@ -26,6 +29,12 @@ use super::timers::{Timer, Timers};
 use super::unix::{CONNECT_TIMEOUT, Handshake, PendingClient};
 use crate::virtio::queue::{self, Buf, QueueError};
 use crate::virtio::worker::{Ctx, HANDLER_TOKEN_BASE, Handler};
+
+mod guest;
+mod host;
+#[cfg(test)]
+mod props;
+mod rx;
 
 /// Most connections (established, connecting and pending host clients) per device.
 pub const MAX_CONNECTIONS: usize = 1023;
@@ -137,6 +146,12 @@ impl Muxer {
     fn remove(&mut self, key: ConnKey, rst: bool) {
         if let Some(c) = self.conns.remove(&key) {
             self.slots.remove(&c.token);
+            if c.queued {
+                // Never leave a dead key queued: a connection made again under the same key
+                // would be queued twice, and keys of dead connections would pile up while the
+                // guest posts no RX buffers (at most MAX_CONNECTIONS entries to scan).
+                self.rx_ready.retain(|k| *k != key);
+            }
             if rst {
                 self.queue_rst(key);
             }
@@ -151,64 +166,6 @@ impl Muxer {
         self.sync_interest(key, ctx);
         self.enqueue(key);
         token
-    }
-
-    fn accept_all(&mut self, ctx: &Ctx<'_>) {
-        loop {
-            let stream = match self.listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return,
-            };
-            if self.count() >= MAX_CONNECTIONS {
-                tracing::debug!("vsock: connection limit reached; refusing host client");
-                continue;
-            }
-            let Ok(p) = PendingClient::new(stream, Instant::now()) else {
-                continue;
-            };
-            let token = self.token();
-            ctx.epoll_ctl(
-                ControlOperation::Add,
-                p.stream.as_raw_fd(),
-                EventSet::IN,
-                token,
-            );
-            self.add_timer(p.deadline, Timer::Pending(token));
-            self.slots.insert(token, Slot::Pending(p));
-            self.pending += 1;
-        }
-    }
-
-    fn handshake(&mut self, token: u64, ctx: &Ctx<'_>) {
-        let Some(Slot::Pending(p)) = self.slots.get_mut(&token) else {
-            return;
-        };
-        let port = match p.advance() {
-            Handshake::Incomplete => return,
-            Handshake::Drop => None,
-            Handshake::Connect(port) => Some(port),
-        };
-        let Some(Slot::Pending(p)) = self.slots.remove(&token) else {
-            return;
-        };
-        self.pending -= 1;
-        let Some(guest_port) = port else {
-            return;
-        };
-        let fd = p.stream.as_raw_fd();
-        ctx.epoll_ctl(ControlOperation::Delete, fd, EventSet::IN, token);
-        let Some(host_port) = self.alloc_host_port(guest_port) else {
-            return;
-        };
-        let mut conn = Conn::new(p.stream, 0, State::Connecting);
-        conn.send_request = true;
-        let key = (host_port, guest_port);
-        let token = self.insert_conn(key, conn, ctx);
-        self.add_timer(
-            Instant::now() + CONNECT_TIMEOUT,
-            Timer::Connecting(key, token),
-        );
     }
 
     fn timer_live(&self, t: &Timer) -> bool {
@@ -230,275 +187,6 @@ impl Muxer {
         self.timers.push(at, t);
     }
 
-    fn alloc_host_port(&mut self, guest_port: u32) -> Option<u32> {
-        for _ in 0..=MAX_CONNECTIONS {
-            let p = self.next_host_port;
-            self.next_host_port = self
-                .next_host_port
-                .checked_add(1)
-                .unwrap_or(FIRST_HOST_PORT);
-            if !self.conns.contains_key(&(p, guest_port)) {
-                return Some(p);
-            }
-        }
-        None
-    }
-
-    fn conn_event(&mut self, key: ConnKey, events: EventSet, ctx: &Ctx<'_>) {
-        let Some(c) = self.conns.get_mut(&key) else {
-            return;
-        };
-        if events
-            .intersects(EventSet::IN | EventSet::HANG_UP | EventSet::READ_HANG_UP | EventSet::ERROR)
-        {
-            c.readable = true;
-        }
-        if events.contains(EventSet::OUT) && c.flush_tx().is_err() {
-            self.remove(key, true);
-            return;
-        }
-        self.sync_interest(key, ctx);
-        self.enqueue(key);
-    }
-
-    /// Handle one validated packet from the guest; `payload` holds RW data.
-    fn guest_packet(&mut self, hdr: &Header, payload: &[u8], ctx: &Ctx<'_>) {
-        let key = (hdr.dst_port, hdr.src_port);
-        if hdr.op == op::REQUEST {
-            self.guest_connect(key);
-            return;
-        }
-        let Some(c) = self.conns.get_mut(&key) else {
-            if hdr.op != op::RST {
-                self.queue_rst(key);
-            }
-            return;
-        };
-        c.update_peer(hdr);
-        match hdr.op {
-            op::RESPONSE if c.state == State::Connecting => {
-                let ok = format!("OK {}\n", key.0);
-                if c.stream.write_all(ok.as_bytes()).is_err() {
-                    self.remove(key, true);
-                    return;
-                }
-                c.state = State::Established;
-            }
-            op::RST => {
-                self.remove(key, false);
-                return;
-            }
-            op::SHUTDOWN => {
-                c.guest_shut_send |= hdr.flags & packet::SHUTDOWN_SEND != 0;
-                let both = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
-                if hdr.flags & both == both || c.flush_tx().is_err() {
-                    let _ = c.flush_tx();
-                    self.remove(key, true);
-                    return;
-                }
-            }
-            op::RW if c.state == State::Established => {
-                if let Err(e) = c.push_tx(payload) {
-                    tracing::debug!("vsock: {e}; resetting connection");
-                    self.remove(key, true);
-                    return;
-                }
-            }
-            op::CREDIT_UPDATE => {}
-            op::CREDIT_REQUEST => c.send_credit_update = true,
-            _ => {
-                self.remove(key, true);
-                return;
-            }
-        }
-        self.sync_interest(key, ctx);
-        self.enqueue(key);
-    }
-
-    /// A guest `REQUEST`: refused with RST (a request reusing a live key also resets that
-    /// connection). Counted; logged only for the first and then every 4096th, as the guest
-    /// controls the rate.
-    fn guest_connect(&mut self, key: ConnKey) {
-        if self.conns.contains_key(&key) {
-            self.remove(key, true);
-            return;
-        }
-        let n = GUEST_CONNECTS_REFUSED.fetch_add(1, Ordering::Relaxed);
-        if n.is_multiple_of(4096) {
-            tracing::info!(
-                host_port = key.0,
-                refused = n + 1,
-                "vsock: guest-initiated connection refused"
-            );
-        }
-        self.queue_rst(key);
-    }
-
-    fn process_tx(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
-        let mut used = false;
-        while let Some(chain) = queue::pop_chain(&mut ctx.queues[TXQ], ctx.mem)? {
-            if let Ok(bufs) = &chain.bufs {
-                self.tx_chain(bufs, ctx);
-            }
-            queue::add_used(&mut ctx.queues[TXQ], ctx.mem, chain.head, 0)?;
-            used = true;
-        }
-        if used && queue::needs_notification(&mut ctx.queues[TXQ], ctx.mem) {
-            ctx.irq.signal_used();
-        }
-        Ok(())
-    }
-
-    fn tx_chain(&mut self, bufs: &[Buf], ctx: &Ctx<'_>) {
-        let mut hb = [0u8; HDR_SIZE];
-        let got = queue::read_chain(ctx.mem, bufs, 0, &mut hb);
-        let payload_room = queue::readable_len(bufs).saturating_sub(HDR_SIZE as u64);
-        match packet::parse_tx(&hb[..got], self.guest_cid, payload_room) {
-            Ok(hdr) => {
-                let len = if hdr.op == op::RW {
-                    hdr.len as usize
-                } else {
-                    0
-                };
-                let mut scratch = std::mem::take(&mut self.scratch);
-                let n = queue::read_chain(ctx.mem, bufs, HDR_SIZE as u64, &mut scratch[..len]);
-                if n == len {
-                    self.guest_packet(&hdr, &scratch[..n], ctx);
-                }
-                self.scratch = scratch;
-            }
-            Err(PacketError::Short | PacketError::Address) => {
-                tracing::debug!("vsock: dropping malformed packet");
-            }
-            Err(e) => {
-                tracing::debug!("vsock: {e}");
-                if let Some(h) = packet::Header::parse(&hb[..got]) {
-                    let key = (h.dst_port, h.src_port);
-                    if self.conns.contains_key(&key) {
-                        self.remove(key, true);
-                    } else if h.op != op::RST {
-                        self.queue_rst(key);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Fill RX buffers: bare RSTs first, then connections in round-robin.
-    fn fill_rx(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
-        let mut used = false;
-        loop {
-            if self.rsts.is_empty() && self.rx_ready.is_empty() {
-                break;
-            }
-            let Some(chain) = queue::pop_chain(&mut ctx.queues[RXQ], ctx.mem)? else {
-                break;
-            };
-            let bufs = match chain.bufs {
-                Ok(b) if queue::writable_len(&b) >= HDR_SIZE as u64 => b,
-                _ => {
-                    queue::add_used(&mut ctx.queues[RXQ], ctx.mem, chain.head, 0)?;
-                    used = true;
-                    continue;
-                }
-            };
-            let written = match self.rsts.pop_front() {
-                Some(h) => queue::write_chain(ctx.mem, &bufs, 0, &h.to_bytes()),
-                None => self.conn_packet(&bufs, ctx),
-            };
-            if written == 0 {
-                queue::undo_pop(&mut ctx.queues[RXQ]);
-                continue;
-            }
-            queue::add_used(&mut ctx.queues[RXQ], ctx.mem, chain.head, written as u32)?;
-            used = true;
-        }
-        if used && queue::needs_notification(&mut ctx.queues[RXQ], ctx.mem) {
-            ctx.irq.signal_used();
-        }
-        Ok(())
-    }
-
-    /// Write the next packet of the first ready connection into `bufs`; 0 if none was written
-    /// (the chain is then put back).
-    fn conn_packet(&mut self, bufs: &[Buf], ctx: &Ctx<'_>) -> usize {
-        let Some(key) = self.rx_ready.pop_front() else {
-            return 0;
-        };
-        let cid = self.guest_cid;
-        let Some(c) = self.conns.get_mut(&key) else {
-            return 0;
-        };
-        let mut written = 0;
-        let ctrl = if c.send_request {
-            c.send_request = false;
-            Some((op::REQUEST, 0))
-        } else if c.send_response {
-            c.send_response = false;
-            Some((op::RESPONSE, 0))
-        } else if c.can_send_data() {
-            None
-        } else if c.send_shutdown {
-            c.send_shutdown = false;
-            Some((op::SHUTDOWN, packet::SHUTDOWN_SEND))
-        } else if c.send_credit_update {
-            c.send_credit_update = false;
-            Some((op::CREDIT_UPDATE, 0))
-        } else {
-            c.queued = false;
-            return 0;
-        };
-        match ctrl {
-            Some((o, flags)) => {
-                let h = c.header(key, cid, o, 0, flags);
-                written = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
-            }
-            None => {
-                let room = queue::writable_len(bufs).saturating_sub(HDR_SIZE as u64);
-                let n = (c.peer_credit() as usize)
-                    .min(self.scratch.len())
-                    .min(room as usize);
-                if n == 0 {
-                    // An RX buffer too small for data: spend it on a credit update.
-                    let h = c.header(key, cid, op::CREDIT_UPDATE, 0, 0);
-                    c.queued = false;
-                    let w = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
-                    self.enqueue(key);
-                    return w;
-                }
-                match c.stream.read(&mut self.scratch[..n]) {
-                    Ok(0) => {
-                        c.host_eof = true;
-                        c.send_shutdown = true;
-                    }
-                    Ok(m) => {
-                        c.send_credit_update = false;
-                        let h = c.header(key, cid, op::RW, m as u32, 0);
-                        let hw = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
-                        let dw =
-                            queue::write_chain(ctx.mem, bufs, HDR_SIZE as u64, &self.scratch[..m]);
-                        c.sent_to_guest(m as u32);
-                        written = hw + dw;
-                    }
-                    Err(e)
-                        if e.kind() == ErrorKind::WouldBlock
-                            || e.kind() == ErrorKind::Interrupted =>
-                    {
-                        c.readable = false;
-                    }
-                    Err(_) => {
-                        self.remove(key, true);
-                        return 0;
-                    }
-                }
-            }
-        }
-        c.queued = false;
-        self.sync_interest(key, ctx);
-        self.enqueue(key);
-        written
-    }
-
     fn expire_timers(&mut self) {
         let now = Instant::now();
         while let Some(t) = self.timers.pop_expired(now) {
@@ -517,25 +205,6 @@ impl Muxer {
                 }
             }
         }
-    }
-
-    fn deliver_reset_event(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
-        if !self.reset_event_pending {
-            return Ok(());
-        }
-        let Some(chain) = queue::pop_chain(&mut ctx.queues[EVQ], ctx.mem)? else {
-            return Ok(());
-        };
-        let n = match &chain.bufs {
-            Ok(b) => queue::write_chain(ctx.mem, b, 0, &EVENT_TRANSPORT_RESET.to_le_bytes()),
-            Err(_) => 0,
-        };
-        if n == 4 {
-            self.reset_event_pending = false;
-        }
-        queue::add_used(&mut ctx.queues[EVQ], ctx.mem, chain.head, n as u32)?;
-        ctx.irq.signal_used();
-        Ok(())
     }
 
     fn check(r: Result<(), QueueError>, ctx: &Ctx<'_>) {

@@ -1,0 +1,267 @@
+//! The OCI bundle's `config.json` → what one container's VM runs, with the refusals.
+//!
+//! Honoured: `process.args`, `env`, `cwd`, `user.uid`/`gid`, `terminal`; read-only bind
+//! mounts (→ read-only disks); `linux.resources.memory.limit` (→ guest memory),
+//! `cpu.quota`/`period` (→ vCPUs), `pids.limit`; `root.path` when containerd gives no rootfs
+//! mounts. Refused at create, naming the field: no network namespace (the host's network), a
+//! bind mount without `ro`, a mount type the VM cannot provide, capabilities beyond the
+//! default set (privileged, `--cap-add`), host devices (`linux.devices`), hooks (host code
+//! the runtime would run). Everything else (seccomp, AppArmor, sysctls, rlimits, masked
+//! paths, the guest's own `/proc`, `/sys`, `/dev` mounts) is ignored: the guest kernel is the
+//! boundary. The README's table lists each field.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use vm_spec::Mount;
+
+use crate::error::ShimError;
+
+/// Capabilities containerd gives a container by default; more is refused.
+pub const DEFAULT_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// Mount types the guest provides itself (its own kernel's), so the bundle's are ignored.
+const GUEST_MOUNT_TYPES: &[&str] = &[
+    "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2",
+];
+
+/// Cap on `config.json`'s size.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// What a process runs: from `process` (the container's, or an exec's spec).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSpec {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// `UID:GID`; `None` = root.
+    pub user: Option<String>,
+    pub terminal: bool,
+}
+
+/// What a container's VM is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    pub process: ProcessSpec,
+    pub mounts: Vec<Mount>,
+    pub mem_mib: Option<i64>,
+    pub vcpus: Option<i64>,
+    pub pids: Option<i64>,
+    /// `root.path`, resolved against the bundle.
+    pub root_path: PathBuf,
+}
+
+fn refused(field: impl std::fmt::Display, why: impl std::fmt::Display) -> ShimError {
+    ShimError::Refused(format!("{field}: {why}"))
+}
+
+fn bad(field: &str, why: &str) -> ShimError {
+    ShimError::Bundle {
+        what: "config.json",
+        detail: format!("{field}: {why}"),
+    }
+}
+
+/// Reads `<bundle>/config.json` (bounded) and turns it into a [`ContainerSpec`].
+pub fn load(bundle: &Path) -> Result<ContainerSpec, ShimError> {
+    let path = bundle.join("config.json");
+    let meta = std::fs::metadata(&path).map_err(ShimError::io(format!("{}", path.display())))?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(bad("config.json", "larger than 4 MiB"));
+    }
+    let text = std::fs::read(&path).map_err(ShimError::io(format!("{}", path.display())))?;
+    let doc: Value = serde_json::from_slice(&text).map_err(|e| ShimError::Bundle {
+        what: "config.json",
+        detail: e.to_string(),
+    })?;
+    container(&doc, bundle)
+}
+
+/// The container described by `doc` (see the module docs for what is refused).
+pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError> {
+    refuse_hooks(doc)?;
+    refuse_host_network(doc)?;
+    let process = process(
+        doc.get("process")
+            .ok_or_else(|| bad("process", "missing"))?,
+    )?;
+    // Capabilities before devices: a privileged bundle is named by its capabilities.
+    refuse_caps(&doc["process"])?;
+    refuse_devices(doc)?;
+    let mounts = mounts(doc)?;
+    let res = &doc["linux"]["resources"];
+    let mem_mib = match res["memory"]["limit"].as_i64() {
+        Some(b) if b > 0 => Some((b + (1 << 20) - 1) >> 20),
+        _ => None,
+    };
+    let vcpus = match (res["cpu"]["quota"].as_i64(), res["cpu"]["period"].as_u64()) {
+        (Some(q), Some(p)) if q > 0 && p > 0 => Some((q as u64).div_ceil(p) as i64),
+        _ => None,
+    };
+    let pids = res["pids"]["limit"].as_i64().filter(|p| *p > 0);
+    let root = doc["root"]["path"].as_str().unwrap_or("rootfs");
+    Ok(ContainerSpec {
+        process,
+        mounts,
+        mem_mib,
+        vcpus,
+        pids,
+        root_path: bundle.join(root),
+    })
+}
+
+/// A `process` object (the container's, or an exec's) → [`ProcessSpec`].
+pub fn process(p: &Value) -> Result<ProcessSpec, ShimError> {
+    let args: Vec<String> = strings(&p["args"], "process.args")?;
+    if args.is_empty() {
+        return Err(bad("process.args", "empty"));
+    }
+    let mut env = Vec::new();
+    for (i, kv) in strings(&p["env"], "process.env")?.into_iter().enumerate() {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(bad(&format!("process.env[{i}]"), "not NAME=VALUE"));
+        };
+        env.push((k.to_string(), v.to_string()));
+    }
+    let cwd = p["cwd"].as_str().unwrap_or("/").to_string();
+    let uid = p["user"]["uid"].as_u64().unwrap_or(0);
+    let gid = p["user"]["gid"].as_u64().unwrap_or(0);
+    let user = (uid != 0 || gid != 0).then(|| format!("{uid}:{gid}"));
+    Ok(ProcessSpec {
+        args,
+        env,
+        cwd,
+        user,
+        terminal: p["terminal"].as_bool().unwrap_or(false),
+    })
+}
+
+fn strings(v: &Value, field: &str) -> Result<Vec<String>, ShimError> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(items) => items
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| bad(field, "not a list of strings"))
+            })
+            .collect(),
+        _ => Err(bad(field, "not a list of strings")),
+    }
+}
+
+fn refuse_hooks(doc: &Value) -> Result<(), ShimError> {
+    if let Some(hooks) = doc["hooks"].as_object()
+        && let Some((name, _)) = hooks
+            .iter()
+            .find(|(_, v)| v.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        return Err(refused(
+            format!("hooks.{name}"),
+            "hooks would run host programs; not supported",
+        ));
+    }
+    Ok(())
+}
+
+fn refuse_host_network(doc: &Value) -> Result<(), ShimError> {
+    let has_netns = doc["linux"]["namespaces"]
+        .as_array()
+        .is_some_and(|ns| ns.iter().any(|n| n["type"] == "network"));
+    if !has_netns {
+        return Err(refused(
+            "linux.namespaces",
+            "no network namespace means the host's network; untrusted work gets no network",
+        ));
+    }
+    Ok(())
+}
+
+fn refuse_devices(doc: &Value) -> Result<(), ShimError> {
+    if let Some(d) = doc["linux"]["devices"].as_array().and_then(|d| d.first()) {
+        let path = d["path"].as_str().unwrap_or("?");
+        return Err(refused(
+            "linux.devices[0]",
+            format!("host device {path} cannot be given to the guest"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn refuse_caps(process: &Value) -> Result<(), ShimError> {
+    for set in [
+        "bounding",
+        "effective",
+        "permitted",
+        "inheritable",
+        "ambient",
+    ] {
+        for (i, cap) in strings(&process["capabilities"][set], "process.capabilities")?
+            .iter()
+            .enumerate()
+        {
+            if !DEFAULT_CAPS.contains(&cap.as_str()) {
+                return Err(refused(
+                    format!("process.capabilities.{set}[{i}]"),
+                    format!("{cap} is beyond the default set (privileged or an added capability)"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mounts(doc: &Value) -> Result<Vec<Mount>, ShimError> {
+    let mut out = Vec::new();
+    let Some(list) = doc["mounts"].as_array() else {
+        return Ok(out);
+    };
+    for (i, m) in list.iter().enumerate() {
+        let field = format!("mounts[{i}]");
+        let dest = m["destination"]
+            .as_str()
+            .ok_or_else(|| bad(&field, "no destination"))?;
+        let options = strings(&m["options"], &format!("{field}.options"))?;
+        let ty = m["type"].as_str().unwrap_or("");
+        let is_bind = ty == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
+        if !is_bind {
+            if GUEST_MOUNT_TYPES.contains(&ty) {
+                continue;
+            }
+            return Err(refused(
+                format!("{field} ({dest})"),
+                format!("mount type {ty:?} is not supported in the VM"),
+            ));
+        }
+        let source = m["source"]
+            .as_str()
+            .ok_or_else(|| bad(&field, "bind mount without a source"))?;
+        if !options.iter().any(|o| o == "ro") {
+            return Err(refused(
+                format!("{field} ({dest})"),
+                format!("writable host bind mount of {source}; only read-only (ro) is allowed"),
+            ));
+        }
+        out.push(Mount::read_only(source, dest));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,274 @@
+//! One container = one microVM booted through `vm-sandbox`, and the processes in it.
+//!
+//! `create` reads the bundle ([`crate::bundle`]), prepares the root ([`crate::rootfs`]),
+//! records a reference on the cached root image, writes the bundle's `vm-shim.json` (what
+//! `containerd-shim-vm-v1 delete` needs to clean up after a shim that died) and boots the VM
+//! with the runtime's trust and policy ([`crate::options`]). When the init process ends the
+//! VM is torn down; `delete` drops the reference and the state file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use vm_sandbox::{MicroVm, Options, SnapshotRoots};
+use vm_spec::{Guarantees, Limits, Spec};
+
+use crate::bundle::{self, ContainerSpec, ProcessSpec};
+use crate::error::ShimError;
+use crate::options::ShimConfig;
+use crate::process::{Process, Stdio};
+use crate::rootfs::{self, Root};
+
+/// The bundle file that records what a container holds on the host.
+pub const STATE_FILE: &str = "vm-shim.json";
+
+/// What `delete` (the shim's, or the `delete` action after a crash) must undo.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostState {
+    /// The snapshot root cache and the identity/holder of this container's reference.
+    pub snapshot_cache: PathBuf,
+    pub identity: String,
+    pub holder: String,
+    /// Parent of the VM's run directory (swept for directories whose owner died).
+    pub run_dir_parent: PathBuf,
+}
+
+impl HostState {
+    pub fn read(bundle: &Path) -> Option<HostState> {
+        let text = std::fs::read(bundle.join(STATE_FILE)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Releases the reference and removes the state file (idempotent).
+    pub fn release(&self, bundle: &Path) {
+        let cache = SnapshotRoots::new(&self.snapshot_cache);
+        if let Err(e) = cache.release(&self.identity, &self.holder) {
+            tracing::warn!(error = %e, "releasing the root reference");
+        }
+        let _ = std::fs::remove_file(bundle.join(STATE_FILE));
+    }
+}
+
+/// What `create` is given.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub namespace: String,
+    pub id: String,
+    pub bundle: PathBuf,
+    pub rootfs: Vec<containerd_shim::protos::api::Mount>,
+    pub stdio: Stdio,
+    pub config: ShimConfig,
+}
+
+/// One container (see the module docs).
+#[derive(Debug)]
+pub struct Container {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub init: Arc<Process>,
+    pub pid: u32,
+    vm: Arc<MicroVm>,
+    cwd: String,
+    execs: Mutex<HashMap<String, Arc<Process>>>,
+    host: HostState,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The VM spec for a container: the image set, the root (`None` while only checking), the
+/// process defaults and the bundle's limits, mounts and environment.
+fn vm_spec(c: &ContainerSpec, root: Option<&Root>, config: &ShimConfig) -> Result<Spec, ShimError> {
+    let mut image = match &config.images_dir {
+        Some(dir) => {
+            let p = vm_sandbox::images::images_in(&dir.join("current"))
+                .map_err(ShimError::sandbox("guest images"))?;
+            vm_spec::Image {
+                kernel: p.vmlinux,
+                bz_image: Some(p.bz_image),
+                initrd: Some(p.initramfs),
+                rootfs: None,
+                digests: Default::default(),
+                config: Default::default(),
+                source: None,
+            }
+        }
+        None => {
+            vm_sandbox::images::default_spec_image().map_err(ShimError::sandbox("guest images"))?
+        }
+    };
+    image.rootfs = root.map(|r| r.erofs.clone());
+    image.config.working_dir = Some(c.process.cwd.clone());
+    let limits = Limits {
+        vcpus: c.vcpus.unwrap_or(1),
+        mem_mib: c.mem_mib.unwrap_or(config.default_memory_mib()),
+        pids: c.pids.unwrap_or(0),
+        wall: std::time::Duration::from_secs(config.wall_seconds.unwrap_or(0)),
+    };
+    let mut guarantees = Guarantees::untrusted(limits, c.mounts.clone());
+    guarantees.env = c.process.env.clone();
+    guarantees.env_allow = config.env_allow.clone();
+    let mut spec = Spec::new(image, guarantees);
+    spec.user = c.process.user.clone();
+    Ok(spec)
+}
+
+impl Container {
+    pub async fn create(req: CreateRequest) -> Result<Container, ShimError> {
+        let spec = bundle::load(&req.bundle)?;
+        let config = req.config.clone();
+        let cache = match &config.snapshot_cache {
+            Some(d) => SnapshotRoots::new(d),
+            None => {
+                SnapshotRoots::default_location().map_err(ShimError::sandbox("snapshot cache"))?
+            }
+        };
+        // Refusals first: the spec is validated and a driver selected before any work.
+        let options = Options {
+            trust: config.trust,
+            policy: config.policy(),
+            name: req.id.chars().take(63).collect(),
+            run_dir_parent: Some(config.run_dir()),
+            // Processes run in the image's own directories: no setup command in the image.
+            prepare_root: false,
+            ..Options::default()
+        };
+        vm_sandbox::preflight(&vm_spec(&spec, None, &config)?, &options)
+            .map_err(ShimError::sandbox("checking the VM"))?;
+
+        let target = match req.rootfs.is_empty() {
+            true => spec.root_path.clone(),
+            false => req.bundle.join("rootfs"),
+        };
+        let (root, cache) = {
+            let mounts = req.rootfs.clone();
+            tokio::task::spawn_blocking(move || {
+                rootfs::prepare(&cache, &mounts, &target).map(|r| (r, cache))
+            })
+            .await
+            .map_err(|e| ShimError::Rootfs(e.to_string()))??
+        };
+        let boot_spec = vm_spec(&spec, Some(&root), &config)?;
+        let host = HostState {
+            snapshot_cache: cache.dir().to_path_buf(),
+            identity: root.identity.clone(),
+            holder: format!("{}-{}", req.namespace, req.id),
+            run_dir_parent: config.run_dir(),
+        };
+        cache
+            .hold(&host.identity, &host.holder)
+            .map_err(ShimError::sandbox("holding the root image"))?;
+        let state = serde_json::to_vec(&host).map_err(|e| ShimError::State(e.to_string()))?;
+        let written = std::fs::write(req.bundle.join(STATE_FILE), state)
+            .map_err(ShimError::io(format!("writing {STATE_FILE}")));
+        let booted = match written {
+            Ok(()) => MicroVm::boot(boot_spec, options)
+                .await
+                .map_err(ShimError::sandbox("booting the VM")),
+            Err(e) => Err(e),
+        };
+        let vm = match booted {
+            Ok(vm) => Arc::new(vm),
+            Err(e) => {
+                host.release(&req.bundle);
+                return Err(e);
+            }
+        };
+        let pid = vm.machine().host_pids().first().copied().unwrap_or(0);
+        let init = Process::new(String::new(), req.stdio, spec.process.clone());
+        Ok(Container {
+            id: req.id,
+            bundle: req.bundle,
+            init,
+            pid,
+            vm,
+            cwd: spec.process.cwd,
+            execs: Mutex::new(HashMap::new()),
+            host,
+        })
+    }
+
+    /// The process `exec_id` names (`""` = init).
+    pub fn process(&self, exec_id: &str) -> Result<Arc<Process>, ShimError> {
+        if exec_id.is_empty() {
+            return Ok(self.init.clone());
+        }
+        lock(&self.execs)
+            .get(exec_id)
+            .cloned()
+            .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id:?}")))
+    }
+
+    pub async fn start(&self, exec_id: &str) -> Result<Arc<Process>, ShimError> {
+        let p = self.process(exec_id)?;
+        if !exec_id.is_empty() && self.init.status() != crate::process::Status::Running {
+            return Err(ShimError::State("the container is not running".into()));
+        }
+        p.start(&self.vm, &self.cwd).await?;
+        Ok(p)
+    }
+
+    /// Adds an exec process (started by `start`).
+    pub fn add_exec(
+        &self,
+        exec_id: &str,
+        stdio: Stdio,
+        spec: ProcessSpec,
+    ) -> Result<(), ShimError> {
+        let mut execs = lock(&self.execs);
+        if exec_id.is_empty() || execs.contains_key(exec_id) {
+            return Err(ShimError::State(format!("exec id {exec_id:?} is in use")));
+        }
+        execs.insert(
+            exec_id.to_string(),
+            Process::new(exec_id.into(), stdio, spec),
+        );
+        Ok(())
+    }
+
+    /// After the init process ended: every exec ends with it, and the VM is torn down.
+    pub async fn init_ended(&self) {
+        for p in lock(&self.execs).values() {
+            p.kill();
+        }
+        self.vm.close().await;
+        for p in lock(&self.execs).values() {
+            p.set_exited(crate::process::KILLED);
+        }
+    }
+
+    /// `SIGKILL` to the init process: its tree dies and the VM goes with it.
+    pub async fn kill_all(&self) {
+        self.init.kill();
+        if self.init.status() != crate::process::Status::Created {
+            self.vm.close().await;
+            self.init.set_exited(crate::process::KILLED);
+        }
+    }
+
+    /// Removes an exec (`Some`) or tears the container down (`None`); returns the process.
+    pub async fn delete(&self, exec_id: &str) -> Result<Arc<Process>, ShimError> {
+        if !exec_id.is_empty() {
+            let p = self.process(exec_id)?;
+            if p.status() == crate::process::Status::Running {
+                return Err(ShimError::State(format!("exec {exec_id:?} is running")));
+            }
+            lock(&self.execs).remove(exec_id);
+            return Ok(p);
+        }
+        if self.init.status() == crate::process::Status::Running {
+            return Err(ShimError::State("the container is running".into()));
+        }
+        self.init.set_exited(crate::process::KILLED);
+        self.vm.close().await;
+        self.host.release(&self.bundle);
+        Ok(self.init.clone())
+    }
+
+    /// Host pids of the VM (its processes on this host).
+    pub fn host_pids(&self) -> Vec<u32> {
+        self.vm.machine().host_pids()
+    }
+}

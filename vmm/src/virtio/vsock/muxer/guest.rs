@@ -1,0 +1,129 @@
+//! Guest to host: the TX queue. Every chain is parsed and validated ([`packet::parse_tx`]);
+//! a packet moves one connection's state machine, and a guest `REQUEST` is refused with `RST`.
+
+use super::*;
+
+impl Muxer {
+    pub(super) fn process_tx(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
+        let mut used = false;
+        while let Some(chain) = queue::pop_chain(&mut ctx.queues[TXQ], ctx.mem)? {
+            if let Ok(bufs) = &chain.bufs {
+                self.tx_chain(bufs, ctx);
+            }
+            queue::add_used(&mut ctx.queues[TXQ], ctx.mem, chain.head, 0)?;
+            used = true;
+        }
+        if used && queue::needs_notification(&mut ctx.queues[TXQ], ctx.mem) {
+            ctx.irq.signal_used();
+        }
+        Ok(())
+    }
+
+    pub(super) fn tx_chain(&mut self, bufs: &[Buf], ctx: &Ctx<'_>) {
+        let mut hb = [0u8; HDR_SIZE];
+        let got = queue::read_chain(ctx.mem, bufs, 0, &mut hb);
+        let payload_room = queue::readable_len(bufs).saturating_sub(HDR_SIZE as u64);
+        match packet::parse_tx(&hb[..got], self.guest_cid, payload_room) {
+            Ok(hdr) => {
+                let len = if hdr.op == op::RW {
+                    hdr.len as usize
+                } else {
+                    0
+                };
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let n = queue::read_chain(ctx.mem, bufs, HDR_SIZE as u64, &mut scratch[..len]);
+                if n == len {
+                    self.guest_packet(&hdr, &scratch[..n], ctx);
+                }
+                self.scratch = scratch;
+            }
+            Err(PacketError::Short | PacketError::Address) => {
+                tracing::debug!("vsock: dropping malformed packet");
+            }
+            Err(e) => {
+                tracing::debug!("vsock: {e}");
+                if let Some(h) = packet::Header::parse(&hb[..got]) {
+                    let key = (h.dst_port, h.src_port);
+                    if self.conns.contains_key(&key) {
+                        self.remove(key, true);
+                    } else if h.op != op::RST {
+                        self.queue_rst(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handle one validated packet from the guest; `payload` holds RW data.
+    pub(super) fn guest_packet(&mut self, hdr: &Header, payload: &[u8], ctx: &Ctx<'_>) {
+        let key = (hdr.dst_port, hdr.src_port);
+        if hdr.op == op::REQUEST {
+            self.guest_connect(key);
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&key) else {
+            if hdr.op != op::RST {
+                self.queue_rst(key);
+            }
+            return;
+        };
+        c.update_peer(hdr);
+        match hdr.op {
+            op::RESPONSE if c.state == State::Connecting => {
+                let ok = format!("OK {}\n", key.0);
+                if c.stream.write_all(ok.as_bytes()).is_err() {
+                    self.remove(key, true);
+                    return;
+                }
+                c.state = State::Established;
+            }
+            op::RST => {
+                self.remove(key, false);
+                return;
+            }
+            op::SHUTDOWN => {
+                c.guest_shut_send |= hdr.flags & packet::SHUTDOWN_SEND != 0;
+                let both = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
+                if hdr.flags & both == both || c.flush_tx().is_err() {
+                    let _ = c.flush_tx();
+                    self.remove(key, true);
+                    return;
+                }
+            }
+            op::RW if c.state == State::Established => {
+                if let Err(e) = c.push_tx(payload) {
+                    tracing::debug!("vsock: {e}; resetting connection");
+                    self.remove(key, true);
+                    return;
+                }
+            }
+            op::CREDIT_UPDATE => {}
+            op::CREDIT_REQUEST => c.send_credit_update = true,
+            _ => {
+                self.remove(key, true);
+                return;
+            }
+        }
+        self.sync_interest(key, ctx);
+        self.enqueue(key);
+    }
+
+    /// A guest `REQUEST`: refused with RST (a request reusing a live key also resets that
+    /// connection). Counted; logged only for the first and then every 4096th, as the guest
+    /// controls the rate.
+    pub(super) fn guest_connect(&mut self, key: ConnKey) {
+        if self.conns.contains_key(&key) {
+            self.remove(key, true);
+            return;
+        }
+        let n = GUEST_CONNECTS_REFUSED.fetch_add(1, Ordering::Relaxed);
+        if n.is_multiple_of(4096) {
+            tracing::info!(
+                host_port = key.0,
+                refused = n + 1,
+                "vsock: guest-initiated connection refused"
+            );
+        }
+        self.queue_rst(key);
+    }
+}

@@ -1,0 +1,140 @@
+//! Host to guest: filling the RX queue (bare RSTs first, then ready connections in
+//! round-robin, within the guest's credit) and the event queue's transport reset.
+
+use super::*;
+
+impl Muxer {
+    /// Fill RX buffers: bare RSTs first, then connections in round-robin.
+    pub(super) fn fill_rx(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
+        let mut used = false;
+        loop {
+            if self.rsts.is_empty() && self.rx_ready.is_empty() {
+                break;
+            }
+            let Some(chain) = queue::pop_chain(&mut ctx.queues[RXQ], ctx.mem)? else {
+                break;
+            };
+            let bufs = match chain.bufs {
+                Ok(b) if queue::writable_len(&b) >= HDR_SIZE as u64 => b,
+                _ => {
+                    queue::add_used(&mut ctx.queues[RXQ], ctx.mem, chain.head, 0)?;
+                    used = true;
+                    continue;
+                }
+            };
+            let written = match self.rsts.pop_front() {
+                Some(h) => queue::write_chain(ctx.mem, &bufs, 0, &h.to_bytes()),
+                None => self.conn_packet(&bufs, ctx),
+            };
+            if written == 0 {
+                queue::undo_pop(&mut ctx.queues[RXQ]);
+                continue;
+            }
+            queue::add_used(&mut ctx.queues[RXQ], ctx.mem, chain.head, written as u32)?;
+            used = true;
+        }
+        if used && queue::needs_notification(&mut ctx.queues[RXQ], ctx.mem) {
+            ctx.irq.signal_used();
+        }
+        Ok(())
+    }
+
+    /// Write the next packet of the first ready connection into `bufs`; 0 if none was written
+    /// (the chain is then put back).
+    pub(super) fn conn_packet(&mut self, bufs: &[Buf], ctx: &Ctx<'_>) -> usize {
+        let Some(key) = self.rx_ready.pop_front() else {
+            return 0;
+        };
+        let cid = self.guest_cid;
+        let Some(c) = self.conns.get_mut(&key) else {
+            return 0;
+        };
+        let mut written = 0;
+        let ctrl = if c.send_request {
+            c.send_request = false;
+            Some((op::REQUEST, 0))
+        } else if c.send_response {
+            c.send_response = false;
+            Some((op::RESPONSE, 0))
+        } else if c.can_send_data() {
+            None
+        } else if c.send_shutdown {
+            c.send_shutdown = false;
+            Some((op::SHUTDOWN, packet::SHUTDOWN_SEND))
+        } else if c.send_credit_update {
+            c.send_credit_update = false;
+            Some((op::CREDIT_UPDATE, 0))
+        } else {
+            c.queued = false;
+            return 0;
+        };
+        match ctrl {
+            Some((o, flags)) => {
+                let h = c.header(key, cid, o, 0, flags);
+                written = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
+            }
+            None => {
+                let room = queue::writable_len(bufs).saturating_sub(HDR_SIZE as u64);
+                let n = (c.peer_credit() as usize)
+                    .min(self.scratch.len())
+                    .min(room as usize);
+                if n == 0 {
+                    // An RX buffer too small for data: spend it on a credit update.
+                    let h = c.header(key, cid, op::CREDIT_UPDATE, 0, 0);
+                    c.queued = false;
+                    let w = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
+                    self.enqueue(key);
+                    return w;
+                }
+                match c.stream.read(&mut self.scratch[..n]) {
+                    Ok(0) => {
+                        c.host_eof = true;
+                        c.send_shutdown = true;
+                    }
+                    Ok(m) => {
+                        c.send_credit_update = false;
+                        let h = c.header(key, cid, op::RW, m as u32, 0);
+                        let hw = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
+                        let dw =
+                            queue::write_chain(ctx.mem, bufs, HDR_SIZE as u64, &self.scratch[..m]);
+                        c.sent_to_guest(m as u32);
+                        written = hw + dw;
+                    }
+                    Err(e)
+                        if e.kind() == ErrorKind::WouldBlock
+                            || e.kind() == ErrorKind::Interrupted =>
+                    {
+                        c.readable = false;
+                    }
+                    Err(_) => {
+                        self.remove(key, true);
+                        return 0;
+                    }
+                }
+            }
+        }
+        c.queued = false;
+        self.sync_interest(key, ctx);
+        self.enqueue(key);
+        written
+    }
+
+    pub(super) fn deliver_reset_event(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
+        if !self.reset_event_pending {
+            return Ok(());
+        }
+        let Some(chain) = queue::pop_chain(&mut ctx.queues[EVQ], ctx.mem)? else {
+            return Ok(());
+        };
+        let n = match &chain.bufs {
+            Ok(b) => queue::write_chain(ctx.mem, b, 0, &EVENT_TRANSPORT_RESET.to_le_bytes()),
+            Err(_) => 0,
+        };
+        if n == 4 {
+            self.reset_event_pending = false;
+        }
+        queue::add_used(&mut ctx.queues[EVQ], ctx.mem, chain.head, n as u32)?;
+        ctx.irq.signal_used();
+        Ok(())
+    }
+}
