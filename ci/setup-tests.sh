@@ -8,7 +8,10 @@
 # (images/oci-debian.sh), the rustfmt and clippy components for the lint checks, the host
 # onnxruntime venv (~/.cache/vm/venv-onnx: onnx + onnxruntime, the versions
 # images/onnx-image.sh pins) and the python + onnxruntime model-server image with its tiny
-# model (images/onnx-image.sh, cached), and, when the repository has fuzz targets, a nightly
+# model (images/onnx-image.sh, cached), the llama.cpp model-server image, its tiny model and
+# the openai client venv (images/llama-server.sh: cmake and g++ build a static llama-server
+# once, 8-21 min on 2 shared cores, cached by input hash), and, when the repository has fuzz
+# targets, a nightly
 # toolchain with cargo-fuzz. Idempotent: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,7 +21,8 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
-apt_install_missing setup-tests e2fsprogs python3 python3-venv docker-registry skopeo containerd mmdebstrap || die "cannot install the packages the tests need"
+apt_install_missing setup-tests e2fsprogs python3 python3-venv docker-registry skopeo containerd mmdebstrap \
+    cmake g++ make || die "cannot install the packages the tests need"
 
 # Lints run in ci/test.sh.
 for component in clippy rustfmt; do
@@ -88,4 +92,15 @@ if ! images/onnx-image.sh --print-dir >/dev/null; then
     fi
 else
     say "onnxruntime image present: $(images/onnx-image.sh --print-dir)"
+fi
+
+# The llama.cpp model server the llama tests and the llama_serve bench boot: a static
+# llama-server built from the llama-cpp-python sdist (the long step, only when its key —
+# sdist version, cmake flags, the build script — is not cached under ~/.cache/vm/llama),
+# then its OCI image, the tiny GGUF and the venv (seconds).
+if ! images/llama-server.sh --print-path >/dev/null 2>&1; then
+    say "building the llama.cpp server image (images/llama-server.sh)"
+    images/llama-server.sh >/dev/null || die "images/llama-server.sh failed"
+else
+    say "llama.cpp server image present: $(images/llama-server.sh --print-path)"
 fi

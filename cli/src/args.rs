@@ -113,6 +113,10 @@ pub struct VmOpts {
     /// Accept an emulated VM (tcg: a full guest kernel, but not a hardware-virtualized boundary)
     #[arg(long)]
     pub allow_emulation: bool,
+    /// Accept running the VM's host processes without their jail (namespaces, own uid, no
+    /// capabilities, seccomp) when this host cannot build it, e.g. when not root
+    #[arg(long)]
+    pub allow_weaker_jail: bool,
 }
 
 /// Options for the command run in the guest.

@@ -46,8 +46,17 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     let validation = plan.spec.validate();
     let registry = Registry::with_defaults();
     let selection = vm_sandbox::select(&registry, plan.driver, plan.trust, &plan.policy);
+    let allow_weaker = plan.policy.allow_weaker_jail || plan.trust != Trust::Untrusted;
+    // A driver whose jail this host cannot build refuses the boot unless a weaker one is
+    // accepted: the dry run says so the same way.
+    let jail_refusal = selection
+        .as_ref()
+        .ok()
+        .and_then(|d| d.jail())
+        .and_then(|j| j.decide(allow_weaker).err());
     let (code, verdict) = match (&validation, &selection) {
         (Err(_), _) => (exit::REFUSED, "refused"),
+        (Ok(_), Ok(_)) if jail_refusal.is_some() => (exit::REFUSED, "refused"),
         (Ok(_), Err(e)) => {
             let code = exit::classify_cause(e).unwrap_or(exit::FAILED);
             (
@@ -71,7 +80,12 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
                 "ok": true,
                 "name": d.name(),
                 "containment": d.containment().to_string(),
-                "jail": d.jail(),
+                "jail": d.jail().map(|j| {
+                    let applied = j.applied(allow_weaker);
+                    let mut v = json!(j);
+                    v["applied"] = json!(applied);
+                    v
+                }),
             })
         }
         Err(e) => json!({ "ok": false, "error": e.to_string() }),
@@ -99,7 +113,9 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     let reason = match (&validation, &selection) {
         (Err(e), _) => Some(e.to_string()),
         (Ok(_), Err(e)) => Some(e.to_string()),
-        _ => None,
+        _ => jail_refusal.map(|why| {
+            format!("the driver's jail cannot be built here ({why}); pass --allow-weaker-jail to accept running without it")
+        }),
     };
     if let Some(reason) = reason {
         eprintln!("vm: {reason}");

@@ -31,6 +31,7 @@ impl From<TrustArg> for Trust {
 pub fn policy(opts: &VmOpts) -> Policy {
     Policy {
         allow_emulation: opts.allow_emulation,
+        allow_weaker_jail: opts.allow_weaker_jail,
     }
 }
 

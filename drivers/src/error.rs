@@ -46,6 +46,34 @@ pub enum DriverError {
         #[source]
         source: io::Error,
     },
+    /// The jail of a VM process could not be built (the step and its cause).
+    #[error("cannot jail {program}")]
+    Jail {
+        /// The program.
+        program: String,
+        /// The cause.
+        #[source]
+        source: vmm::process::jail::JailError,
+    },
+    /// A VM process was killed by its seccomp filter (`SIGSYS`) before the agent answered.
+    #[error("{program} was killed by SIGSYS: it made a system call outside its seccomp allowlist")]
+    SeccompKilled {
+        /// The program.
+        program: String,
+        /// The tail of the guest console and the program's output.
+        console_tail: String,
+    },
+    /// This host cannot build the driver's jail and the caller did not accept a weaker one.
+    #[error(
+        "{driver}: the jail cannot be built here ({reason}); refusing rather than running \
+             the VM unjailed (pass --allow-weaker-jail to accept that)"
+    )]
+    JailUnavailable {
+        /// The driver.
+        driver: &'static str,
+        /// What is missing.
+        reason: String,
+    },
     /// A helper process exited or never became ready; `output` is the tail of what it printed.
     #[error("{program} failed: {reason}")]
     Helper {

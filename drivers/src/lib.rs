@@ -234,4 +234,8 @@ pub struct BootPlan {
     pub wall: Option<Duration>,
     /// How long to wait for the guest agent to answer after starting the VM.
     pub boot_timeout: Duration,
+    /// Run the VM's processes without their jail when this host cannot build it (the caller's
+    /// explicit choice, `--allow-weaker-jail`); otherwise such a boot is refused
+    /// ([`DriverError::JailUnavailable`]).
+    pub allow_weaker_jail: bool,
 }

@@ -335,6 +335,11 @@ impl Machine {
         self.call(self.agent.write_file(root, path, data)).await
     }
 
+    /// Creates the guest directory `path` (and parents), owned by `owner` when given.
+    pub async fn make_dirs(&self, path: &str, owner: Option<&str>) -> Result<(), MachineError> {
+        self.call(self.agent.make_dirs(path, owner)).await
+    }
+
     /// Streams `path` under the guest directory `root` into `out`, at most `max` bytes
     /// (see [`AgentClient::read_file_to`]).
     pub async fn read_file_to<S: ChunkSink>(

@@ -65,10 +65,24 @@ pub(crate) fn arm(cmd: &mut Command) {
 /// Stdout and stderr, when piped, are copied into one ring of `ring_bytes`.
 pub(crate) fn spawn_supervised(
     program: &str,
-    mut cmd: Command,
+    cmd: Command,
     ring_bytes: usize,
 ) -> io::Result<Supervised> {
+    spawn_jailed(program, cmd, ring_bytes, None)
+}
+
+/// [`spawn_supervised`] inside `jail` (installed after [`arm`], so the reaper the jail forks
+/// carries the parent-death signal too).
+pub(crate) fn spawn_jailed(
+    program: &str,
+    mut cmd: Command,
+    ring_bytes: usize,
+    jail: Option<vmm::process::jail::exec::ExecJail>,
+) -> io::Result<Supervised> {
     arm(&mut cmd);
+    if let Some(j) = jail {
+        j.install(&mut cmd);
+    }
     let (reply_tx, reply_rx) = mpsc::channel();
     spawner()?
         .send((cmd, reply_tx))

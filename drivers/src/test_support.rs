@@ -20,5 +20,6 @@ pub(crate) fn dummy_plan() -> BootPlan {
         run_dir: "/nonexistent/run".into(),
         wall: None,
         boot_timeout: Duration::from_secs(1),
+        allow_weaker_jail: false,
     }
 }

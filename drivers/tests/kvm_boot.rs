@@ -53,6 +53,7 @@ fn kvm_boot_reports_the_truth() {
         run_dir: run_dir.clone(),
         wall: None,
         boot_timeout: Duration::from_secs(if available { 60 } else { 20 }),
+        allow_weaker_jail: false,
     };
     match driver.boot(plan) {
         Ok(machine) => {

@@ -41,6 +41,8 @@
 //!      memory stays flat on both sides whatever the file size (caps: the caller's, default
 //!      1 GiB, at most 1 TiB). All-zero 4 KiB blocks are written as holes (sparse).
 //!    - `List` -> `ListBatch`* `ListEnd` (regular files, recursive, with sizes).
+//!    - `MakeDirs{path, owner}` -> `Ok` (the directory and its parents, the last one handed to
+//!      `owner`, resolved in the guest's /etc): the runtime's own setup without a guest `mkdir`.
 //!    - `ServeStart` -> `ServeStarted{id}`; `ServeStatus{id}` / `ServeStop{id}` -> `ServeState`.
 //!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`; host EOF
 //!      half-closes the guest TCP connection, guest EOF closes the whole connection.

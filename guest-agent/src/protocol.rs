@@ -232,6 +232,15 @@ pub enum Request {
     /// `Signal`.
     /// An agent older than this request closes the connection without a reply.
     ExecInteractive(InteractiveRequest),
+    /// Reply `Ok`: creates the guest directory `path` (absolute; missing parents too, mode
+    /// 0755) and, with `owner` (a user as `--user` takes it, resolved in the guest's /etc),
+    /// hands the last directory to that user and its group. The runtime's own setup, with no
+    /// binary from the guest root (a minimal image has no `mkdir`). An older agent answers
+    /// `Unsupported`.
+    MakeDirs {
+        path: String,
+        owner: Option<String>,
+    },
 }
 
 /// Host -> agent frames.

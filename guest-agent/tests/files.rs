@@ -224,3 +224,49 @@ async fn directory_swapped_for_symlink_during_reads() {
     // through the swapped-in symlink were refused.
     assert!(ok > 0 && refused > 0, "{ok} ok, {refused} refused");
 }
+
+#[tokio::test]
+async fn make_dirs_creates_confined_and_hands_over() {
+    use std::os::unix::fs::MetadataExt;
+    let a = TestAgent::start();
+    let c = a.client();
+    let r = a.root();
+    c.make_dirs("/work/a/b", None).await.unwrap();
+    assert!(r.join("work/a/b").is_dir());
+    // Existing directories are fine (idempotent).
+    c.make_dirs("/work/a", None).await.unwrap();
+    // An owner given by number: the last directory only is handed over (needs root).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        c.make_dirs("/srv/app", Some("4321:4322")).await.unwrap();
+        let m = std::fs::metadata(r.join("srv/app")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (4321, 4322));
+        assert_eq!(std::fs::metadata(r.join("srv")).unwrap().uid(), 0);
+    }
+    // An owner that is malformed or unknown in /etc is refused, naming it.
+    let e = c.make_dirs("/x", Some("no such user!")).await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::BadRequest), "{e}");
+    let e = c
+        .make_dirs("/y", Some("vm-no-such-user-here"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::BadRequest), "{e}");
+    assert!(e.to_string().contains("vm-no-such-user-here"), "{e}");
+    // Never outside the base: `..` and symlinks out are refused, nothing is created there.
+    let outside = a.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    symlink(&outside, r.join("abs_out")).unwrap();
+    symlink("../outside", r.join("rel_out")).unwrap();
+    for p in [
+        "/../outside/new",
+        "/abs_out/new",
+        "/rel_out/new",
+        "/work/../../x",
+    ] {
+        assert!(
+            c.make_dirs(p, None).await.is_err(),
+            "make_dirs {p:?} succeeded"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+}

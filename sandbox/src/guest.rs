@@ -121,6 +121,25 @@ impl Guest {
         self.root_ready
             .get_or_try_init(|| async {
                 let d = &self.confinement.defaults;
+                match self.link.make_dirs(self.root(), d.user.as_deref()).await {
+                    Ok(()) => {
+                        if let Some(w) = &d.working_dir {
+                            self.link
+                                .make_dirs(w, None)
+                                .await
+                                .map_err(SandboxError::machine("creating root"))?;
+                        }
+                        return Ok(());
+                    }
+                    Err(MachineError::Agent(e))
+                        if e.agent_kind() == Some(ErrorKind::Unsupported) =>
+                    {
+                        tracing::debug!(
+                            "the agent predates MakeDirs: creating the root with mkdir"
+                        );
+                    }
+                    Err(e) => return Err(SandboxError::machine("creating root")(e)),
+                }
                 let mut mkdir = vec!["mkdir".to_string(), "-p".into(), self.root().into()];
                 mkdir.extend(d.working_dir.clone());
                 self.setup(mkdir).await?;

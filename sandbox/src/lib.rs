@@ -57,7 +57,10 @@
 //!     .with_env("PATH", "/usr/bin:/bin");
 //! let spec = Spec::new(images::default_spec_image()?, guarantees);
 //! // On a host without hardware virtualization, accept QEMU emulation explicitly.
-//! let options = Options { policy: Policy { allow_emulation: true }, ..Options::default() };
+//! let options = Options {
+//!     policy: Policy { allow_emulation: true, ..Policy::default() },
+//!     ..Options::default()
+//! };
 //! assert_eq!(options.trust, Trust::Untrusted);
 //! let vm = MicroVm::boot(spec, options).await?;
 //! println!("running on {} ({})", vm.driver(), vm.containment());

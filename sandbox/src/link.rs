@@ -66,6 +66,14 @@ impl Link {
         call!(self, write_file(root, path, data))
     }
 
+    pub(crate) async fn make_dirs(
+        &self,
+        path: &str,
+        owner: Option<&str>,
+    ) -> Result<(), MachineError> {
+        call!(self, make_dirs(path, owner))
+    }
+
     pub(crate) async fn read_file_to<S: ChunkSink>(
         &self,
         root: &str,

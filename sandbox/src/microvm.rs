@@ -179,6 +179,8 @@ impl MicroVm {
             run_dir: run_dir.path().to_path_buf(),
             wall: limits.wall,
             boot_timeout: options.boot_timeout,
+            allow_weaker_jail: options.policy.allow_weaker_jail
+                || options.trust != vm_spec::Trust::Untrusted,
         };
         let name = driver.name();
         let machine = driver.boot(plan).map_err(|source| SandboxError::Boot {

@@ -33,6 +33,7 @@ async fn real_guest_exec_files_and_mounts() {
     let options = Options {
         policy: Policy {
             allow_emulation: true,
+            allow_weaker_jail: false,
         },
         mount_cache: Some(tmp.path().join("cache")),
         ..Options::default()

@@ -9,9 +9,11 @@ use vm_spec::{Policy, Trust};
 
 const STRICT: Policy = Policy {
     allow_emulation: false,
+    allow_weaker_jail: false,
 };
 const LAX: Policy = Policy {
     allow_emulation: true,
+    allow_weaker_jail: false,
 };
 
 #[test]

@@ -83,6 +83,8 @@ impl ShimConfig {
     pub fn policy(&self) -> Policy {
         Policy {
             allow_emulation: self.allow_emulation,
+            // The shim runs as root under containerd, where the jail can be built.
+            allow_weaker_jail: false,
         }
     }
 

@@ -65,6 +65,11 @@ pub struct Policy {
     /// when no hardware boundary is available. Off by default.
     #[serde(default)]
     pub allow_emulation: bool,
+    /// Let untrusted work run when the driver cannot build its jail around the VM's host
+    /// processes here (not root, no namespaces): the VM then runs with the caller's
+    /// privileges. Off by default; `vm drivers` and `--dry-run` say what the host grants.
+    #[serde(default)]
+    pub allow_weaker_jail: bool,
 }
 
 impl Policy {
@@ -81,6 +86,7 @@ impl Policy {
     pub fn relaxation_for(&self, trust: Trust, provided: Containment) -> Option<&'static str> {
         let relaxed = Policy {
             allow_emulation: true,
+            ..*self
         };
         let helps = !self.allow_emulation
             && provided < self.required(trust)
@@ -283,6 +289,7 @@ mod tests {
         assert_eq!(required(Trust::Trusted), Containment::None);
         let lax = Policy {
             allow_emulation: true,
+            allow_weaker_jail: false,
         };
         assert_eq!(lax.required(Trust::Untrusted), Containment::UserKernel);
         assert_eq!(lax.required(Trust::Semi), Containment::Kernel);
@@ -343,7 +350,8 @@ mod tests {
                 &tcg,
                 Trust::Untrusted,
                 &Policy {
-                    allow_emulation: true
+                    allow_emulation: true,
+                    allow_weaker_jail: false,
                 }
             )
             .is_ok()
@@ -354,6 +362,7 @@ mod tests {
             Trust::Untrusted,
             &Policy {
                 allow_emulation: true,
+                allow_weaker_jail: false,
             },
         )
         .unwrap_err();
@@ -396,6 +405,7 @@ mod tests {
             &tiers,
             &Policy {
                 allow_emulation: true,
+                allow_weaker_jail: false,
             },
         )
         .unwrap();

@@ -31,6 +31,7 @@ use std::io::Write;
 
 pub mod data;
 pub mod hybrid;
+pub mod procfs;
 
 /// A finished command: its exit code (-1 for a signal) and its output as text.
 #[derive(Debug)]

@@ -108,6 +108,7 @@ pub fn options_for(driver: &str, g: &GuestSpec) -> Options {
         trust: Trust::Untrusted,
         policy: Policy {
             allow_emulation: emulated,
+            allow_weaker_jail: false,
         },
         driver: Some(driver.to_string()),
         name: g.name.clone(),

@@ -71,8 +71,10 @@ impl fmt::Debug for ConsoleConfig {
     }
 }
 
-/// Everything needed to create a VM.
-#[derive(Debug)]
+/// Everything needed to create a VM. Serialisable (it is what `vm-vmm` reads from its
+/// launcher, inside [`crate::process::ProcessConfig`]) except the console, which belongs to the
+/// process that runs the VM.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct VmConfig {
     /// Guest RAM in MiB; the guest gets exactly this much (hard cap).
     pub mem_mib: u32,
@@ -90,7 +92,8 @@ pub struct VmConfig {
     pub cpu_profile: CpuProfile,
     /// virtio-mmio devices, in order: device `i` at 0xd000_0000 + i*0x1000, GSI 5+i.
     pub devices: Vec<DeviceConfig>,
-    /// Console capture.
+    /// Console capture (not serialised: each process sets its own).
+    #[serde(skip)]
     pub console: ConsoleConfig,
 }
 

@@ -27,7 +27,7 @@ fn jailed_config(dir: &Path) -> ProcessConfig {
     std::fs::create_dir(run.join("root")).unwrap();
     let kernel = dir.join("guest.bin");
     std::fs::write(&kernel, SLEEP_FOREVER).unwrap();
-    let mut cfg = ProcessConfig::from_vm_config(&VmConfig {
+    let mut cfg = ProcessConfig::new(VmConfig {
         mem_mib: 64,
         kernel,
         kernel_format: KernelFormat::Raw,
@@ -43,6 +43,7 @@ fn jailed_config(dir: &Path) -> ProcessConfig {
     cfg.jail = Some(JailConfig {
         root: run.join("root"),
         binds: vec![run],
+        ..JailConfig::default()
     });
     cfg.seccomp = true;
     cfg

@@ -81,7 +81,7 @@ fn vmlinux_prints_banner_and_cmdline_then_stops_cleanly() {
         cmdline: marker.clone(),
         ..VmConfig::default()
     };
-    let mut vm = VmProc::start(&cfg);
+    let mut vm = VmProc::start(cfg);
     let seen = vm.wait_console(
         Duration::from_secs(30),
         &["Linux version 6.12", &marker, "BIOS-e820"],
@@ -130,7 +130,7 @@ fn slow_bzimage_boots_to_banner() {
         kernel,
         ..VmConfig::default()
     };
-    let mut vm = VmProc::start(&cfg);
+    let mut vm = VmProc::start(cfg);
     let seen = vm.wait_console(Duration::from_secs(900), &["Linux version 6.12"]);
     vm.stop();
     let outcome = vm.wait_timeout(Duration::from_secs(10));
@@ -193,7 +193,7 @@ fn slow_vmlinux_baseline_mounts_erofs_root_from_virtio_blk_and_runs_init() {
         ],
         ..VmConfig::default()
     };
-    let mut vm = VmProc::start(&cfg);
+    let mut vm = VmProc::start(cfg);
     let seen = vm.wait_console(
         Duration::from_secs(600),
         &[
@@ -257,7 +257,7 @@ fn slow_two_vcpus_the_guest_starts_the_second_through_init_sipi() {
         cpu_profile: CpuProfile::Baseline,
         ..VmConfig::default()
     };
-    let mut vm = VmProc::start(&cfg);
+    let mut vm = VmProc::start(cfg);
     // The kernel finds both CPUs in our MP table, then the boot CPU wakes the second one with
     // INIT/SIPI through the in-kernel LAPIC; "Brought up" counts the CPUs that answered.
     let seen = vm.wait_console(

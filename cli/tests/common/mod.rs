@@ -5,6 +5,7 @@
 
 pub mod copy;
 pub mod http;
+pub mod llama;
 pub mod tty;
 
 use std::path::{Path, PathBuf};

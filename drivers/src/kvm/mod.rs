@@ -14,7 +14,7 @@
 
 pub mod detect;
 mod locate;
-mod vm;
+pub(crate) mod vm;
 
 use vm_spec::Containment;
 

@@ -73,6 +73,16 @@ fn jail_config(run: &mut RunDir) -> Result<JailConfig, DriverError> {
     Ok(JailConfig {
         root: run.make_dir(JAIL_ROOT)?,
         binds: vec![run.dir().to_path_buf()],
+        netns_fd: Some(shared_netns()?),
+        ..JailConfig::default()
+    })
+}
+
+/// This process's empty network namespace, which every VM process it starts joins.
+pub(crate) fn shared_netns() -> Result<i32, DriverError> {
+    vmm::process::jail::shared_netns().map_err(|source| DriverError::Spawn {
+        program: "an empty network namespace for the jail".into(),
+        source,
     })
 }
 
@@ -80,11 +90,16 @@ fn jail_config(run: &mut RunDir) -> Result<JailConfig, DriverError> {
 fn spawn_vmm(cfg: &ProcessConfig) -> Result<Supervised, DriverError> {
     let bin = locate::vmm_binary()?;
     let program = vmm::process::BINARY;
-    let child = spawn_supervised(program, vmm::process::command(&bin), CONSOLE_RING_BYTES)
-        .map_err(|source| DriverError::Spawn {
+    let mut cmd = vmm::process::command(&bin);
+    if let Some(fd) = cfg.jail.as_ref().and_then(|j| j.netns_fd) {
+        vmm::process::jail::pass_fd(&mut cmd, fd);
+    }
+    let child = spawn_supervised(program, cmd, CONSOLE_RING_BYTES).map_err(|source| {
+        DriverError::Spawn {
             program: bin.display().to_string(),
             source,
-        })?;
+        }
+    })?;
     let sent = child.with_stdin(|w| vmm::process::write_config(w, cfg));
     match sent {
         Some(Ok(())) => Ok(child),
@@ -110,8 +125,16 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     let mut run = RunDir::prepare(&plan.run_dir, &files)?;
     let uds = run.path(VSOCK_SOCKET);
     let (token, initrd) = boot::boot_secret(&plan, &run)?;
-    let mut cfg = ProcessConfig::from_vm_config(&vm_config(&plan, cmdline, uds.clone(), initrd)?);
-    cfg.jail = Some(jail_config(&mut run)?);
+    let jailed = crate::jail::kvm_report()
+        .decide(plan.allow_weaker_jail)
+        .map_err(|reason| DriverError::JailUnavailable {
+            driver: "kvm",
+            reason,
+        })?;
+    let mut cfg = ProcessConfig::new(vm_config(&plan, cmdline, uds.clone(), initrd)?);
+    if jailed {
+        cfg.jail = Some(jail_config(&mut run)?);
+    }
     cfg.seccomp = true;
     let child = spawn_vmm(&cfg)?;
     tracing::info!(name = %plan.name, pid = child.pid(), "kvm vm process started");

@@ -22,6 +22,10 @@ pub struct QemuConfig {
     pub vhost_socket: PathBuf,
     /// Host files exposed as read-only virtio-blk disks, in order, each with its serial.
     pub disks: Vec<BlockDevice>,
+    /// Open read-only descriptors of `disks`, in the same order, which QEMU inherits (a
+    /// jailed QEMU cannot open the paths): each becomes `-add-fd` and `/dev/fdset/N`. Empty:
+    /// QEMU opens the paths.
+    pub disk_fds: Vec<i32>,
 }
 
 /// The fixed part of the guest kernel command line: serial console, every reboot or panic ends
@@ -91,8 +95,16 @@ pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
     a.push("-device".into());
     a.push("vhost-user-vsock-device,chardev=c0".into());
     for (i, disk) in cfg.disks.iter().enumerate() {
+        let file = match cfg.disk_fds.get(i) {
+            Some(fd) => {
+                a.push("-add-fd".into());
+                a.push(format!("fd={fd},set={}", i + 1).into());
+                PathBuf::from(format!("/dev/fdset/{}", i + 1))
+            }
+            None => disk.host_path.clone(),
+        };
         a.push("-drive".into());
-        a.push(drive(i, &disk.host_path));
+        a.push(drive(i, &file));
         a.push("-device".into());
         a.push(format!("virtio-blk-device,drive=d{i},serial={}", disk.serial).into());
     }
@@ -159,6 +171,7 @@ mod tests {
                     serial: "root".into(),
                 },
             ],
+            disk_fds: Vec::new(),
         }
     }
 

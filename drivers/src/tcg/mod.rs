@@ -18,6 +18,7 @@
 //! console is QEMU's stdout, read into a bounded ring.
 
 pub mod args;
+pub mod jail;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,7 +31,7 @@ use vm_spec::Containment;
 
 use crate::boot::{self, GUEST_CID, RunDir};
 use crate::machine::{MachineInfo, VmHandle};
-use crate::process::{Supervised, spawn_supervised};
+use crate::process::{Supervised, spawn_jailed};
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
 pub use args::{QemuConfig, qemu_args, vhost_args};
 
@@ -148,14 +149,53 @@ impl Driver for TcgDriver {
                 reason: format!("run_dir: {} is too long", plan.run_dir.display()),
             }
         })?;
+        let jailed = crate::jail::tcg_report()
+            .decide(plan.allow_weaker_jail)
+            .map_err(|reason| DriverError::JailUnavailable {
+                driver: "tcg",
+                reason,
+            })?;
         let mut files = vec![VHOST_SOCKET, vsock_name.as_str()];
         files.extend(boot::RUN_FILES);
-        let run = RunDir::prepare(&plan.run_dir, &files)?;
+        let mut run = RunDir::prepare(&plan.run_dir, &files)?;
         let vhost_sock = run.path(VHOST_SOCKET);
         let uds = run.path(&vsock_name);
         let (token, initrd) = boot::boot_secret(&plan, &run)?;
+        let roots = if jailed {
+            Some(jail::roots(&mut run)?)
+        } else {
+            None
+        };
 
-        let vhost = start_vhost(&vhost_bin, &vhost_sock, &uds)?;
+        let vhost_jail = match &roots {
+            Some((root, _)) => Some(jail::vhost(
+                &vhost_bin,
+                run.dir(),
+                root.clone(),
+                plan.mem_mib,
+            )?),
+            None => None,
+        };
+        let vhost = start_vhost(&vhost_bin, &vhost_sock, &uds, vhost_jail)?;
+        let disks = plan.block_devices();
+        let disk_files = if jailed {
+            jail::open_disks(&disks)?
+        } else {
+            Vec::new()
+        };
+        let qemu_jail = match &roots {
+            Some((_, root)) => Some(jail::qemu(jail::QemuJail {
+                bin: &qemu_bin,
+                run_dir: run.dir(),
+                jail_root: root.clone(),
+                kernel: &plan.images.bz_image,
+                initrd: &initrd,
+                mem_mib: plan.mem_mib,
+                vhost_pid: vhost.pid(),
+                disks: &disk_files,
+            })?),
+            None => None,
+        };
         let qcfg = QemuConfig {
             mem_mib: plan.mem_mib,
             vcpus: plan.vcpus,
@@ -163,19 +203,22 @@ impl Driver for TcgDriver {
             initramfs: initrd,
             extra_cmdline: cmdline,
             vhost_socket: vhost_sock,
-            disks: plan.block_devices(),
+            disks,
+            disk_fds: disk_files
+                .iter()
+                .map(std::os::fd::AsRawFd::as_raw_fd)
+                .collect(),
         };
         let mut cmd = Command::new(&qemu_bin);
         cmd.args(qemu_args(&qcfg))
+            .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let qemu = spawn_supervised(QEMU, cmd, CONSOLE_RING_BYTES).map_err(|source| {
-            DriverError::Spawn {
-                program: QEMU.into(),
-                source,
-            }
-        })?;
+        let qemu = spawn_jailed(QEMU, cmd, CONSOLE_RING_BYTES, qemu_jail)
+            .map_err(|source| spawn_error(QEMU, source))?;
+        // QEMU has its own copies of the disk descriptors now.
+        drop(disk_files);
         tracing::info!(name = %plan.name, qemu = qemu.pid(), vhost = vhost.pid(), "tcg vm started");
 
         let handle = TcgHandle {
@@ -191,8 +234,15 @@ impl Driver for TcgDriver {
             plan.boot_timeout,
         );
         if let Err(e) = ready {
+            let killed = handle.seccomp_killed();
             handle.kill();
-            return Err(e);
+            return Err(match killed {
+                Some((program, output)) => DriverError::SeccompKilled {
+                    program: program.into(),
+                    console_tail: format!("{}{output}", handle.console_tail()),
+                },
+                None => e,
+            });
         }
         let info = MachineInfo {
             name: plan.name,
@@ -205,19 +255,36 @@ impl Driver for TcgDriver {
     }
 }
 
-/// Starts vhost-device-vsock and waits until its control socket exists.
-fn start_vhost(bin: &Path, vhost_sock: &Path, uds: &Path) -> Result<Supervised, DriverError> {
+/// A spawn failure: the jail step that failed, when the jail's hook reported one.
+fn spawn_error(program: &str, source: std::io::Error) -> DriverError {
+    match vmm::process::jail::exec::spawn_error(&source) {
+        Some(step) => DriverError::Jail {
+            program: program.into(),
+            source: step.into(),
+        },
+        None => DriverError::Spawn {
+            program: program.into(),
+            source,
+        },
+    }
+}
+
+/// Starts vhost-device-vsock (in `jail`, if any) and waits until its control socket exists.
+fn start_vhost(
+    bin: &Path,
+    vhost_sock: &Path,
+    uds: &Path,
+    jail: Option<vmm::process::jail::exec::ExecJail>,
+) -> Result<Supervised, DriverError> {
     let mut cmd = Command::new(bin);
     cmd.args(vhost_args(GUEST_CID, vhost_sock, uds))
+        .env_clear()
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child =
-        spawn_supervised(VHOST_VSOCK, cmd, 16 * 1024).map_err(|source| DriverError::Spawn {
-            program: VHOST_VSOCK.into(),
-            source,
-        })?;
+    let child = spawn_jailed(VHOST_VSOCK, cmd, 16 * 1024, jail)
+        .map_err(|source| spawn_error(VHOST_VSOCK, source))?;
     let deadline = Instant::now() + VHOST_READY;
     while !vhost_sock.exists() {
         let fail = |reason: &str| DriverError::Helper {
@@ -241,6 +308,21 @@ struct TcgHandle {
     qemu: Supervised,
     vhost: Supervised,
     run: Mutex<RunDir>,
+}
+
+impl TcgHandle {
+    /// The child a seccomp filter killed (it, or its reaper mirroring it, ended by `SIGSYS`),
+    /// with its output.
+    fn seccomp_killed(&self) -> Option<(&'static str, String)> {
+        use std::os::unix::process::ExitStatusExt;
+        [(QEMU, &self.qemu), (VHOST_VSOCK, &self.vhost)]
+            .into_iter()
+            .find(|(_, c)| {
+                c.exit_status()
+                    .is_some_and(|s| s.signal() == Some(libc::SIGSYS))
+            })
+            .map(|(p, c)| (p, c.output_tail()))
+    }
 }
 
 impl VmHandle for TcgHandle {
@@ -269,7 +351,13 @@ impl VmHandle for TcgHandle {
     fn stop_detail(&self) -> String {
         let mut parts = Vec::new();
         if let Some(st) = self.qemu.exit_status() {
-            parts.push(format!("{QEMU} ended ({st})"));
+            let out = self.qemu.output_tail();
+            let lines: Vec<&str> = out.trim_end().lines().rev().take(3).collect();
+            let last: Vec<&str> = lines.into_iter().rev().collect();
+            parts.push(format!(
+                "{QEMU} ended ({st}); its last lines: {:?}",
+                last.join(" | ")
+            ));
         }
         if let Some(st) = self.vhost.exit_status() {
             let out = self.vhost.output_tail();

@@ -106,6 +106,12 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
         },
         Request::Forward { port } => super::forward::run(agent, s, port).await,
         Request::ExecInteractive(r) => super::interactive::run(agent, s, r).await,
+        Request::MakeDirs { path, owner } => {
+            match files::make_dirs(agent.base_fd(), &path, owner.as_deref()) {
+                Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
+                Err(e) => file_error(&mut s, e, t).await,
+            }
+        }
         Request::Shutdown => {
             let r = send(&mut s, &AgentFrame::Ok, t).await;
             let _ = s.shutdown().await;

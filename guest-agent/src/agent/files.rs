@@ -1,4 +1,4 @@
-//! Confined file access: ReadFile, WriteFile, List.
+//! Confined file access: ReadFile, WriteFile, List, MakeDirs.
 //!
 //! A write never touches its destination until it is complete: [`create_part`] makes a
 //! temporary file beside it ([`Part`]), which [`Part::commit`] renames over the destination
@@ -37,6 +37,12 @@ pub enum FileError {
     Grew { path: String, max: u64 },
     #[error("more than {max} entries")]
     TooManyEntries { max: u32 },
+    #[error("cannot hand {path:?} to its owner")]
+    Owner {
+        path: String,
+        #[source]
+        source: super::user::UserError,
+    },
     #[error("i/o error on {path:?}")]
     Io {
         path: String,
@@ -49,7 +55,7 @@ impl FileError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             FileError::Escape(_) => ErrorKind::Escape,
-            FileError::BadPath(_) => ErrorKind::BadRequest,
+            FileError::BadPath(_) | FileError::Owner { .. } => ErrorKind::BadRequest,
             FileError::NotFound(_) => ErrorKind::NotFound,
             FileError::NotRegular(_) => ErrorKind::BadRequest,
             FileError::TooLarge { .. }
@@ -312,6 +318,25 @@ fn mkdirs(root: BorrowedFd<'_>, comps: &[&str]) -> Result<OwnedFd, FileError> {
         }
     }
     Ok(dir)
+}
+
+/// Creates the absolute directory `path` below `base` (with its missing parents) and, with an
+/// `owner`, gives the last directory to that user's uid and gid (resolved in `/etc`, the image
+/// root's in a guest booted with one).
+pub fn make_dirs(base: BorrowedFd<'_>, path: &str, owner: Option<&str>) -> Result<(), FileError> {
+    let comps = clean(path.trim_start_matches('/'))?;
+    let dir = mkdirs(base, &comps)?;
+    let Some(ids) = super::user::resolve_opt(owner).map_err(|source| FileError::Owner {
+        path: path.into(),
+        source,
+    })?
+    else {
+        return Ok(());
+    };
+    sys::chown_fd(dir.as_fd(), ids.uid, ids.gid).map_err(|source| FileError::Io {
+        path: path.into(),
+        source,
+    })
 }
 
 /// Regular files under `root/path`, recursively (symlinks are not followed).

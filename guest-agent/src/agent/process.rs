@@ -270,14 +270,13 @@ impl Proc {
 
     /// Deliver `signal` to the process (`all`: to its process group, which it leads).
     pub fn signal(&self, signal: i32, all: bool) {
+        // pid is our child (not yet reaped) and the leader of its group (setsid).
         let r = match all {
-            // SAFETY: killpg has no memory effects; pid is our child's group id (setsid).
-            true => unsafe { libc::killpg(self.pid, signal) },
-            // SAFETY: kill has no memory effects; pid is our child, not yet reaped.
-            false => unsafe { libc::kill(self.pid, signal) },
+            true => sys::killpg(self.pid, signal),
+            false => sys::kill(self.pid, signal),
         };
-        if r < 0 {
-            tracing::debug!(pid = self.pid, signal, error = %std::io::Error::last_os_error(), "signal");
+        if let Err(error) = r {
+            tracing::debug!(pid = self.pid, signal, %error, "signal");
         }
     }
 }

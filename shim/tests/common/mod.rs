@@ -42,6 +42,7 @@ pub fn guest_unavailable() -> Option<String> {
     let registry = vm_sandbox::drivers::Registry::with_defaults();
     let policy = vm_spec::Policy {
         allow_emulation: true,
+        allow_weaker_jail: false,
     };
     match vm_sandbox::select(&registry, None, vm_spec::Trust::Untrusted, &policy) {
         Ok(_) => None,

@@ -111,9 +111,10 @@ fn guard_parent(launcher: u32) -> Result<(), ChildError> {
 }
 
 fn run() -> Result<ExitKind, ChildError> {
-    jail::close_inherited_fds();
     let mut control = BufReader::new(io::stdin());
-    let mut cfg = read_config(&mut control)?;
+    let read = read_config(&mut control);
+    jail::close_inherited_fds(read.as_ref().ok().and_then(|c| c.jail.as_ref()?.netns_fd));
+    let mut cfg = read?;
     guard_parent(cfg.parent_pid)?;
     if cfg.seccomp {
         seccomp::enable();
@@ -127,7 +128,7 @@ fn run() -> Result<ExitKind, ChildError> {
         ring_bytes: CHILD_RING_BYTES,
         sink: Some(Box::new(io::stdout())),
     };
-    let guest_mib = cfg.mem_mib;
+    let guest_mib = cfg.vm.mem_mib;
     let vm = Vm::create(cfg.into_vm_config(console)).map_err(ChildError::Vmm)?;
     if let Some(j) = &jail_cfg {
         jail::confine(j, guest_mib).map_err(ChildError::Jail)?;
@@ -200,12 +201,16 @@ mod tests {
 
     #[test]
     fn config_is_the_first_line_and_bounded() {
-        let cfg = ProcessConfig::from_vm_config(&crate::VmConfig::default());
+        let cfg = ProcessConfig::new(crate::VmConfig::default());
         let mut bytes = Vec::new();
         write_config(&mut bytes, &cfg).unwrap();
+        let line = bytes.clone();
         bytes.extend_from_slice(b"stop\n");
         let mut r = io::Cursor::new(bytes);
-        assert_eq!(read_config(&mut r).unwrap(), cfg);
+        let back = read_config(&mut r).unwrap();
+        let mut again = Vec::new();
+        write_config(&mut again, &back).unwrap();
+        assert_eq!(again, line);
         let mut rest = String::new();
         r.read_to_string(&mut rest).unwrap();
         assert_eq!(rest, "stop\n");

@@ -44,7 +44,7 @@ fn collect(mut src: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) {
 
 impl VmProc {
     /// Starts `vm-vmm` for `cfg` (its console settings are ignored: the console is the pipe).
-    pub fn start(cfg: &VmConfig) -> VmProc {
+    pub fn start(cfg: VmConfig) -> VmProc {
         let dir = tempfile::tempdir().expect("jail dir");
         let root = dir.path().join("root");
         std::fs::create_dir(&root).expect("jail root");
@@ -57,8 +57,12 @@ impl VmProc {
             })
             .collect();
         binds.dedup();
-        let mut pc = ProcessConfig::from_vm_config(cfg);
-        pc.jail = Some(JailConfig { root, binds });
+        let mut pc = ProcessConfig::new(cfg);
+        pc.jail = Some(JailConfig {
+            root,
+            binds,
+            ..JailConfig::default()
+        });
         pc.seccomp = true;
         let mut vm = Self::start_process(&pc);
         vm._jail_dir = Some(dir);

@@ -1,6 +1,6 @@
 //! Filesystem calls with no std equivalent: `mount(2)`, `openat2(2)` with resolve flags,
-//! `fstat`/`mkdirat`/`renameat`/`unlinkat` on descriptors, bounded directory listing of a
-//! descriptor, `BLKROSET`, `sync`, and pointing the standard descriptors at a file.
+//! `fstat`/`mkdirat`/`renameat`/`unlinkat`/`fchownat` on descriptors, bounded directory
+//! listing of a descriptor, `BLKROSET`, `sync`, and pointing the standard descriptors at a file.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -78,6 +78,15 @@ pub fn fstat(fd: BorrowedFd<'_>) -> std::io::Result<libc::stat> {
 pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> std::io::Result<()> {
     // SAFETY: dir is an open descriptor; name is NUL-terminated and outlives the call.
     check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })?;
+    Ok(())
+}
+
+/// Give the file open on `fd` (an `O_PATH` descriptor will do) to `uid`:`gid`
+/// (`fchownat` with `AT_EMPTY_PATH`: the descriptor itself, never a path that could be swapped).
+pub fn chown_fd(fd: BorrowedFd<'_>, uid: libc::uid_t, gid: libc::gid_t) -> std::io::Result<()> {
+    // SAFETY: fd is open; the empty path with AT_EMPTY_PATH names it; the path is a static
+    // NUL-terminated string.
+    check(unsafe { libc::fchownat(fd.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) })?;
     Ok(())
 }
 

@@ -13,15 +13,19 @@
 //! Every thread kind may use the syscalls of [`COMMON`] (memory, futexes, signals, exit), and
 //! gets `EACCES` for those of [`REFUSED`] (opening files: the C library tries on its own).
 //!
-//! `ioctl` is allowed without argument checks on vCPU threads (they issue `KVM_RUN` and
-//! register reads on their own vCPU fd; narrowing it to the KVM request numbers is future
-//! work); a worker may only issue the requests of `DEVICE_IOCTLS`.
+//! `ioctl` is checked by request number (its second argument): a vCPU thread may issue
+//! `KVM_RUN` and `KVM_GET_REGS` (`VCPU_IOCTLS`) and what its workers need, a worker only the
+//! requests of `DEVICE_IOCTLS`. The fd itself cannot be checked (seccomp sees numbers only),
+//! so a vCPU could issue `KVM_RUN` on another vCPU's fd: that only runs that vCPU.
 //!
 //! The device lists are exercised by every virtio test: the guest-driver harness
 //! (`virtio::test_utils`, feature `test-utils`) turns the filters on, so each device's workers
 //! run under the production filter through every happy path and malformed input there.
 
+pub mod vhost;
+
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use seccompiler::{
@@ -53,6 +57,9 @@ pub enum SeccompError {
     /// Installing it failed.
     #[error("installing the {0:?} seccomp filter")]
     Install(ThreadKind, #[source] seccompiler::Error),
+    /// Building the filter of a program we launch failed.
+    #[error("building the seccomp filter of {0}")]
+    External(&'static str, #[source] seccompiler::BackendError),
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -72,10 +79,42 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
     if !enabled() {
         return Ok(());
     }
-    let refuse = refusals(kind)?;
-    let prog = program(kind)?;
-    seccompiler::apply_filter(&refuse).map_err(|e| SeccompError::Install(kind, e))?;
-    seccompiler::apply_filter(&prog).map_err(|e| SeccompError::Install(kind, e))
+    compiled(kind)?.apply()
+}
+
+/// The two BPF programs of a thread kind, compiled once per process ([`compiled`]).
+#[derive(Debug)]
+pub struct Compiled {
+    kind: ThreadKind,
+    refusals: BpfProgram,
+    allow: BpfProgram,
+}
+
+impl Compiled {
+    /// Installs both programs on the calling thread. Allocates nothing on success (a forked
+    /// child of a multi-threaded process may call it).
+    pub fn apply(&self) -> Result<(), SeccompError> {
+        seccompiler::apply_filter(&self.refusals)
+            .map_err(|e| SeccompError::Install(self.kind, e))?;
+        seccompiler::apply_filter(&self.allow).map_err(|e| SeccompError::Install(self.kind, e))
+    }
+}
+
+static CACHE: [OnceLock<Compiled>; 5] = [const { OnceLock::new() }; 5];
+
+/// The filters of `kind`, compiled on first use and kept: every vCPU and worker thread of a
+/// VM installs the same programs, and compiling them is the costly part.
+pub fn compiled(kind: ThreadKind) -> Result<&'static Compiled, SeccompError> {
+    let slot = &CACHE[kind as usize];
+    if let Some(c) = slot.get() {
+        return Ok(c);
+    }
+    let c = Compiled {
+        kind,
+        refusals: refusals(kind)?,
+        allow: program(kind)?,
+    };
+    Ok(slot.get_or_init(|| c))
 }
 
 /// The calls every thread gets `EACCES` for instead of being killed: the C library makes them
@@ -114,10 +153,17 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
         .iter()
         .map(|(nr, _why)| (*nr, Vec::new()))
         .collect();
-    if kind == ThreadKind::Device {
-        // Workers may issue only these ioctl requests (an empty rule list allows any).
-        let only = DEVICE_IOCTLS
+    // vCPUs and workers may issue only these ioctl requests (an empty rule list allows any).
+    // A worker inherits its vCPU's filter, so the vCPU list includes the worker's requests.
+    let requests: &[&[u64]] = match kind {
+        ThreadKind::Device => &[DEVICE_IOCTLS],
+        ThreadKind::Vcpu => &[VCPU_IOCTLS, DEVICE_IOCTLS],
+        _ => &[],
+    };
+    if !requests.is_empty() {
+        let only = requests
             .iter()
+            .flat_map(|l| l.iter())
             .map(|req| {
                 SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *req)
                     .and_then(|c| SeccompRule::new(vec![c]))
@@ -190,7 +236,10 @@ const CONTROL: &[Entry] = &[
 
 /// A vCPU thread (and what a worker it starts needs to get going).
 const VCPU: &[Entry] = &[
-    (libc::SYS_ioctl, "KVM_RUN, register reads on its vCPU fd"),
+    (
+        libc::SYS_ioctl,
+        "KVM_RUN and KVM_GET_REGS on its vCPU fd only (VCPU_IOCTLS; plus a worker's)",
+    ),
     (
         libc::SYS_tgkill,
         "kicking the other vCPUs on reset or fault",
@@ -216,6 +265,23 @@ const VCPU: &[Entry] = &[
         libc::SYS_seccomp,
         "the worker installing its own, narrower filter",
     ),
+];
+
+/// `_IOR(KVMIO, nr, size)`: a KVM request number that reads `size` bytes.
+const fn kvm_ior(nr: u64, size: usize) -> u64 {
+    (2 << 30) | ((size as u64) << 16) | (0xae << 8) | nr
+}
+
+/// `KVM_RUN` (`_IO(KVMIO, 0x80)`).
+pub const KVM_RUN: u64 = 0xae80;
+/// `KVM_GET_REGS` (`_IOR(KVMIO, 0x81, struct kvm_regs)`).
+pub const KVM_GET_REGS: u64 = kvm_ior(0x81, std::mem::size_of::<kvm_bindings::kvm_regs>());
+
+/// The only `ioctl` requests a vCPU thread makes once filtered (plus [`DEVICE_IOCTLS`], for
+/// the workers it starts).
+const VCPU_IOCTLS: &[u64] = &[
+    KVM_RUN,      // the vCPU loop
+    KVM_GET_REGS, // the faulting instruction's address, when a vCPU faults
 ];
 
 /// The only `ioctl` requests a device worker may make.
@@ -295,6 +361,12 @@ pub fn allowlist(kind: ThreadKind) -> Vec<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kvm_request_numbers_are_the_kernels() {
+        assert_eq!(KVM_RUN, 0xae80);
+        assert_eq!(KVM_GET_REGS, 0x8090_ae81);
+    }
 
     const KINDS: [ThreadKind; 5] = [
         ThreadKind::Main,

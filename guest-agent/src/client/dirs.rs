@@ -1,0 +1,22 @@
+//! `MakeDirs`: the runtime's own directory setup in the guest (the working root, handed to
+//! the image's user), done by the agent itself rather than by a `mkdir` from the guest root.
+
+use super::{AgentClient, ClientError, unexpected};
+use crate::protocol::{AgentFrame, Request};
+
+impl AgentClient {
+    /// Creates the absolute guest directory `path` with its missing parents and, with an
+    /// `owner` (a user as `--user` takes it), gives it to that user. An agent older than this
+    /// request answers an error of kind `Unsupported`.
+    pub async fn make_dirs(&self, path: &str, owner: Option<&str>) -> Result<(), ClientError> {
+        let (mut c, _) = self.connect().await?;
+        let req = Request::MakeDirs {
+            path: path.into(),
+            owner: owner.map(str::to_string),
+        };
+        match c.request(req, "make_dirs").await? {
+            AgentFrame::Ok => Ok(()),
+            f => Err(unexpected("make_dirs", &f)),
+        }
+    }
+}

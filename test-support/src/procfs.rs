@@ -1,0 +1,49 @@
+//! What a test reads about a host process through `/proc`: status fields, children, threads,
+//! namespaces and the entries of its root. Used by the jail tests of both drivers.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The value of `key` in a `/proc/.../status` file (trimmed; empty when absent).
+pub fn status_field(status: &Path, key: &str) -> String {
+    let s = std::fs::read_to_string(status).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The children of `pid` (of its main thread).
+pub fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The `status` files of every thread of `pid`.
+pub fn thread_status_files(pid: u32) -> Vec<PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.flatten().map(|t| t.path().join("status")).collect())
+        .unwrap_or_default()
+}
+
+/// The namespace `kind` (`mnt`, `pid`, …) of `pid`, as `kind:[inode]`; `self` for this process.
+pub fn namespace(pid: &str, kind: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The names directly under `/proc/PID/root/<sub>`.
+pub fn root_entries(pid: u32, sub: &str) -> BTreeSet<String> {
+    let dir = PathBuf::from(format!("/proc/{pid}/root")).join(sub.trim_start_matches('/'));
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}

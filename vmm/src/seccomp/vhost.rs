@@ -1,0 +1,199 @@
+//! The filter of `vhost-device-vsock` (the tcg driver's vsock backend, a program we do not
+//! build), installed by our launcher between `fork` and `exec` ([`crate::process::jail::exec`]).
+//!
+//! A filter survives `execve` (with `no_new_privs`, which the jail sets), so it covers the
+//! dynamic loader, the C library's start-up and the program itself: the list below was taken
+//! from `strace -f` of version 0.3.0 through boots, agent connections, 100 MiB transfers and
+//! shutdowns, plus the calls its libraries make on paths that run rarely (noted as such).
+//! `execve` itself must be allowed, since the filter is in place before the launcher's own
+//! `execve`; after that the jail leaves nothing worth executing (a read-only root with the
+//! binary and its libraries, `no_new_privs`, no capabilities, the same filter inherited).
+//! Anything else kills the process (`SIGSYS`), which the driver reports as the cause.
+
+use std::sync::OnceLock;
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+
+use super::SeccompError;
+
+/// A syscall and who needs it.
+type Entry = (i64, &'static str);
+
+/// What vhost-device-vsock 0.3.0 and its loader call.
+pub const VHOST_VSOCK: &[Entry] = &[
+    (
+        libc::SYS_execve,
+        "our launcher's exec of the program (the filter is already on)",
+    ),
+    (libc::SYS_brk, "loader and malloc"),
+    (libc::SYS_arch_prctl, "loader: thread pointer"),
+    (libc::SYS_set_tid_address, "C library start-up"),
+    (
+        libc::SYS_set_robust_list,
+        "C library start-up and every new thread",
+    ),
+    (libc::SYS_rseq, "C library start-up and every new thread"),
+    (libc::SYS_prlimit64, "Rust runtime: main thread stack size"),
+    (
+        libc::SYS_access,
+        "loader: /etc/ld.so.preload (absent in the jail)",
+    ),
+    (
+        libc::SYS_openat,
+        "loader: libraries; Rust runtime: /proc/self/maps (absent)",
+    ),
+    (libc::SYS_newfstatat, "loader: library sizes"),
+    (libc::SYS_fstat, "C library (older paths of fstat)"),
+    (libc::SYS_statx, "Rust std metadata calls"),
+    (libc::SYS_pread64, "loader: ELF headers"),
+    (libc::SYS_read, "loader; vsock data from host connections"),
+    (
+        libc::SYS_write,
+        "logging to stderr; vsock data to host connections; eventfd kicks",
+    ),
+    (libc::SYS_readv, "C library vectored reads (rare)"),
+    (libc::SYS_writev, "C library vectored writes (rare)"),
+    (
+        libc::SYS_lseek,
+        "sizing the guest memory regions QEMU passes",
+    ),
+    (libc::SYS_close, "closing fds"),
+    (
+        libc::SYS_dup,
+        "duplicating the vhost-user socket and memory fds",
+    ),
+    (libc::SYS_fcntl, "fd flags"),
+    (libc::SYS_ioctl, "FIONBIO on sockets, TCGETS on stderr"),
+    (libc::SYS_mmap, "memory; mapping the guest RAM memfds"),
+    (
+        libc::SYS_munmap,
+        "memory; unmapping guest RAM on reconfiguration",
+    ),
+    (libc::SYS_mprotect, "loader; thread stack guards"),
+    (libc::SYS_mremap, "realloc of large buffers"),
+    (libc::SYS_madvise, "malloc trimming, thread exit"),
+    (libc::SYS_futex, "locks and condition variables"),
+    (libc::SYS_sched_yield, "spin locks (rare)"),
+    (
+        libc::SYS_sched_getaffinity,
+        "Rust std: available_parallelism",
+    ),
+    (libc::SYS_getrandom, "hash map seeds"),
+    (libc::SYS_gettid, "logging"),
+    (libc::SYS_getpid, "C library (abort path)"),
+    (libc::SYS_tgkill, "C library abort() on a panic"),
+    (libc::SYS_clone3, "starting threads"),
+    (libc::SYS_clone, "starting threads (fallback of clone3)"),
+    (libc::SYS_exit, "thread exit"),
+    (libc::SYS_exit_group, "process exit"),
+    (libc::SYS_prctl, "PR_SET_NAME of its threads"),
+    (
+        libc::SYS_rt_sigaction,
+        "Rust runtime: SIGSEGV/SIGBUS handlers, SIGPIPE ignored",
+    ),
+    (libc::SYS_rt_sigprocmask, "thread start-up"),
+    (libc::SYS_rt_sigreturn, "return from a signal handler"),
+    (
+        libc::SYS_sigaltstack,
+        "Rust runtime: stack overflow handler per thread",
+    ),
+    (
+        libc::SYS_restart_syscall,
+        "a system call interrupted by a signal",
+    ),
+    (libc::SYS_clock_nanosleep, "sleeps (rare)"),
+    (libc::SYS_nanosleep, "sleeps (rare)"),
+    (libc::SYS_clock_gettime, "time, when the vDSO is not used"),
+    (libc::SYS_poll, "waiting on the vhost-user socket"),
+    (
+        libc::SYS_ppoll,
+        "waiting on the vhost-user socket (newer C library)",
+    ),
+    (libc::SYS_epoll_create1, "its event loops"),
+    (libc::SYS_epoll_ctl, "its event loops"),
+    (libc::SYS_epoll_wait, "its event loops"),
+    (libc::SYS_epoll_pwait, "its event loops (newer C library)"),
+    (libc::SYS_eventfd2, "event loop exit and kick eventfds"),
+    (
+        libc::SYS_socket,
+        "the vhost-user and hybrid-vsock listeners",
+    ),
+    (libc::SYS_bind, "the vhost-user and hybrid-vsock listeners"),
+    (
+        libc::SYS_listen,
+        "the vhost-user and hybrid-vsock listeners",
+    ),
+    (libc::SYS_unlink, "removing a stale socket file before bind"),
+    (libc::SYS_accept4, "QEMU's and the host's connections"),
+    (
+        libc::SYS_connect,
+        "guest-initiated connections to <uds>_<port> (the driver makes those paths unreachable)",
+    ),
+    (libc::SYS_recvmsg, "vhost-user messages with fds"),
+    (libc::SYS_sendmsg, "vhost-user replies"),
+    (libc::SYS_recvfrom, "hybrid-vsock handshake and data"),
+    (libc::SYS_sendto, "hybrid-vsock handshake and data"),
+    (libc::SYS_shutdown, "closing a host connection"),
+    (libc::SYS_getsockopt, "socket errors (rare)"),
+    (libc::SYS_setsockopt, "socket options (rare)"),
+];
+
+static PROGRAM: OnceLock<BpfProgram> = OnceLock::new();
+
+/// A system call the filter leaves out, for the tests' way to prove a vsock backend that makes
+/// a call outside its allowlist dies with `SIGSYS` and the driver names the cause (builds with
+/// the `test-hooks` feature only; -1: none).
+#[cfg(feature = "test-hooks")]
+pub static TEST_DENY: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
+
+#[cfg(feature = "test-hooks")]
+fn test_deny() -> i64 {
+    TEST_DENY.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn test_deny() -> i64 {
+    -1
+}
+
+/// The compiled filter (once per process): [`VHOST_VSOCK`] allowed, anything else kills the
+/// process.
+pub fn vhost_vsock() -> Result<&'static BpfProgram, SeccompError> {
+    let deny = test_deny();
+    if let Some(p) = PROGRAM.get().filter(|_| deny < 0) {
+        return Ok(p);
+    }
+    let rules = VHOST_VSOCK
+        .iter()
+        .filter(|(nr, _)| *nr != deny)
+        .map(|(nr, _)| (*nr, Vec::new()))
+        .collect();
+    let prog: BpfProgram = SeccompFilter::new(
+        rules,
+        SeccompAction::KillProcess,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )
+    .and_then(TryInto::try_into)
+    .map_err(|e| SeccompError::External("vhost-device-vsock", e))?;
+    if deny >= 0 {
+        // A test's filter: never cached (leaked, once per boot of that test).
+        return Ok(Box::leak(Box::new(prog)));
+    }
+    Ok(PROGRAM.get_or_init(|| prog))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_compiles_and_every_entry_says_who_needs_it() {
+        assert!(!vhost_vsock().unwrap().is_empty());
+        let mut seen = std::collections::BTreeSet::new();
+        for (nr, why) in VHOST_VSOCK {
+            assert!(seen.insert(nr), "syscall {nr} listed twice");
+            assert!(why.len() > 5, "syscall {nr} has no reason");
+        }
+    }
+}
