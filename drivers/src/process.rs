@@ -235,6 +235,7 @@ impl Supervised {
         match st.child.wait() {
             Ok(status) => {
                 st.status = Some(status);
+                self.await_group_gone();
                 Some(status)
             }
             Err(e) => {
@@ -244,6 +245,27 @@ impl Supervised {
         }
     }
 }
+
+impl Supervised {
+    /// After the leader is reaped, waits (bounded) until the rest of its group is gone too: a
+    /// jailed program runs under a reaper (the leader), and the program itself, SIGKILLed with
+    /// the group, may still be tearing down its memory when the reaper is reaped. Teardown
+    /// returns only once no process of the VM is left. The leader's pid cannot be reused while
+    /// its group has members, so the group id still names ours.
+    fn await_group_gone(&self) {
+        let deadline = Instant::now() + GROUP_EXIT_WAIT;
+        while sys::group_exists(self.pid) {
+            if Instant::now() >= deadline {
+                tracing::warn!(program = %self.program, "processes of the group outlived its leader");
+                return;
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// How long teardown waits for a killed group's last members to be gone.
+const GROUP_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 impl Drop for Supervised {
     fn drop(&mut self) {

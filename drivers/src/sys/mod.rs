@@ -63,6 +63,11 @@ pub fn signal_group(pgid: u32, sig: Signal) -> io::Result<()> {
     kill(-pid_t(pgid)?, sig.number())
 }
 
+/// True while any process of group `pgid` exists (zombies included) and we may signal it.
+pub fn group_exists(pgid: u32) -> bool {
+    pid_t(pgid).is_ok_and(|p| kill(-p, 0).is_ok())
+}
+
 /// True when a process `pid` exists (a zombie included) and we may signal it.
 pub fn pid_exists(pid: u32) -> bool {
     pid_t(pid).is_ok_and(|p| kill(p, 0).is_ok())
