@@ -263,8 +263,19 @@ impl Containerd {
         }
     }
 
-    /// The shim processes serving this containerd (their `-address` is our socket).
+    /// The shim processes serving this containerd (their `-address` is our socket). A jailed
+    /// VM's reapers are forks of the shim that never exec, so they carry its command line too:
+    /// a process whose parent is one of these is the shim's own child, not another shim.
     pub fn shim_pids(&self) -> Vec<u32> {
+        let all = self.shim_processes();
+        all.iter()
+            .filter(|pid| parent_pid(**pid).is_none_or(|parent| !all.contains(&parent)))
+            .copied()
+            .collect()
+    }
+
+    /// Every process with a shim's command line for our socket (shims and their forks).
+    fn shim_processes(&self) -> Vec<u32> {
         let sock = self.dir.path().join("c.sock");
         let sock = sock.to_str().unwrap();
         let mut out = Vec::new();
@@ -340,4 +351,11 @@ fn busybox_image() -> TestImage {
         &[l],
         serde_json::json!({"Env": ["PATH=/bin"], "Cmd": ["sh"]}),
     )
+}
+
+/// The parent of `pid` (field 4 of `/proc/PID/stat`, after the parenthesised command name).
+fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
