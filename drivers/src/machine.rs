@@ -113,6 +113,10 @@ struct Shared {
     cv: Condvar,
     /// Mirrors `state` for async waiters.
     tx: watch::Sender<State>,
+    /// Set once the backend's teardown (kill, reap, files removed) has returned after the
+    /// machine left `Running`: a call that fails because of the state change waits for it,
+    /// so "wall expired" and "closed" mean the VM is already gone.
+    down: watch::Sender<bool>,
 }
 
 impl Shared {
@@ -135,7 +139,16 @@ impl Shared {
     fn state(&self) -> State {
         *self.lock()
     }
+
+    /// Kills and reaps the VM and removes its files, then says so to waiting calls.
+    fn tear_down(&self) {
+        self.handle.kill();
+        self.down.send_replace(true);
+    }
 }
+
+/// How long a call that failed on a state change waits for the teardown to finish.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
 
 /// A running guest (see the module docs). Dropping it tears the VM down.
 pub struct Machine {
@@ -169,11 +182,13 @@ impl Machine {
         agent: AgentClient,
     ) -> Result<Machine, DriverError> {
         let (tx, _rx) = watch::channel(State::Running);
+        let (down, _rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             handle,
             state: Mutex::new(State::Running),
             cv: Condvar::new(),
             tx,
+            down,
         });
         if let Some(wall) = info.wall {
             let s = shared.clone();
@@ -183,7 +198,7 @@ impl Machine {
                 .spawn(move || watchdog(&s, &name, wall));
             if let Err(source) = spawned {
                 shared.leave_running(State::Closed);
-                shared.handle.kill();
+                shared.tear_down();
                 return Err(DriverError::Spawn {
                     program: "wall watchdog thread".into(),
                     source,
@@ -273,9 +288,10 @@ impl Machine {
         let mut rx = self.shared.tx.subscribe();
         let state = *rx.borrow_and_update();
         if state != State::Running {
+            self.torn_down().await;
             return Err(self.state_error(state));
         }
-        tokio::select! {
+        let r = tokio::select! {
             r = fut => r.map_err(|e| {
                 match self.shared.state() {
                     State::Running if !self.shared.handle.is_running() => self.state_error(State::Running),
@@ -288,7 +304,17 @@ impl Machine {
                 Err(self.state_error(state))
             }
             () = self.vm_stopped() => Err(self.state_error(self.shared.state())),
+        };
+        if r.is_err() && self.shared.state() != State::Running {
+            self.torn_down().await;
         }
+        r
+    }
+
+    /// Waits (bounded) until the teardown that followed leaving `Running` has returned.
+    async fn torn_down(&self) {
+        let mut down = self.shared.down.subscribe();
+        let _ = tokio::time::timeout(TEARDOWN_WAIT, down.wait_for(|d| *d)).await;
     }
 
     /// Resolves once the backend reports the VM stopped (guest power-off, crash), so a call
@@ -416,7 +442,7 @@ impl Machine {
     /// Idempotent; this is what `Drop` does.
     pub fn close_now(&self) {
         self.shared.leave_running(State::Closed);
-        self.shared.handle.kill();
+        self.shared.tear_down();
     }
 }
 
@@ -450,7 +476,7 @@ fn watchdog(shared: &Shared, name: &str, wall: Duration) {
             ?wall,
             "wall lifetime expired; tearing the vm down"
         );
-        shared.handle.kill();
+        shared.tear_down();
     }
 }
 

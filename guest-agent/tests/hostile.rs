@@ -182,6 +182,30 @@ async fn unauthenticated_peers_get_nothing_and_take_no_host_slot() {
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
 }
 
+/// A full handshake pool refuses a connection without a word (no request was sent on it):
+/// the client retries, bounded, and gets through once an idle peer's deadline frees a slot.
+#[tokio::test]
+async fn a_full_handshake_pool_is_retried_until_a_slot_frees() {
+    let a = TestAgent::start_with(common::Opts {
+        extra_args: &["--io-timeout-ms", "300"],
+        env: &[],
+    });
+    let mut idle = Vec::new();
+    for _ in 0..16 {
+        idle.push(UnixStream::connect(&a.sock).await.unwrap());
+    }
+    // The pool is full now: one more connection is closed at once, before any Hello.
+    let mut extra = UnixStream::connect(&a.sock).await.unwrap();
+    assert!(closed_within(&mut extra, Duration::from_millis(200)).await);
+    let out = a
+        .client()
+        .exec(ExecRequest::shell("echo through"))
+        .await
+        .unwrap();
+    assert_eq!(out.output, b"through\n");
+    drop(idle);
+}
+
 /// A fake agent: each accepted connection is handled by the next behaviour in `script`.
 type Behaviour = Box<dyn FnOnce(UnixStream) -> futures_like::BoxFut + Send>;
 

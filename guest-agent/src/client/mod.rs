@@ -252,7 +252,28 @@ impl AgentClient {
         &self.limits
     }
 
+    /// Connects and shakes hands. A connection the agent drops before its handshake answers
+    /// (closed or reset while `Hello` goes out or `HelloOk` is awaited) carried no request, so
+    /// it is retried, a bounded number of times: under load the agent's pool of connections in
+    /// their handshake can be full for a moment (a connection the host abandoned mid-`CONNECT`
+    /// is accepted late and held until the host side closes), and the agent refuses the
+    /// excess without a word.
     async fn connect(&self) -> Result<(Conn, AgentInfo), ClientError> {
+        let mut delay = HANDSHAKE_RETRY_DELAY;
+        for _ in 1..HANDSHAKE_ATTEMPTS {
+            match self.connect_once().await {
+                Err(e) if dropped_in_handshake(&e) => {
+                    tracing::debug!(error = %e, "the agent dropped the connection in its handshake; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                r => return r,
+            }
+        }
+        self.connect_once().await
+    }
+
+    async fn connect_once(&self) -> Result<(Conn, AgentInfo), ClientError> {
         let path = match &self.transport {
             Transport::Unix(p) | Transport::HybridVsock { path: p, .. } => p,
         };
@@ -439,6 +460,23 @@ impl AgentClient {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Connection attempts when the agent drops a connection in its handshake (see `connect`).
+const HANDSHAKE_ATTEMPTS: u32 = 5;
+
+/// The wait before the first such retry; doubled each time (50 + 100 + 200 + 400 ms).
+const HANDSHAKE_RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// True for a handshake that failed because the connection went away (no agent reply).
+fn dropped_in_handshake(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Frame {
+            step: "handshake",
+            source: FrameError::Closed | FrameError::Io(_),
+        }
+    )
 }
 
 /// How long an abandoned hybrid-vsock handshake stays open waiting for the backend's reply.
