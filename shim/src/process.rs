@@ -297,13 +297,29 @@ async fn close_stdin(
     buf: &mut [u8],
 ) -> bool {
     if let Some(r) = stdin.take() {
-        while let Ok(n) = r.try_read(buf) {
+        loop {
+            let n = read_now(&r, buf);
             if n == 0 || !forward(input, &buf[..n]).await {
                 break;
             }
         }
     }
     input.close_stdin().await.is_ok()
+}
+
+/// What the FIFO holds now, read straight from its (non-blocking) descriptor; 0 when empty.
+/// Not tokio's `try_read`: that answers `WouldBlock` without reading until the reactor has
+/// seen the pipe readable, which it may not have yet for bytes written just before
+/// `close_io` — they were lost (`wc -l` printed 0 in about one run of six).
+fn read_now(r: &pipe::Receiver, buf: &mut [u8]) -> usize {
+    loop {
+        match nix::unistd::read(r, buf) {
+            Ok(n) => return n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            // EAGAIN: nothing left; any other error ends stdin the same way.
+            Err(_) => return 0,
+        }
+    }
 }
 
 async fn input_task(
