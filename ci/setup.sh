@@ -2,9 +2,9 @@
 # Installs what building and running `vm` needs on a Debian 12 x86_64 machine
 # (the main job's set-up), then builds the guest images. Test-only tooling
 # (rustfmt, clippy, the nightly toolchain, cargo-fuzz) is ci/setup-tests.sh's.
-# Idempotent and quick when all is present: apt-get runs (after `apt-get
-# update`) only for missing packages, cargo installs only what is missing or at
-# the wrong version.
+# `ci/setup.sh --packages` installs only the apt packages. Idempotent and quick
+# when all is present: apt-get runs (after `apt-get update`) only for missing
+# packages, cargo installs only what is missing or at the wrong version.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=lib.sh
@@ -19,6 +19,9 @@ vhost_vsock_version=0.3.0
 
 command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable)"
 apt_install_missing setup "${packages[@]}" || die "cannot install the packages vm needs"
+# `--packages`: only the packages (what compiling needs: ci/main.sh then builds `vm` while the
+# rest of the set-up runs).
+[[ ${1:-} != --packages ]] || exit 0
 
 # vhost-user vsock backend for the QEMU (TCG) driver.
 if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock $vhost_vsock_version" ]]; then

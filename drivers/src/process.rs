@@ -429,14 +429,15 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut reaped = false;
         while Instant::now() < deadline {
-            let mut status = 0;
-            // SAFETY: waiting on our own child with a valid status pointer.
-            let rc = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
-            if rc == pid as libc::pid_t {
-                assert!(libc::WIFSIGNALED(status));
-                assert_eq!(libc::WTERMSIG(status), libc::SIGKILL);
-                reaped = true;
-                break;
+            let child = nix::unistd::Pid::from_raw(pid as libc::pid_t);
+            match nix::sys::wait::waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
+                    assert_eq!(sig, nix::sys::signal::Signal::SIGKILL);
+                    reaped = true;
+                    break;
+                }
+                Ok(nix::sys::wait::WaitStatus::StillAlive) => {}
+                other => panic!("waitpid: {other:?}"),
             }
             thread::sleep(Duration::from_millis(10));
         }

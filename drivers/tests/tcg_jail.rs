@@ -79,6 +79,7 @@ fn program_of(reaper: u32, what: &str) -> u32 {
 #[ignore = "slow tier: boots the real guest images under QEMU TCG"]
 fn every_thread_of_a_tcg_vm_is_jailed() {
     let test = "every_thread_of_a_tcg_vm_is_jailed";
+    let _serial = one_at_a_time();
     let Some(driver) = tcg_or_no_driver(test) else {
         return;
     };
@@ -181,6 +182,13 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
     assert_nothing_left(&run_dir);
 }
 
+/// The tests of this file one at a time: `TEST_DENY` is process-wide, and `cargo test` runs
+/// tests as threads of one process (nextest, which CI uses, runs each in its own).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A vsock backend whose filter lacks `accept4` (test hook `TEST_DENY`, feature `test-hooks`)
 /// dies by `SIGSYS` as soon as QEMU connects to it: the boot fails with the driver's typed
 /// error naming the program and the cause, and leaves nothing behind.
@@ -188,6 +196,7 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
 #[ignore = "slow tier: boots the real guest images under QEMU TCG"]
 fn a_vsock_backend_killed_by_its_filter_is_a_typed_error() {
     let test = "a_vsock_backend_killed_by_its_filter_is_a_typed_error";
+    let _serial = one_at_a_time();
     let Some(driver) = tcg_or_no_driver(test) else {
         return;
     };

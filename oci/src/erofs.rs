@@ -2,16 +2,15 @@
 //!
 //! Uncompressed: the guest kernel is built without `CONFIG_EROFS_FS_ZIP`. Owners, modes,
 //! mtimes, hardlinks and xattrs come from the tree. The child keeps only
-//! `CAP_DAC_READ_SEARCH` (see [`crate::caps`]).
+//! `CAP_DAC_READ_SEARCH` (see [`crate::sys::caps`]).
 
 use std::io;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use thiserror::Error;
 
-use crate::caps;
+use crate::sys::caps;
 
 /// `mkfs.erofs` could not make the image.
 #[derive(Debug, Error)]
@@ -32,10 +31,7 @@ pub fn build(tree: &Path, out: &Path) -> Result<(), ErofsError> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: the closure only calls prctl (async-signal-safe) between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| caps::child_bounding(caps::CAP_DAC_READ_SEARCH));
-    }
+    caps::bound_child(&mut cmd, caps::CAP_DAC_READ_SEARCH);
     let output = cmd.output().map_err(ErofsError::Spawn)?;
     if !output.status.success() {
         let text = String::from_utf8_lossy(&output.stderr);

@@ -27,9 +27,7 @@
 //! ```
 
 mod auth;
-mod caps;
 pub mod config;
-mod confined;
 pub mod digest;
 mod erofs;
 mod import;
@@ -37,6 +35,7 @@ mod limits;
 mod manifest;
 mod pull;
 pub mod store;
+mod sys;
 mod unpack;
 
 use std::path::PathBuf;

@@ -30,10 +30,12 @@ pub fn thread_status_files(pid: u32) -> Vec<PathBuf> {
 }
 
 /// The namespace `kind` (`mnt`, `pid`, …) of `pid`, as `kind:[inode]`; `self` for this process.
+/// Panics when it cannot be read (a process that is gone must not compare as "different").
 pub fn namespace(pid: &str, kind: &str) -> String {
-    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
-        .map(|p| p.display().to_string())
-        .unwrap_or_default()
+    match std::fs::read_link(format!("/proc/{pid}/ns/{kind}")) {
+        Ok(p) => p.display().to_string(),
+        Err(e) => panic!("/proc/{pid}/ns/{kind}: {e}"),
+    }
 }
 
 /// The names directly under `/proc/PID/root/<sub>`.

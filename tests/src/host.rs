@@ -13,9 +13,8 @@ pub fn pid_exists(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
     };
-    // SAFETY: signal 0 performs only the existence and permission check; no memory is touched.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, None) != Err(nix::errno::Errno::ESRCH)
 }
 
 /// `(pid, comm)` of every process whose parent is this process and whose command name

@@ -2,7 +2,8 @@
 //! `/proc` while a tiny guest sleeps in `cli; hlt`: every thread of both VM processes (the
 //! reaper and PID 1 of the VM's PID namespace) has a seccomp filter, no capabilities and
 //! `no_new_privs`, runs as the VM's own uid, has namespaces of its own, and sees a root holding
-//! only the run directory. A thread that makes a system call outside its allowlist takes the
+//! only the run directory. A thread that makes a system call outside its allowlist (the control
+//! thread, or a virtio device's worker started by a tiny guest driving virtio-rng) takes the
 //! process down with `SIGSYS`.
 
 mod proc_harness;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use proc_harness::VmProc;
 use tiny_harness::skip_without_kvm;
+use vm_test_support::procfs::{children, namespace as ns, status_field};
 use vmm::process::{ExitKind, JailConfig, ProcessConfig, ProcessExit};
 use vmm::virtio::DeviceConfig;
 use vmm::{KernelFormat, VmConfig};
@@ -49,22 +51,6 @@ fn jailed_config(dir: &Path) -> ProcessConfig {
     cfg
 }
 
-fn status_field(path: &Path, key: &str) -> String {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}:")))
-        .map(|v| v.trim().to_string())
-        .unwrap_or_default()
-}
-
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
 /// Every path under `/proc/PID/root`, relative to it.
 fn root_listing(pid: u32) -> BTreeSet<String> {
     let base = PathBuf::from(format!("/proc/{pid}/root"));
@@ -82,11 +68,18 @@ fn root_listing(pid: u32) -> BTreeSet<String> {
     out
 }
 
-fn ns(pid: &str, kind: &str) -> String {
-    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
-        .unwrap()
-        .display()
-        .to_string()
+/// Waits (up to 60 s) until the VM process has a thread whose name starts with `prefix`;
+/// fails with its output if it exits first.
+fn wait_for_thread(vm: &mut VmProc, prefix: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !vm.thread_names().iter().any(|t| t.starts_with(prefix)) {
+        assert!(
+            Instant::now() < deadline && vm.try_exit().is_none(),
+            "no thread {prefix}*; output:\n{}",
+            vm.console()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -250,15 +243,7 @@ fn a_forbidden_system_call_kills_the_vm_process_with_sigsys() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = jailed_config(tmp.path());
     let mut vm = VmProc::start_process(&cfg);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !vm.thread_names().iter().any(|t| t == "vmm-control") {
-        assert!(
-            Instant::now() < deadline && vm.try_exit().is_none(),
-            "{}",
-            vm.console()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_thread(&mut vm, "vmm-control");
     let pids = vm.pids();
     vm.send_line(vmm::process::TEST_FORBIDDEN_SYSCALL);
     assert_eq!(
@@ -272,6 +257,100 @@ fn a_forbidden_system_call_kills_the_vm_process_with_sigsys() {
     }
 }
 
+/// `mov dword [addr], v` (an address below 2 GiB).
+fn store(addr: u32, v: u32) -> Vec<u8> {
+    [
+        &[0xc7, 0x04, 0x25][..],
+        &addr.to_le_bytes(),
+        &v.to_le_bytes(),
+    ]
+    .concat()
+}
+
+/// `mov dword [rbx + off], v`.
+fn mmio(off: u32, v: u32) -> Vec<u8> {
+    [&[0xc7, 0x83][..], &off.to_le_bytes(), &v.to_le_bytes()].concat()
+}
+
+/// A guest that drives the virtio-rng device at `base` as a driver does: one request of
+/// `len` writable bytes in a 16-entry queue, then FEATURES_OK (`VIRTIO_F_VERSION_1` only)
+/// and DRIVER_OK, which starts the device's worker thread; then it sleeps.
+fn rng_request_guest(base: u64, len: u32) -> Vec<u8> {
+    use virtio_bindings::virtio_mmio::*;
+    const DESC: u32 = 0x20_0000;
+    const AVAIL: u32 = 0x20_1000;
+    const USED: u32 = 0x20_2000;
+    const BUF: u32 = 0x21_0000;
+    let base = u32::try_from(base).expect("an MMIO window below 4 GiB");
+    let mut prog = vec![
+        // The descriptor (addr, len, flags = WRITE, next 0) and avail ring (idx 1, ring[0] 0).
+        store(DESC, BUF),
+        store(DESC + 4, 0),
+        store(DESC + 8, len),
+        store(DESC + 12, 2),
+        store(AVAIL, 1 << 16),
+        store(AVAIL + 4, 0),
+        [0xbb].iter().chain(&base.to_le_bytes()).copied().collect(), // mov ebx, base
+    ];
+    for (reg, v) in [
+        (VIRTIO_MMIO_STATUS, 1),
+        (VIRTIO_MMIO_STATUS, 3),
+        (VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1),
+        (VIRTIO_MMIO_DRIVER_FEATURES, 1), // VIRTIO_F_VERSION_1, bit 32
+        (VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0),
+        (VIRTIO_MMIO_DRIVER_FEATURES, 0),
+        (VIRTIO_MMIO_STATUS, 0xb),
+        (VIRTIO_MMIO_QUEUE_SEL, 0),
+        (VIRTIO_MMIO_QUEUE_NUM, 16),
+        (VIRTIO_MMIO_QUEUE_DESC_LOW, DESC),
+        (VIRTIO_MMIO_QUEUE_AVAIL_LOW, AVAIL),
+        (VIRTIO_MMIO_QUEUE_USED_LOW, USED),
+        (VIRTIO_MMIO_QUEUE_READY, 1),
+        (VIRTIO_MMIO_STATUS, 0xf),
+    ] {
+        prog.push(mmio(reg, v));
+    }
+    prog.push(SLEEP_FOREVER.to_vec());
+    prog.concat()
+}
+
+#[test]
+fn a_device_threads_forbidden_system_call_kills_the_vm_process_with_sigsys() {
+    let test = "a_device_threads_forbidden_system_call_kills_the_vm_process_with_sigsys";
+    if skip_without_kvm(test) {
+        return;
+    }
+    // First an ordinary request: the worker starts under the device filter and serves it.
+    let (_tmp, mut vm) = start_rng_guest(64);
+    wait_for_thread(&mut vm, "virtio-");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(vm.try_exit(), None, "{}", vm.console());
+    vm.stop();
+    // Then the test hook's length: the worker calls getppid, outside its allowlist.
+    let (_tmp, mut vm) = start_rng_guest(vmm::virtio::rng::TEST_FORBIDDEN_SYSCALL_LEN);
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(60)),
+        Some(ProcessExit::Seccomp),
+        "output:\n{}",
+        vm.console()
+    );
+}
+
+/// A jailed VM whose guest makes one virtio-rng request of `len` bytes.
+fn start_rng_guest(len: u32) -> (tempfile::TempDir, VmProc) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = jailed_config(tmp.path());
+    let rng = cfg
+        .vm
+        .devices
+        .iter()
+        .position(|d| matches!(d, DeviceConfig::Rng));
+    let base = vmm::layout::virtio_mmio_base(rng.unwrap());
+    std::fs::write(&cfg.vm.kernel, rng_request_guest(base, len)).unwrap();
+    let vm = VmProc::start_process(&cfg);
+    (tmp, vm)
+}
+
 #[test]
 fn a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host() {
     let test = "a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host";
@@ -281,15 +360,7 @@ fn a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = jailed_config(tmp.path());
     let mut vm = VmProc::start_process(&cfg);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !vm.thread_names().iter().any(|t| t == "vmm-control") {
-        assert!(
-            Instant::now() < deadline && vm.try_exit().is_none(),
-            "{}",
-            vm.console()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_thread(&mut vm, "vmm-control");
     vm.send_line(vmm::process::TEST_LEAK);
     let exit = vm.wait_timeout(Duration::from_secs(10));
     assert!(

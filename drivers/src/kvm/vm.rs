@@ -147,10 +147,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         let exit = handle.child.exit_status().map(ProcessExit::from_status);
         handle.kill();
         return Err(match exit {
-            Some(exit) => DriverError::VmProcess {
-                exit,
-                console_tail: handle.console_tail(),
-            },
+            Some(exit) => ended_before_agent(exit, handle.console_tail()),
             None => e,
         });
     }
@@ -162,6 +159,18 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         agent_socket: uds,
     };
     Machine::new(info, Box::new(handle), client)
+}
+
+/// The error for a VM process that ended before its agent answered: a seccomp kill is
+/// [`DriverError::SeccompKilled`], as for the tcg driver's programs.
+fn ended_before_agent(exit: ProcessExit, console_tail: String) -> DriverError {
+    match exit {
+        ProcessExit::Seccomp => DriverError::SeccompKilled {
+            program: vmm::process::BINARY.into(),
+            console_tail,
+        },
+        exit => DriverError::VmProcess { exit, console_tail },
+    }
 }
 
 /// One VM in its own `vm-vmm` process.
@@ -273,5 +282,27 @@ mod tests {
         );
         plan.vcpus = 1000;
         assert!(vm_config(&plan, String::new(), "/x".into(), initrd).is_err());
+    }
+
+    #[test]
+    fn a_seccomp_kill_before_the_agent_answered_names_the_program() {
+        let e = ended_before_agent(ProcessExit::Seccomp, "tail".into());
+        assert!(
+            matches!(&e, DriverError::SeccompKilled { program, console_tail }
+                if program == vmm::process::BINARY && console_tail == "tail"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("SIGSYS"), "{e}");
+        let e = ended_before_agent(ProcessExit::Signaled(9), String::new());
+        assert!(
+            matches!(
+                e,
+                DriverError::VmProcess {
+                    exit: ProcessExit::Signaled(9),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! - Paths: a leading `/` is dropped (absolute paths mean the image root), `.` is skipped,
 //!   and an entry naming `..` anywhere is refused. Parents are resolved in the tree (see
-//!   [`crate::confined`]), so a symlink planted earlier points back into the tree, never out;
+//!   [`crate::sys::confined`]), so a symlink planted earlier points back into the tree, never out;
 //!   missing parents are created `0755 root:root`.
 //! - `.wh.NAME` deletes NAME from lower layers; `.wh..wh..opq` empties its directory of
 //!   everything lower layers put there (entries of this same layer stay).
@@ -22,8 +22,8 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use tar::{Archive, Entry, EntryType};
 
 use super::{UnpackError, UnpackStats};
-use crate::confined::{self, at, open_in_root};
 use crate::limits::Limits;
+use crate::sys::confined::{self, at, open_in_root};
 
 const OPAQUE: &[u8] = b".wh..wh..opq";
 const WHITEOUT: &[u8] = b".wh.";

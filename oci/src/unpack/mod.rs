@@ -5,7 +5,7 @@
 //! zstd is refused by name), bounded ([`Limits`]: total unpacked bytes, entry count, and a
 //! decompression ratio so a gzip bomb stops early), hashed again (must match the config's
 //! diff ID) and applied with OCI semantics by [`entry`]. The work runs on a dedicated thread
-//! with reduced capabilities (see [`crate::caps`]).
+//! with reduced capabilities (see [`crate::sys::caps`]).
 
 mod entry;
 
@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use flate2::bufread::MultiGzDecoder;
 use thiserror::Error;
 
-use crate::caps;
 use crate::digest::{Digest, HashingReader};
 use crate::limits::Limits;
+use crate::sys::caps;
 
 /// One layer to apply: a blob file, with what it must hash to.
 #[derive(Debug, Clone)]

@@ -163,8 +163,8 @@ fn obey(mut control: impl BufRead, vm: &RunningVm) {
             Ok(_) if line.trim_ascii() == STOP.as_bytes() => break,
             #[cfg(feature = "test-hooks")]
             Ok(_) if line.trim_ascii() == super::TEST_FORBIDDEN_SYSCALL.as_bytes() => {
-                // SAFETY: getppid has no preconditions; the filter kills the process here.
-                unsafe { libc::getppid() };
+                // The control thread's filter kills the process here.
+                let _ = nix::unistd::getppid();
             }
             #[cfg(feature = "test-hooks")]
             Ok(_) if line.trim_ascii() == super::TEST_LEAK.as_bytes() => {

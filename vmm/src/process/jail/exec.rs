@@ -18,14 +18,13 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use nix::sys::stat::Mode;
-use nix::unistd::{ForkResult, Gid, Uid, fork, getpid};
+use nix::unistd::{ForkResult, Gid, Uid, getpid};
 use seccompiler::BpfProgram;
 
 use super::root::{at, cstring};
@@ -34,6 +33,7 @@ use super::{
     restrict,
 };
 use crate::seccomp::{self, Compiled, ThreadKind};
+use crate::sys::process as sys;
 
 /// A step error travels as one positive `i32`: `ERRNO_BASE | item << 17 | step << 12 | errno`
 /// (errnos are < 4096, steps < 32, items < 256).
@@ -115,10 +115,9 @@ impl ExecJail {
             self.run()
                 .map_err(|e| io::Error::from_raw_os_error(encode(e)))
         };
-        // SAFETY: the hook runs in the forked child before exec. It only makes system calls
-        // on data prepared before the fork (C strings, compiled BPF programs); it allocates
-        // nothing and takes no lock.
-        unsafe { cmd.pre_exec(hook) };
+        // SAFETY: the hook only makes system calls on data prepared before the fork (C
+        // strings, compiled BPF programs); it allocates nothing and takes no lock.
+        unsafe { sys::add_pre_exec(cmd, hook) };
     }
 
     fn run(&self) -> Result<(), StepError> {
@@ -127,7 +126,7 @@ impl ExecJail {
         let (launcher, reaper_fd) = super::before_fork()?;
         // SAFETY: this is already a forked child; the grandchild runs only the allocation-free
         // steps below, the reaper only system calls.
-        match unsafe { fork() }.map_err(at(Step::Fork))? {
+        match unsafe { sys::fork() }.map_err(at(Step::Fork))? {
             ForkResult::Child => {}
             // Every descriptor closed: the pipes (and the exec error channel) are the program's.
             ForkResult::Parent { child } => {
@@ -173,22 +172,9 @@ impl ExecJail {
     /// Every descriptor above stderr becomes close-on-exec (the exec error channel must stay
     /// open until then), except the ones passed on purpose.
     fn close_fds(&self) -> Result<(), StepError> {
-        // SAFETY: only changes descriptor flags.
-        let rc = unsafe {
-            libc::close_range(
-                3,
-                libc::c_uint::MAX,
-                libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
-            )
-        };
-        if rc != 0 {
-            return Err(at(Step::Fds)(Errno::last()));
-        }
+        sys::cloexec_range(3, libc::c_uint::MAX).map_err(at(Step::Fds))?;
         for fd in &self.keep_fds {
-            // SAFETY: clears FD_CLOEXEC on a descriptor the launcher opened for this program.
-            if unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) } != 0 {
-                return Err(at(Step::Fds)(Errno::last()));
-            }
+            sys::keep_across_exec(*fd).map_err(at(Step::Fds))?;
         }
         Ok(())
     }

@@ -34,11 +34,12 @@ use std::path::PathBuf;
 use caps::CapSet;
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::resource::{Resource, setrlimit};
-use nix::sys::signal::{SigHandler, Signal, signal};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::{ForkResult, Gid, Uid, fork, getpid, setgroups, setresgid, setresuid};
+use nix::unistd::{ForkResult, Gid, Uid, getpid, setgroups, setresgid, setresuid};
 use serde::{Deserialize, Serialize};
 
+use crate::sys::process as sys;
 use root::at;
 pub use root::{RootPlan, Step, StepError};
 
@@ -80,10 +81,7 @@ fn namespace_flags(netns: Option<i32>) -> CloneFlags {
 /// Allocates nothing.
 pub(crate) fn enter_namespaces(netns: Option<i32>) -> Result<(), StepError> {
     if let Some(fd) = netns {
-        // SAFETY: `fd` is a namespace descriptor the launcher passed on purpose; setns only
-        // reads it.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        nix::sched::setns(fd, CloneFlags::CLONE_NEWNET).map_err(at(Step::Unshare))?;
+        nix::sched::setns(sys::borrow(fd), CloneFlags::CLONE_NEWNET).map_err(at(Step::Unshare))?;
     }
     unshare(namespace_flags(netns)).map_err(at(Step::Unshare))
 }
@@ -114,17 +112,9 @@ pub fn shared_netns() -> std::io::Result<i32> {
 
 /// Lets `fd` (close-on-exec in the launcher) through `exec` of `cmd`.
 pub fn pass_fd(cmd: &mut std::process::Command, fd: i32) {
-    use std::os::unix::process::CommandExt;
-    let hook = move || {
-        // SAFETY: only clears the close-on-exec flag of a descriptor.
-        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    };
-    // SAFETY: the hook runs in the forked child before exec and only clears a descriptor
-    // flag; it allocates nothing.
-    unsafe { cmd.pre_exec(hook) };
+    let hook = move || sys::keep_across_exec(fd).map_err(std::io::Error::from);
+    // SAFETY: the hook only clears a descriptor flag: one system call, no allocation.
+    unsafe { sys::add_pre_exec(cmd, hook) };
 }
 
 /// What the jail of one VM process is built from (all paths absolute; each bind lands at its
@@ -226,12 +216,11 @@ pub fn close_inherited_fds(keep: Option<i32>) {
         Some(3) => [(4, libc::c_uint::MAX), (1, 0)],
         _ => [(3, libc::c_uint::MAX), (1, 0)],
     };
+    // Nothing in this process uses a descriptor above 2 yet but `keep` (this runs right
+    // after the configuration is read).
     for (first, last) in ranges.into_iter().filter(|(f, l)| f <= l) {
-        // SAFETY: close_range only closes descriptors; nothing in this process uses any above
-        // 2 yet but `keep` (it is called right after the configuration is read).
-        let rc = unsafe { libc::close_range(first, last, 0) };
-        if rc != 0 {
-            eprintln!("vm-vmm: close_range: {}", std::io::Error::last_os_error());
+        if let Err(e) = sys::close_range(first, last) {
+            eprintln!("vm-vmm: close_range: {}", e.desc());
         }
     }
 }
@@ -247,13 +236,13 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
         crate::seccomp::compiled(crate::seccomp::ThreadKind::Reaper).map_err(JailError::Seccomp)?;
     enter_namespaces(cfg.netns_fd)?;
     if let Some(fd) = cfg.netns_fd {
-        // SAFETY: the namespace is joined; the descriptor is not used again.
-        unsafe { libc::close(fd) };
+        // The namespace is joined; the descriptor is not used again.
+        sys::close(fd);
     }
     let id = JAIL_ID_BASE + getpid().as_raw() as u32;
     let (launcher, reaper_fd) = before_fork()?;
     // SAFETY: the caller guarantees this process has one thread, so the child may run any code.
-    match unsafe { fork() }.map_err(at(Step::Fork))? {
+    match unsafe { sys::fork() }.map_err(at(Step::Fork))? {
         ForkResult::Child => {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(at(Step::DeathSignal))?;
             JAIL_ID.set(id).ok();
@@ -269,11 +258,7 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
 /// has cleared the parent-death signal: the launcher's pid (the reaper's parent), and a pidfd
 /// of the reaper-to-be (the child's parent, outside its PID namespace, where `getppid` says 0).
 fn before_fork() -> Result<(i32, i32), StepError> {
-    // SAFETY: pidfd_open of this process; the result is a new descriptor (close-on-exec).
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, getpid().as_raw(), 0) } as i32;
-    if fd < 0 {
-        return Err(at(Step::DeathSignal)(nix::errno::Errno::last()));
-    }
+    let fd = sys::pidfd_of_self().map_err(at(Step::DeathSignal))?;
     Ok((nix::unistd::getppid().as_raw(), fd))
 }
 
@@ -281,16 +266,9 @@ fn before_fork() -> Result<(i32, i32), StepError> {
 /// the reaper behind `reaper_fd`, has not died in between.
 pub(crate) fn rearm_under_reaper(reaper_fd: i32) -> Result<(), StepError> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(at(Step::DeathSignal))?;
-    let mut p = libc::pollfd {
-        fd: reaper_fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait; a pidfd polls readable once its process exited.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    // SAFETY: the descriptor is not used again.
-    unsafe { libc::close(reaper_fd) };
-    if n != 0 {
+    let exited = sys::pidfd_exited(reaper_fd);
+    sys::close(reaper_fd);
+    if exited {
         return Err(at(Step::DeathSignal)(nix::errno::Errno::ESRCH));
     }
     Ok(())
@@ -314,8 +292,8 @@ fn reap(
     filter: &crate::seccomp::Compiled,
     launcher: i32,
 ) -> ! {
-    // SAFETY: closes descriptors the reaper never uses again.
-    unsafe { libc::close_range(*close.start(), *close.end(), 0) };
+    // The reaper never uses these again.
+    let _ = sys::close_range(*close.start(), *close.end());
     let me = Identity { uid: id, gid: id };
     let cap = MemoryCap {
         resource: Resource::RLIMIT_DATA,
@@ -331,26 +309,14 @@ fn reap(
     if !filtered {
         // Without its restrictions the reaper must not outlive the VM: take it down.
         let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
-        // SAFETY: _exit has no preconditions.
-        unsafe { libc::_exit(1) };
+        sys::exit_now(1);
     }
     loop {
         match waitpid(child, None) {
-            Ok(WaitStatus::Exited(_, code)) => {
-                // SAFETY: _exit has no preconditions; it skips atexit handlers, which belong
-                // to the process this one was forked from.
-                unsafe { libc::_exit(code) }
-            }
-            Ok(WaitStatus::Signaled(_, sig, _)) => {
-                // SAFETY: restoring the default action of a signal has no preconditions.
-                let _ = unsafe { signal(sig, SigHandler::SigDfl) };
-                let _ = nix::sys::signal::raise(sig);
-                // SAFETY: as above.
-                unsafe { libc::_exit(128 + sig as i32) }
-            }
+            Ok(WaitStatus::Exited(_, code)) => sys::exit_now(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => sys::exit_by_signal(sig),
             Ok(_) | Err(nix::Error::EINTR) => continue,
-            // SAFETY: as above.
-            Err(_) => unsafe { libc::_exit(1) },
+            Err(_) => sys::exit_now(1),
         }
     }
 }
@@ -419,14 +385,10 @@ pub fn restrict(who: Identity, memory: MemoryCap) -> Result<(), JailError> {
 /// know (`caps::all()` would allocate).
 fn drop_bounding_set() -> Result<(), JailError> {
     for cap in 0..64 {
-        // SAFETY: PR_CAPBSET_DROP takes a capability number; unknown ones answer EINVAL.
-        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        if rc != 0 {
-            let e = nix::errno::Errno::last();
-            if e == nix::errno::Errno::EINVAL && cap > 0 {
-                return Ok(());
-            }
-            return Err(at(Step::Bounding)(e).into());
+        match sys::capbset_drop(cap) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::EINVAL) if cap > 0 => return Ok(()),
+            Err(e) => return Err(at(Step::Bounding)(e).into()),
         }
     }
     Ok(())

@@ -62,10 +62,19 @@ pub(crate) fn restrict_thread(keep: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
-/// For `Command::pre_exec`: no new privileges, and a bounding set holding only `keep`.
-/// Only async-signal-safe calls (`prctl`); a bounding-set drop this process may not make
-/// (it lacks `CAP_SETPCAP`, so it holds nothing to drop) is ignored.
-pub(crate) fn child_bounding(keep: u32) -> io::Result<()> {
+/// Makes the child `cmd` spawns run under `no_new_privs` with a bounding set holding only
+/// `keep` (set between its `fork` and `exec`).
+pub(crate) fn bound_child(cmd: &mut std::process::Command, keep: u32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook only calls prctl (async-signal-safe) and allocates nothing, as a
+    // forked child of a multi-threaded process must.
+    unsafe { cmd.pre_exec(move || child_bounding(keep)) };
+}
+
+/// No new privileges, and a bounding set holding only `keep`. Only async-signal-safe calls
+/// (`prctl`); a bounding-set drop this process may not make (it lacks `CAP_SETPCAP`, so it
+/// holds nothing to drop) is ignored.
+fn child_bounding(keep: u32) -> io::Result<()> {
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(io::Error::last_os_error());
