@@ -7,6 +7,20 @@
 #                                 not root; services the packages would start are
 #                                 refused (policy-rc.d); progress on stderr, prefixed TAG.
 #                                 Returns 1 when the install fails.
+#
+# The cached builds of images/ (one output directory per input hash, built in a temporary
+# directory and renamed into place, under a lock) share their prologue:
+#
+#   cache_args TAG ARG…           parses the arguments every cached build takes: --force
+#                                 (rebuild) sets CACHE_FORCE=1, --print-path (print the output
+#                                 if it is built, else exit 1; build nothing) sets
+#                                 CACHE_PRINT_ONLY=1; anything else is an error naming TAG.
+#   cache_hit PRINT CHECK…        unless --force: when the command CHECK… succeeds, prints
+#                                 PRINT and exits 0. Then, with --print-path, exits 1.
+#                                 Otherwise returns: the caller builds.
+#   cache_lock LOCK PRINT CHECK…  takes the lock file LOCK (its directory created; fd 9, held
+#                                 until the script exits), then cache_hit again: another
+#                                 run may have built it meanwhile.
 
 vm_images_dir() {
     echo "${VM_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/images}"
@@ -45,4 +59,36 @@ apt_install_missing() {
         echo "$tag: ERROR: apt-get install ${missing[*]} failed" >&2
         return 1
     fi
+}
+
+cache_args() {
+    local tag=$1 a
+    shift
+    CACHE_FORCE=0 CACHE_PRINT_ONLY=0
+    for a in "$@"; do
+        case $a in
+            --force) CACHE_FORCE=1 ;;
+            --print-path) CACHE_PRINT_ONLY=1 ;;
+            *) echo "$tag: ERROR: unknown argument $a (use --print-path or --force)" >&2; exit 2 ;;
+        esac
+    done
+}
+
+cache_hit() {
+    local print=$1
+    shift
+    if ((!CACHE_FORCE)) && "$@"; then
+        echo "$print"
+        exit 0
+    fi
+    ((!CACHE_PRINT_ONLY)) || exit 1
+}
+
+cache_lock() {
+    local lock=$1
+    shift
+    mkdir -p "$(dirname "$lock")"
+    exec 9>"$lock"
+    flock 9
+    cache_hit "$@"
 }

@@ -83,7 +83,7 @@ if ! "$onnx_venv/bin/python" -c 'import onnx, onnxruntime' 2>/dev/null ||
     "$onnx_venv/bin/pip" install --quiet $onnx_pins numpy || die "pip install $onnx_pins failed"
     echo "$onnx_pins" >"$onnx_venv/.pins"
 fi
-if ! images/onnx-image.sh --print-dir >/dev/null; then
+if ! images/onnx-image.sh --print-path >/dev/null; then
     if ((EUID == 0)); then
         images/onnx-image.sh >/dev/null || die "images/onnx-image.sh failed"
     else
@@ -91,7 +91,7 @@ if ! images/onnx-image.sh --print-dir >/dev/null; then
             die "images/onnx-image.sh failed"
     fi
 else
-    say "onnxruntime image present: $(images/onnx-image.sh --print-dir)"
+    say "onnxruntime image present: $(images/onnx-image.sh --print-path)"
 fi
 
 # The llama.cpp model server the llama tests and the llama_serve bench boot: a static

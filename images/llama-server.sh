@@ -29,18 +29,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 venv_packages=(gguf==0.19.0 openai==3.51.0)
 vocab=ggml-vocab-llama-spm.gguf
 
-force=0 print_only=0
-for a in "$@"; do
-    case $a in
-        --force) force=1 ;;
-        --print-path) print_only=1 ;;
-        *) die "unknown argument $a (use --print-path or --force)" ;;
-    esac
-done
+# shellcheck source=../ci/lib.sh
+source "$here/../ci/lib.sh"
+cache_args llama-image "$@"
 
 cache=${VM_LLAMA_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/llama}
 venv=${VM_LLAMA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/venv-llama}
-if ((print_only)); then
+if ((CACHE_PRINT_ONLY)); then
     bin_dir=$("$here/llama/build-server.sh" --print-path) || exit 1
 else
     bin_dir=$("$here/llama/build-server.sh") || die "building llama-server failed"
@@ -53,11 +48,7 @@ key=$( {
 dir=$cache/image-$key
 
 built() { [[ -f $dir/manifest.json && -f $dir/models/tiny.gguf && -x $dir/python && -x $venv/bin/python ]]; }
-if ((!force)) && built; then
-    echo "$dir"
-    exit 0
-fi
-((print_only)) && exit 1
+cache_hit "$dir" built
 
 # The venv: created when missing, the pinned packages installed when absent.
 ensure_venv() {
@@ -72,13 +63,7 @@ ensure_venv() {
     fi
 }
 
-mkdir -p "$cache"
-exec 9>"$cache/.image.lock"
-flock 9
-if ((!force)) && built; then
-    echo "$dir"
-    exit 0
-fi
+cache_lock "$cache/.image.lock" "$dir" built
 ensure_venv
 
 tmp=$(mktemp -d "$cache/.tmp.XXXXXX")

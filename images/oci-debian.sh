@@ -19,14 +19,11 @@ say() { echo "oci-debian: $*" >&2; }
 die() { echo "oci-debian: ERROR: $*" >&2; exit 1; }
 
 tag=bookworm-numpy
-(($# <= 1)) || die "one argument at most (--print-path or --force)"
-force=0 print_only=0
-[[ ${1:-} != --force ]] || force=1
-[[ ${1:-} != --print-path ]] || print_only=1
-[[ -z ${1:-} || $force == 1 || $print_only == 1 ]] || die "unknown argument $1 (use --print-path or --force)"
-
 here=$(dirname "${BASH_SOURCE[0]}")
-if ((print_only)); then
+# shellcheck source=../ci/lib.sh
+source "$here/../ci/lib.sh"
+cache_args oci-debian "$@"
+if ((CACHE_PRINT_ONLY)); then
     rootfs=$("$here/rootfs-debian.sh" --print-path) || exit 1
 else
     rootfs=$("$here/rootfs-debian.sh") || die "images/rootfs-debian.sh failed"
@@ -37,22 +34,13 @@ rootfs_sum=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["fi
 key=$({ cat "${BASH_SOURCE[0]}" "$here/oci-pack.py"; echo "$rootfs_sum"; } | sha256sum | cut -c1-16)
 cache=$(dirname "$rootfs_dir")
 dir=$cache/oci-$key
-
-if ((!force)) && [[ -f $dir/index.json ]]; then
-    echo "$dir:$tag"
-    exit 0
-fi
-((print_only)) && exit 1
+built() { [[ -f $dir/index.json ]]; }
+cache_hit "$dir:$tag" built
 
 ((EUID == 0)) || die "needs root (file owners in the layer)"
 command -v fsck.erofs >/dev/null || die "fsck.erofs missing (apt-get install erofs-utils)"
 
-exec 9>"$cache/.lock-oci"
-flock 9
-if ((!force)) && [[ -f $dir/index.json ]]; then
-    echo "$dir:$tag"
-    exit 0
-fi
+cache_lock "$cache/.lock-oci" "$dir:$tag" built
 
 tmp=$(mktemp -d "$cache/.tmp-oci.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

@@ -8,8 +8,9 @@
 # is NOT in the image: it is mounted read-only (`-v DIR/models:/models:ro`).
 #
 #   images/onnx-image.sh              build if missing; print the output directory
-#   images/onnx-image.sh --print-dir  print the directory if built, else exit 1 (builds nothing)
+#   images/onnx-image.sh --print-path print the directory if built, else exit 1 (builds nothing)
 #   images/onnx-image.sh --force      rebuild
+#   images/onnx-image.sh --versions   print the pinned onnxruntime and onnx versions
 #
 # Output: ${VM_ONNX_DIR:-~/.cache/vm/onnx}/<key>/{oci/, models/tiny.onnx, manifest.json}, where
 # <key> hashes this script, debian-root.sh, server.py, make-model.py, oci-pack.py and the pinned versions. The
@@ -32,25 +33,20 @@ venv=${VM_ONNX_VENV:-$HOME/.cache/vm/venv-onnx}
 wheels=${VM_WHEELS_DIR:-$HOME/.cache/vm/wheels}
 mirror=${VM_ROOTFS_MIRROR:-}
 
-force=0 print_only=0
-for a in "$@"; do
-    case $a in
-        --force) force=1 ;;
-        --print-dir) print_only=1 ;;
-        --versions) echo "onnxruntime==$ORT_VERSION onnx==$ONNX_VERSION"; exit 0 ;;
-        *) die "unknown argument $a (use --print-dir, --force or --versions)" ;;
-    esac
-done
+if [[ ${1:-} == --versions ]]; then
+    echo "onnxruntime==$ORT_VERSION onnx==$ONNX_VERSION"
+    exit 0
+fi
+# shellcheck source=../ci/lib.sh
+source "$here/../ci/lib.sh"
+cache_args onnx-image "$@"
 
 cache=${VM_ONNX_DIR:-$HOME/.cache/vm/onnx}
 key=$( (cat "${BASH_SOURCE[0]}" "$here/debian-root.sh" "$here/onnx/server.py" "$here/onnx/make-model.py" "$here/oci-pack.py"
         echo "$ORT_VERSION $ONNX_VERSION $suite $packages") | sha256sum | cut -c1-16)
 dir=$cache/$key
-if ((!force)) && [[ -f $dir/manifest.json ]]; then
-    echo "$dir"
-    exit 0
-fi
-((print_only)) && exit 1
+built() { [[ -f $dir/manifest.json ]]; }
+cache_hit "$dir" built
 
 ((EUID == 0)) || die "needs root (mmdebstrap root mode, file owners in the image)"
 command -v mmdebstrap >/dev/null || die "mmdebstrap missing (apt-get install mmdebstrap)"
@@ -58,13 +54,8 @@ command -v mmdebstrap >/dev/null || die "mmdebstrap missing (apt-get install mmd
 "$venv/bin/python" -c "import onnx, onnxruntime; assert onnxruntime.__version__ == '$ORT_VERSION', onnxruntime.__version__" ||
     die "$venv lacks onnx / onnxruntime $ORT_VERSION"
 
-mkdir -p "$cache" "$wheels"
-exec 9>"$cache/.lock"
-flock 9
-if ((!force)) && [[ -f $dir/manifest.json ]]; then
-    echo "$dir"
-    exit 0
-fi
+mkdir -p "$wheels"
+cache_lock "$cache/.lock" "$dir" built
 start=$SECONDS
 wheel=$(ls "$wheels"/onnxruntime-"$ORT_VERSION"-cp311-cp311-manylinux*x86_64.whl 2>/dev/null | head -1 || true)
 if [[ -z $wheel ]]; then

@@ -20,40 +20,25 @@ suite=bookworm
 packages=python3-minimal,python3-numpy
 mirror=${VM_ROOTFS_MIRROR:-}
 
-force=0 print_only=0
-for a in "$@"; do
-    case $a in
-        --force) force=1 ;;
-        --print-path) print_only=1 ;;
-        *) die "unknown argument $a (use --print-path or --force)" ;;
-    esac
-done
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../ci/lib.sh
+source "$here/../ci/lib.sh"
+cache_args rootfs "$@"
 
 cache=${VM_ROOTFS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/rootfs}
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=debian-root.sh
 source "$here/debian-root.sh"
 key=$(cat "${BASH_SOURCE[0]}" "$here/debian-root.sh" | sha256sum | cut -c1-16)
 dir=$cache/$key
 image=$dir/rootfs.erofs
-
-if ((!force)) && [[ -f $dir/manifest.json && -f $image ]]; then
-    echo "$image"
-    exit 0
-fi
-((print_only)) && exit 1
+built() { [[ -f $dir/manifest.json && -f $image ]]; }
+cache_hit "$image" built
 
 ((EUID == 0)) || die "needs root (mmdebstrap root mode, file owners in the image)"
 command -v mmdebstrap >/dev/null || die "mmdebstrap missing (apt-get install mmdebstrap)"
 command -v mkfs.erofs >/dev/null || die "mkfs.erofs missing (apt-get install erofs-utils)"
 
-mkdir -p "$cache"
-exec 9>"$cache/.lock"
-flock 9
-if ((!force)) && [[ -f $dir/manifest.json && -f $image ]]; then
-    echo "$image"
-    exit 0
-fi
+cache_lock "$cache/.lock" "$image" built
 
 tmp=$(mktemp -d "$cache/.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

@@ -45,6 +45,8 @@ pub enum Command {
     Serve(ServeArgs),
     Ps(PsArgs),
     Stop(StopArgs),
+    Pause(PauseArgs),
+    Unpause(UnpauseArgs),
     Rm(RmArgs),
     Logs(LogsArgs),
     Cp(CpArgs),
@@ -291,6 +293,30 @@ pub struct StopArgs {
     /// Seconds to wait for a clean stop before killing
     #[arg(short = 't', long = "time", default_value_t = 10)]
     pub time: u64,
+    /// VM names
+    #[arg(required = true, value_parser = parse::vm_name)]
+    pub names: Vec<String>,
+}
+
+/// Pause named VMs: every host process of the VM is stopped (the guest is frozen).
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm pause box
+  vm exec box -- true      # refused while paused (exit 125)
+  vm unpause box
+
+Only a `vm run -d` VM can be paused; `vm stop` stops a paused VM too.")]
+pub struct PauseArgs {
+    /// VM names
+    #[arg(required = true, value_parser = parse::vm_name)]
+    pub names: Vec<String>,
+}
+
+/// Unpause named VMs paused by `vm pause`: the guest carries on where it was.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm unpause box")]
+pub struct UnpauseArgs {
     /// VM names
     #[arg(required = true, value_parser = parse::vm_name)]
     pub names: Vec<String>,

@@ -77,6 +77,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Serve(a) => cmd::serve::run(a).await,
         Command::Ps(a) => cmd::manage::ps(a).await,
         Command::Stop(a) => cmd::manage::stop(a).await,
+        Command::Pause(a) => cmd::pause::run(&a.names, true).await,
+        Command::Unpause(a) => cmd::pause::run(&a.names, false).await,
         Command::Rm(a) => cmd::manage::rm(a).await,
         Command::Logs(a) => cmd::manage::logs(a).await,
         Command::Cp(a) => cmd::cp::run(a).await,

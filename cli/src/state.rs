@@ -101,6 +101,8 @@ pub enum VmState {
     Starting,
     /// The VM's agent answered; commands can run in it.
     Running,
+    /// `vm pause`: every VM process is stopped until `vm unpause`.
+    Paused,
     /// A stop was requested; the supervisor is tearing the VM down.
     Stopping,
     /// The VM is gone (stopped, wall lifetime reached, crashed, or supervisor lost).
@@ -113,6 +115,7 @@ impl VmState {
         match self {
             VmState::Starting => "starting",
             VmState::Running => "running",
+            VmState::Paused => "paused",
             VmState::Stopping => "stopping",
             VmState::Exited => "exited",
         }
@@ -191,6 +194,10 @@ pub struct Record {
     pub request: serde_json::Value,
     /// Labels (see [`labels`]).
     pub labels: BTreeMap<String, String>,
+    /// The holder pauses the VM on `SIGUSR1` and resumes it on `SIGUSR2` (a `vm run -d`
+    /// supervisor; a `vm serve` holder does not).
+    #[serde(default)]
+    pub pausable: bool,
 }
 
 impl Record {
@@ -227,6 +234,7 @@ impl Record {
             vcpus: limits.vcpus,
             request,
             labels: base,
+            pausable: false,
         }
     }
 

@@ -39,6 +39,32 @@ impl Signals {
     }
 }
 
+/// `SIGUSR1` and `SIGUSR2` as the supervisor's pause and resume requests (`vm pause`,
+/// `vm unpause`).
+pub struct PauseSignals {
+    pause: Signal,
+    resume: Signal,
+}
+
+impl PauseSignals {
+    /// Installs the listeners (replacing the default "die" disposition of both).
+    pub fn install() -> anyhow::Result<PauseSignals> {
+        Ok(PauseSignals {
+            pause: signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?,
+            resume: signal(SignalKind::user_defined2())
+                .context("installing the SIGUSR2 handler")?,
+        })
+    }
+
+    /// Resolves when a request arrives: true to pause, false to resume.
+    pub async fn recv(&mut self) -> bool {
+        tokio::select! {
+            _ = self.pause.recv() => true,
+            _ = self.resume.recv() => false,
+        }
+    }
+}
+
 /// The exit code for a finished guest command.
 pub fn status_code(status: &ExitStatus) -> u8 {
     if status.timed_out {

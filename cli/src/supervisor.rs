@@ -10,6 +10,8 @@
 //!    `vm run -d` waits for);
 //! 3. holds the VM, refreshing `console.log` (the bounded console tail) every second, until
 //!    SIGTERM/SIGINT (`vm stop`), the VM's wall lifetime, or the VM exiting by itself;
+//!    meanwhile `SIGUSR1` pauses the VM and `SIGUSR2` resumes it (`vm pause`/`vm unpause`),
+//!    the record saying `paused` only once every VM process is stopped;
 //! 4. closes the VM (agent power-off, then kill), and marks the record `exited` with the
 //!    reason. The state directory stays until `vm rm`.
 //!
@@ -26,7 +28,7 @@ use vm_spec::{Policy, Spec, Trust};
 use crate::args::SuperviseArgs;
 use crate::exit;
 use crate::state::{ProcId, Record, Runtime, VmState, labels, now_unix};
-use crate::stream::Signals;
+use crate::stream::{PauseSignals, Signals};
 
 /// The console snapshot file in a VM's state directory.
 pub const CONSOLE_LOG: &str = "console.log";
@@ -126,6 +128,25 @@ pub async fn run(a: SuperviseArgs) -> anyhow::Result<u8> {
     }
 }
 
+/// Pauses (`true`) or resumes the VM and records its state; a failure is logged and leaves
+/// the record as it was (`vm pause` reports that the VM did not change).
+fn set_paused(rt: &Runtime, record: &mut Record, vm: &MicroVm, pause: bool) -> anyhow::Result<()> {
+    let (r, state) = if pause {
+        (vm.pause(), VmState::Paused)
+    } else {
+        (vm.resume(), VmState::Running)
+    };
+    match r {
+        Ok(()) => {
+            record.state = state;
+            rt.save(record)?;
+            tracing::info!(name = %record.name, state = state.as_str(), "VM {}", state.as_str());
+        }
+        Err(e) => eprintln!("vm supervisor: {}", exit::one_line(&e.into())),
+    }
+    Ok(())
+}
+
 async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> anyhow::Result<()> {
     let req: StartRequest = serde_json::from_value(record.request.clone())?;
     let dir = rt.dir(&record.name);
@@ -144,6 +165,8 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
     };
     // Creates the guest root (the sandbox does so lazily) and proves the agent works.
     vm.walk("").await?;
+    let mut pauses = PauseSignals::install()?;
+    record.pausable = true;
     mark_running(rt, record, &vm, req.trust)?;
     tracing::info!(name = %record.name, driver = vm.driver(), "VM running");
 
@@ -159,6 +182,7 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
         }
         tokio::select! {
             sig = signals.recv() => break format!("stopped ({sig})"),
+            pause = pauses.recv() => set_paused(rt, record, &vm, pause)?,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     };

@@ -59,7 +59,7 @@ fn onnx_image() -> Result<OnnxImage, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/onnx-image.sh");
     let out = std::process::Command::new("bash")
         .arg(&script)
-        .arg("--print-dir")
+        .arg("--print-path")
         .output()
         .map_err(|e| format!("running {}: {e}", script.display()))?;
     if !out.status.success() {

@@ -49,6 +49,7 @@ pub mod hyperv;
 pub mod jail;
 pub mod kvm;
 mod machine;
+mod pause;
 mod process;
 mod registry;
 mod ring;

@@ -9,6 +9,10 @@
 //! guest operation fail at once with a typed error; an operation in flight when the state
 //! changes is abandoned (its future is dropped), and so is one whose VM stops by itself, so
 //! nothing waits on a dead guest.
+//!
+//! A running machine may be paused ([`Machine::pause`]: every VM process stopped, see
+//! `pause`) and resumed; while paused every guest operation fails at once with
+//! [`MachineError::Paused`], the wall watchdog keeps counting, and closing resumes it first.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -43,7 +47,8 @@ pub trait VmHandle: Send + Sync {
     fn wait(&self, timeout: Duration) -> bool;
     /// The tail of the guest console (bounded).
     fn console_tail(&self) -> String;
-    /// Host processes that make up this VM.
+    /// Host processes that make up this VM, each the leader of its own process group (which
+    /// holds the rest of that process: a jailed program and its reaper).
     fn host_pids(&self) -> Vec<u32>;
     /// Once stopped: which part ended and how, with what it printed (bounded); empty when
     /// there is nothing to add to the console tail.
@@ -80,6 +85,21 @@ pub enum MachineError {
     /// The guest agent call failed while the VM was running.
     #[error("guest agent call failed")]
     Agent(#[source] ClientError),
+    /// The machine is paused: resume it first.
+    #[error("machine {name} is paused")]
+    Paused {
+        /// The machine's name.
+        name: String,
+    },
+    /// Pausing or resuming the VM's processes failed.
+    #[error("pausing machine {name}")]
+    Pause {
+        /// The machine's name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Identity of a machine, given by the driver that booted it.
@@ -117,6 +137,8 @@ struct Shared {
     /// machine left `Running`: a call that fails because of the state change waits for it,
     /// so "wall expired" and "closed" mean the VM is already gone.
     down: watch::Sender<bool>,
+    /// Set while the VM's processes are stopped ([`Machine::pause`]).
+    paused: Mutex<bool>,
 }
 
 impl Shared {
@@ -140,8 +162,22 @@ impl Shared {
         *self.lock()
     }
 
+    fn paused(&self) -> MutexGuard<'_, bool> {
+        self.paused.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets the VM's processes run again if they were paused.
+    fn resume(&self) {
+        let mut paused = self.paused();
+        if *paused {
+            crate::pause::thaw(&self.handle.host_pids());
+            *paused = false;
+        }
+    }
+
     /// Kills and reaps the VM and removes its files, then says so to waiting calls.
     fn tear_down(&self) {
+        self.resume();
         self.handle.kill();
         self.down.send_replace(true);
     }
@@ -189,6 +225,7 @@ impl Machine {
             cv: Condvar::new(),
             tx,
             down,
+            paused: Mutex::new(false),
         });
         if let Some(wall) = info.wall {
             let s = shared.clone();
@@ -280,11 +317,54 @@ impl Machine {
         }
     }
 
-    /// Runs one agent call, failing fast if the machine is (or becomes) closed or expired.
+    /// Pauses the VM: returns once every thread of every VM process is stopped. Guest
+    /// operations fail with [`MachineError::Paused`] until [`Machine::resume`]. Pausing a
+    /// paused machine does nothing.
+    pub fn pause(&self) -> Result<(), MachineError> {
+        let mut paused = self.shared.paused();
+        let state = self.shared.state();
+        if state != State::Running || !self.shared.handle.is_running() {
+            return Err(self.state_error(state));
+        }
+        if !*paused {
+            crate::pause::freeze(&self.shared.handle.host_pids()).map_err(|source| {
+                MachineError::Pause {
+                    name: self.info.name.clone(),
+                    source,
+                }
+            })?;
+            *paused = true;
+        }
+        Ok(())
+    }
+
+    /// Lets a paused VM run again (the guest sees its clock jump). Resuming a machine that
+    /// is not paused does nothing.
+    pub fn resume(&self) -> Result<(), MachineError> {
+        let state = self.shared.state();
+        if state != State::Running {
+            return Err(self.state_error(state));
+        }
+        self.shared.resume();
+        Ok(())
+    }
+
+    /// Whether the VM is paused.
+    pub fn is_paused(&self) -> bool {
+        *self.shared.paused()
+    }
+
+    /// Runs one agent call, failing fast if the machine is (or becomes) closed or expired,
+    /// or is paused.
     async fn call<T>(
         &self,
         fut: impl Future<Output = Result<T, ClientError>>,
     ) -> Result<T, MachineError> {
+        if self.is_paused() {
+            return Err(MachineError::Paused {
+                name: self.info.name.clone(),
+            });
+        }
         let mut rx = self.shared.tx.subscribe();
         let state = *rx.borrow_and_update();
         if state != State::Running {
@@ -420,6 +500,7 @@ impl Machine {
     /// Asks the agent to power the guest off (bounded to a few seconds), then kills and reaps
     /// whatever is left and removes the driver's socket files. Idempotent.
     pub async fn close(&self) {
+        self.shared.resume();
         if self.shared.state() == State::Running && self.shared.handle.is_running() {
             let limits = ClientLimits {
                 connect_timeout: Duration::from_secs(1),

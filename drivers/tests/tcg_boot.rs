@@ -61,10 +61,7 @@ fn failed_boot_cleans_up_children_and_sockets() {
 #[ignore = "slow tier: boots the real guest images under QEMU TCG"]
 fn boot_exec_uname_and_close() {
     let test = "boot_exec_uname_and_close";
-    let Some(driver) = tcg_or_no_driver(test) else {
-        return;
-    };
-    let Some(images) = images_or_no_driver(test) else {
+    let Some((driver, images)) = tcg_and_images(test) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -128,10 +125,7 @@ fn boot_exec_uname_and_close() {
 #[ignore = "slow tier: boots the real guest images under QEMU TCG"]
 fn wall_expiry_tears_the_vm_down() {
     let test = "wall_expiry_tears_the_vm_down";
-    let Some(driver) = tcg_or_no_driver(test) else {
-        return;
-    };
-    let Some(images) = images_or_no_driver(test) else {
+    let Some((driver, images)) = tcg_and_images(test) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

@@ -80,10 +80,7 @@ fn program_of(reaper: u32, what: &str) -> u32 {
 fn every_thread_of_a_tcg_vm_is_jailed() {
     let test = "every_thread_of_a_tcg_vm_is_jailed";
     let _serial = one_at_a_time();
-    let Some(driver) = tcg_or_no_driver(test) else {
-        return;
-    };
-    let Some(images) = images_or_no_driver(test) else {
+    let Some((driver, images)) = tcg_and_images(test) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -197,10 +194,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 fn a_vsock_backend_killed_by_its_filter_is_a_typed_error() {
     let test = "a_vsock_backend_killed_by_its_filter_is_a_typed_error";
     let _serial = one_at_a_time();
-    let Some(driver) = tcg_or_no_driver(test) else {
-        return;
-    };
-    let Some(images) = images_or_no_driver(test) else {
+    let Some((driver, images)) = tcg_and_images(test) else {
         return;
     };
     vmm::seccomp::vhost::TEST_DENY.store(libc::SYS_accept4, std::sync::atomic::Ordering::SeqCst);

@@ -36,14 +36,9 @@ cmake_flags=(
     -DCMAKE_EXE_LINKER_FLAGS=-static
 )
 
-force=0 print_only=0
-for a in "$@"; do
-    case $a in
-        --force) force=1 ;;
-        --print-path) print_only=1 ;;
-        *) die "unknown argument $a (use --print-path or --force)" ;;
-    esac
-done
+# shellcheck source=../../ci/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
+cache_args llama-build "$@"
 
 cache=${VM_LLAMA_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/llama}
 key=$( {
@@ -54,23 +49,13 @@ key=$( {
 dir=$cache/$key
 
 built() { [[ -f $dir/manifest.json && -x $dir/bin/llama-server ]]; }
-if ((!force)) && built; then
-    echo "$dir"
-    exit 0
-fi
-((print_only)) && exit 1
+cache_hit "$dir" built
 
 for tool in cmake g++ make python3; do
     command -v "$tool" >/dev/null || die "$tool missing (ci/setup-tests.sh installs it)"
 done
 
-mkdir -p "$cache"
-exec 9>"$cache/.lock"
-flock 9
-if ((!force)) && built; then
-    echo "$dir"
-    exit 0
-fi
+cache_lock "$cache/.lock" "$dir" built
 
 tmp=$(mktemp -d "$cache/.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

@@ -257,6 +257,19 @@ impl MicroVm {
         self.machine.agent_socket()
     }
 
+    /// Pauses the VM: every one of its host processes stopped (see
+    /// [`Machine::pause`]); guest operations fail until [`MicroVm::resume`].
+    pub fn pause(&self) -> Result<(), SandboxError> {
+        self.machine.pause().map_err(SandboxError::machine("pause"))
+    }
+
+    /// Lets a paused VM run again.
+    pub fn resume(&self) -> Result<(), SandboxError> {
+        self.machine
+            .resume()
+            .map_err(SandboxError::machine("resume"))
+    }
+
     /// Power the guest off, kill what is left, and remove the run directory. Idempotent.
     pub async fn close(&self) {
         self.machine.close().await;

@@ -267,6 +267,26 @@ impl Container {
         Ok(self.init.clone())
     }
 
+    /// Pauses the container's VM (every host process of it stopped); see
+    /// `vm_sandbox::MicroVm::pause`.
+    pub fn pause(&self) -> Result<(), ShimError> {
+        self.vm
+            .pause()
+            .map_err(ShimError::sandbox("pausing the VM"))
+    }
+
+    /// Lets a paused VM run again.
+    pub fn resume(&self) -> Result<(), ShimError> {
+        self.vm
+            .resume()
+            .map_err(ShimError::sandbox("resuming the VM"))
+    }
+
+    /// Whether the VM is paused.
+    pub fn is_paused(&self) -> bool {
+        self.vm.machine().is_paused()
+    }
+
     /// Host pids of the VM (its processes on this host).
     pub fn host_pids(&self) -> Vec<u32> {
         self.vm.machine().host_pids()

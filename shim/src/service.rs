@@ -1,6 +1,7 @@
 //! The shim ([`VmShim`]: containerd's `start`/`delete` actions and the serving process) and
 //! its task service ([`TaskService`]: create, start, state, wait, kill, delete, pids, exec,
-//! resize_pty, close_io, connect, shutdown), with the TaskCreate/TaskStart/TaskExit events.
+//! resize_pty, close_io, pause, resume, connect, shutdown), with the
+//! TaskCreate/TaskStart/TaskExit/TaskPaused/TaskResumed events.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,7 +12,8 @@ use async_trait::async_trait;
 use containerd_shim::api::{self, Status as ApiStatus};
 use containerd_shim::asynchronous::{ExitSignal, Shim, spawn};
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::MessageDyn;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -264,6 +266,7 @@ impl TaskService {
         let p = c.process(&req.exec_id)?;
         let status = match p.status() {
             Status::Created => ApiStatus::CREATED,
+            Status::Running if c.is_paused() => ApiStatus::PAUSED,
             Status::Running => ApiStatus::RUNNING,
             Status::Stopped => ApiStatus::STOPPED,
         };
@@ -401,6 +404,37 @@ impl Task for TaskService {
             exited_at: Some(timestamp(exit.at)).into(),
             ..Default::default()
         })
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
+        let c = self.container(&req.id)?;
+        if c.init.status() != Status::Running {
+            return Err(ShimError::State(format!("container {:?} is not running", req.id)).into());
+        }
+        c.pause()?;
+        let ev = TaskPaused {
+            container_id: c.id.clone(),
+            ..Default::default()
+        };
+        self.publish(topics::TASK_PAUSED_EVENT_TOPIC, Box::new(ev))
+            .await;
+        Ok(api::Empty::default())
+    }
+
+    async fn resume(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ResumeRequest,
+    ) -> TtrpcResult<api::Empty> {
+        let c = self.container(&req.id)?;
+        c.resume()?;
+        let ev = TaskResumed {
+            container_id: c.id.clone(),
+            ..Default::default()
+        };
+        self.publish(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(ev))
+            .await;
+        Ok(api::Empty::default())
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {

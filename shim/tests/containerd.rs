@@ -4,13 +4,14 @@
 //! memory limit is the guest's memory; `exec`, `kill` and `delete` work and leave nothing
 //! behind; a bundle that asks for a writable host mount is refused with our message; the
 //! runtime options decide the policy; the shim survives a containerd restart; a shim killed
-//! with SIGKILL leaves nothing running.
+//! with SIGKILL leaves nothing running; `ctr task pause`/`resume` freeze and thaw the VM.
 
 mod common;
 
 use std::process::Stdio;
 
 use common::{Containerd, alive, entries};
+use vm_test_support::procfs::thread_states;
 
 /// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
 macro_rules! preflight {
@@ -183,6 +184,47 @@ fn detached_exec_kill_delete_leave_nothing() {
         1
     );
     assert_eq!(leftover_socket(&cd, "box"), None, "shim socket left");
+}
+
+#[test]
+fn pause_and_resume_freeze_and_thaw_the_vm() {
+    preflight!("pause_and_resume_freeze_and_thaw_the_vm");
+    let cd = Containerd::start();
+    cd.run_detached("frozen");
+    let vm_pids = cd.task_pids("frozen");
+    assert!(!vm_pids.is_empty(), "no VM processes");
+    let out = cd.ctr(&["task", "pause", "frozen"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(cd.task_status("frozen").as_deref(), Some("PAUSED"));
+    for &p in &vm_pids {
+        let states = thread_states(p);
+        assert!(
+            !states.is_empty() && states.iter().all(|&s| s == 'T'),
+            "VM process {p} not stopped while paused: {states:?}"
+        );
+    }
+    let out = cd.ctr(&["task", "exec", "--exec-id", "e1", "frozen", "true"]);
+    assert_ne!(out.code, 0, "exec in a paused VM: {out:?}");
+    assert!(out.stderr.contains("paused"), "{out:?}");
+    let out = cd.ctr(&["task", "resume", "frozen"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(cd.task_status("frozen").as_deref(), Some("RUNNING"));
+    let out = cd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e2",
+        "frozen",
+        "echo",
+        "thawed",
+    ]);
+    assert_eq!((out.code, out.stdout.as_str()), (0, "thawed\n"), "{out:?}");
+    // A paused container still goes away with kill and delete.
+    assert_eq!(cd.ctr(&["task", "pause", "frozen"]).code, 0);
+    cd.kill_and_delete("frozen");
+    for &p in &vm_pids {
+        assert!(!alive(p), "VM process {p} left");
+    }
 }
 
 /// The shim socket of container `id`, if it is still on disk (containerd's runtime v2 names

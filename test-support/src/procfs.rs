@@ -29,6 +29,19 @@ pub fn thread_status_files(pid: u32) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// The state letter of every thread of `pid` (`R`, `S`, `T` for stopped, …), from
+/// `/proc/PID/task/*/stat`; empty when the process is gone.
+pub fn thread_states(pid: u32) -> Vec<char> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+                .filter_map(|st| st.rsplit_once(") ").and_then(|(_, r)| r.chars().next()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The namespace `kind` (`mnt`, `pid`, …) of `pid`, as `kind:[inode]`; `self` for this process.
 /// Panics when it cannot be read (a process that is gone must not compare as "different").
 pub fn namespace(pid: &str, kind: &str) -> String {

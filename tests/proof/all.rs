@@ -26,6 +26,8 @@ mod memory;
 mod mounts;
 #[path = "../tests/parallel.rs"]
 mod parallel;
+#[path = "../tests/pause.rs"]
+mod pause;
 #[path = "../tests/pids.rs"]
 mod pids;
 #[path = "../tests/refusal.rs"]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use proc_harness::VmProc;
 use tiny_harness::skip_without_kvm;
-use vm_test_support::procfs::{children, namespace as ns, status_field};
+use vm_test_support::procfs::{children, namespace as ns, status_field, thread_states};
 use vmm::process::{ExitKind, JailConfig, ProcessConfig, ProcessExit};
 use vmm::virtio::DeviceConfig;
 use vmm::{KernelFormat, VmConfig};
@@ -349,6 +349,51 @@ fn start_rng_guest(len: u32) -> (tempfile::TempDir, VmProc) {
     std::fs::write(&cfg.vm.kernel, rng_request_guest(base, len)).unwrap();
     let vm = VmProc::start_process(&cfg);
     (tmp, vm)
+}
+
+#[test]
+fn a_vm_process_stopped_and_continued_keeps_running() {
+    let test = "a_vm_process_stopped_and_continued_keeps_running";
+    if skip_without_kvm(test) {
+        return;
+    }
+    // A device worker too: every thread kind is asleep in some system call when stopped.
+    let (_tmp, mut vm) = start_rng_guest(64);
+    wait_for_thread(&mut vm, "virtio-");
+    wait_for_thread(&mut vm, "vmm-control");
+    let pids = vm.pids();
+    assert_eq!(pids.len(), 2, "reaper and VM process: {pids:?}");
+    use nix::sys::signal::{Signal, kill};
+    for round in 0..3 {
+        for &p in &pids {
+            kill(nix::unistd::Pid::from_raw(p as i32), Signal::SIGSTOP).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pids
+            .iter()
+            .all(|&p| thread_states(p).iter().all(|&s| s == 'T'))
+        {
+            assert!(Instant::now() < deadline, "round {round}: not stopped");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        for &p in &pids {
+            kill(nix::unistd::Pid::from_raw(p as i32), Signal::SIGCONT).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(vm.try_exit(), None, "round {round}: {}", vm.console());
+        assert!(
+            pids.iter().all(|&p| !thread_states(p).contains(&'T')),
+            "round {round}: still stopped"
+        );
+    }
+    vm.stop();
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(10)),
+        Some(ProcessExit::Exited(ExitKind::Ended)),
+        "{}",
+        vm.console()
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@ pub mod drivers;
 pub mod exec;
 pub mod images;
 pub mod manage;
+pub mod pause;
 pub mod run;
 pub mod serve;
 
@@ -20,6 +21,11 @@ pub fn attach(rt: &Runtime, name: &str) -> anyhow::Result<(RunningVm, StartReque
     let mut record = rt.load(name)?;
     rt.reap_stale(&mut record)?;
     let state = record.effective_state();
+    if state == VmState::Paused {
+        return Err(exit::failed(format!(
+            "VM {name} is paused; `vm unpause {name}` first"
+        )));
+    }
     if state != VmState::Running {
         let why = record
             .exit_reason

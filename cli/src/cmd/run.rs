@@ -109,7 +109,7 @@ async fn start(
     loop {
         let record = rt.load(name)?;
         match record.state {
-            VmState::Running => {
+            VmState::Running | VmState::Paused => {
                 println!("{name}");
                 return Ok(exit::OK);
             }

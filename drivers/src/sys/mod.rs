@@ -22,6 +22,14 @@ pub enum Signal {
     Terminate,
     /// `SIGKILL`.
     Kill,
+    /// `SIGSTOP`: freezes every thread (pausing a VM).
+    Stop,
+    /// `SIGCONT`: lets stopped threads run again.
+    Continue,
+    /// `SIGUSR1` (a `vm run -d` supervisor pauses its VM).
+    User1,
+    /// `SIGUSR2` (a `vm run -d` supervisor resumes its VM).
+    User2,
 }
 
 impl Signal {
@@ -30,6 +38,10 @@ impl Signal {
             Signal::Interrupt => libc::SIGINT,
             Signal::Terminate => libc::SIGTERM,
             Signal::Kill => libc::SIGKILL,
+            Signal::Stop => libc::SIGSTOP,
+            Signal::Continue => libc::SIGCONT,
+            Signal::User1 => libc::SIGUSR1,
+            Signal::User2 => libc::SIGUSR2,
         }
     }
 }
@@ -71,6 +83,44 @@ pub fn group_exists(pgid: u32) -> bool {
 /// True when a process `pid` exists (a zombie included) and we may signal it.
 pub fn pid_exists(pid: u32) -> bool {
     pid_t(pid).is_ok_and(|p| kill(p, 0).is_ok())
+}
+
+/// Whether every thread of every process in group `pgid` is stopped (`T` in
+/// `/proc/PID/task/TID/stat`), reading `/proc`; false when the group has no process.
+pub fn group_stopped(pgid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    let mut members = 0;
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        if stat_field(&stat, 4) != Some(pgid.to_string().as_str()) {
+            continue;
+        }
+        members += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        for t in tasks.flatten() {
+            let st = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            if !matches!(stat_field(&st, 2), Some("T" | "t")) {
+                return false;
+            }
+        }
+    }
+    members > 0
+}
+
+/// Field `n` (0-based, as in proc(5): 2 is the state, 4 the process group) of a
+/// `/proc/…/stat` line; the command name (field 1) may hold spaces and parentheses.
+fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(n.checked_sub(2)?)
 }
 
 /// The process group of `pid`.
@@ -203,5 +253,35 @@ mod tests {
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
         assert!(!pid_exists(pid));
         assert!(exited_unreaped(pid).is_err(), "reaped: no longer our child");
+    }
+
+    #[test]
+    fn a_stopped_group_reads_as_stopped_until_continued() {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("300");
+        new_session(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id();
+        let wait = |want: bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while group_stopped(pid) != want && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            group_stopped(pid) == want
+        };
+        assert!(!group_stopped(pid));
+        signal_group(pid, Signal::Stop).unwrap();
+        assert!(wait(true), "stopped");
+        signal_group(pid, Signal::Continue).unwrap();
+        assert!(wait(false), "running again");
+        assert!(
+            exited_unreaped(pid).unwrap().is_none(),
+            "a stop does not end it"
+        );
+        signal_group(pid, Signal::Kill).unwrap();
+        child.wait().unwrap();
+        assert!(!group_stopped(pid), "no process: not stopped");
+        assert_eq!(stat_field("1 (a) b) c) S 0 7", 4), Some("7"));
+        assert_eq!(stat_field("1 (a) b) c) S 0 7", 2), Some("S"));
     }
 }

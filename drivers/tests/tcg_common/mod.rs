@@ -61,6 +61,13 @@ pub fn tcg_or_no_driver(test: &str) -> Option<TcgDriver> {
     Some(d)
 }
 
+/// The tcg driver and the built guest images, or `None` after [`no_guest_driver`] when either
+/// is missing.
+pub fn tcg_and_images(test: &str) -> Option<(TcgDriver, ImagePaths)> {
+    let driver = tcg_or_no_driver(test)?;
+    Some((driver, images_or_no_driver(test)?))
+}
+
 /// The built guest images, or `None` after [`no_guest_driver`] when they are missing.
 pub fn images_or_no_driver(test: &str) -> Option<ImagePaths> {
     let Some(dir) = default_images_dir() else {

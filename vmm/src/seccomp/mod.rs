@@ -204,6 +204,10 @@ const COMMON: &[Entry] = &[
     ),
     (libc::SYS_clock_nanosleep, "thread::sleep"),
     (libc::SYS_nanosleep, "thread::sleep"),
+    (
+        libc::SYS_restart_syscall,
+        "a sleep or timed wait resumed after the VM process was stopped and continued (pause)",
+    ),
     (libc::SYS_sched_yield, "spin loops in locks"),
     (libc::SYS_gettid, "thread ids (locks, logging)"),
     (libc::SYS_getpid, "thread ids (locks, logging)"),

@@ -1,0 +1,80 @@
+//! `vm pause` / `vm unpause` of a `vm run -d` VM under tcg: while paused every VM process is
+//! stopped (each thread `T` in `/proc`), `vm ps` says `paused`, `vm exec`/`vm cp` are refused
+//! (125, naming `vm unpause`), a second pause is refused; after `vm unpause` a command runs
+//! again; `vm stop` of a paused VM leaves nothing behind.
+
+mod common;
+
+use common::Env;
+use vm_test_support::procfs::thread_states;
+
+#[test]
+fn pause_freezes_a_named_vm_until_unpause() {
+    let env = Env::new();
+    if common::no_guest_here(&env, "pause_freezes_a_named_vm_until_unpause") {
+        return;
+    }
+    let _cleanup = common::VmGuard {
+        env: &env,
+        name: "frozen",
+    };
+    let out = env.run(&["run", "-d", "--name", "frozen", "--allow-emulation"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    let ps = env.run(&["ps", "--json"]).json();
+    let supervisor = ps[0]["supervisor_pid"].as_u64().unwrap() as u32;
+    // The VM's processes: every descendant of the supervisor (helpers, reapers, programs).
+    let vm_procs: Vec<u32> = common::descendants(supervisor)
+        .into_iter()
+        .filter(|&p| p != supervisor)
+        .collect();
+    assert!(!vm_procs.is_empty(), "no VM processes under the supervisor");
+
+    let out = env.run(&["unpause", "frozen"]);
+    assert_eq!(out.code, 125, "unpause of a running VM: {}", out.stderr);
+    assert!(out.stderr.contains("already running"), "{}", out.stderr);
+
+    let out = env.run(&["pause", "frozen"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(out.stdout.trim(), "frozen");
+    for &p in &vm_procs {
+        let states = thread_states(p);
+        assert!(
+            !states.is_empty() && states.iter().all(|&s| s == 'T'),
+            "VM process {p} not stopped while paused: {states:?}"
+        );
+    }
+    assert_eq!(env.run(&["ps", "--json"]).json()[0]["state"], "paused");
+    let out = env.run(&["exec", "frozen", "--", "true"]);
+    assert_eq!(out.code, 125, "exec while paused: {}", out.stderr);
+    assert!(out.stderr.contains("vm unpause frozen"), "{}", out.stderr);
+    let host_out = tempfile::tempdir().unwrap();
+    let dest = host_out.path().join("hostname");
+    let out = env.run(&["cp", "frozen:/etc/hostname", dest.to_str().unwrap()]);
+    assert_eq!(out.code, 125, "cp while paused: {}", out.stderr);
+    let out = env.run(&["pause", "frozen"]);
+    assert_eq!(out.code, 125, "second pause: {}", out.stderr);
+    assert!(out.stderr.contains("already paused"), "{}", out.stderr);
+
+    let out = env.run(&["unpause", "frozen"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    for &p in &vm_procs {
+        assert!(
+            !thread_states(p).contains(&'T'),
+            "VM process {p} still stopped after unpause"
+        );
+    }
+    assert_eq!(env.run(&["ps", "--json"]).json()[0]["state"], "running");
+    let out = env.run(&["exec", "frozen", "--", "echo", "thawed"]);
+    assert_eq!(out.code, 0, "exec after unpause: {}", out.stderr);
+    assert_eq!(out.stdout, "thawed\n");
+
+    // Stopping a paused VM: the supervisor resumes it and tears it down.
+    assert_eq!(env.run(&["pause", "frozen"]).code, 0);
+    let out = env.run(&["stop", "frozen"]);
+    assert_eq!(out.code, 0, "stop while paused: {}", out.stderr);
+    assert!(!common::pid_alive(supervisor), "supervisor still alive");
+    for &p in &vm_procs {
+        assert!(!common::pid_alive(p), "VM process {p} left after stop");
+    }
+    assert_eq!(env.run(&["ps", "--json"]).json()[0]["state"], "exited");
+}
