@@ -305,7 +305,8 @@ pub struct StopArgs {
   vm exec box -- true      # refused while paused (exit 125)
   vm unpause box
 
-Only a `vm run -d` VM can be paused; `vm stop` stops a paused VM too.")]
+A `vm run -d` VM, or a `vm serve` VM once it is ready (its ports drop new connections while
+paused); `vm stop` stops a paused VM too.")]
 pub struct PauseArgs {
     /// VM names
     #[arg(required = true, value_parser = parse::vm_name)]

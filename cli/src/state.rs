@@ -195,7 +195,7 @@ pub struct Record {
     /// Labels (see [`labels`]).
     pub labels: BTreeMap<String, String>,
     /// The holder pauses the VM on `SIGUSR1` and resumes it on `SIGUSR2` (a `vm run -d`
-    /// supervisor; a `vm serve` holder does not).
+    /// supervisor; a `vm serve` once its server is ready).
     #[serde(default)]
     pub pausable: bool,
 }

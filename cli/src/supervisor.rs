@@ -130,7 +130,12 @@ pub async fn run(a: SuperviseArgs) -> anyhow::Result<u8> {
 
 /// Pauses (`true`) or resumes the VM and records its state; a failure is logged and leaves
 /// the record as it was (`vm pause` reports that the VM did not change).
-fn set_paused(rt: &Runtime, record: &mut Record, vm: &MicroVm, pause: bool) -> anyhow::Result<()> {
+pub fn set_paused(
+    rt: &Runtime,
+    record: &mut Record,
+    vm: &MicroVm,
+    pause: bool,
+) -> anyhow::Result<()> {
     let (r, state) = if pause {
         (vm.pause(), VmState::Paused)
     } else {

@@ -1,9 +1,12 @@
 //! `vm pause` / `vm unpause` of a `vm run -d` VM under tcg: while paused every VM process is
 //! stopped (each thread `T` in `/proc`), `vm ps` says `paused`, `vm exec`/`vm cp` are refused
 //! (125, naming `vm unpause`), a second pause is refused; after `vm unpause` a command runs
-//! again; `vm stop` of a paused VM leaves nothing behind.
+//! again; `vm stop` of a paused VM leaves nothing behind. A ready `vm serve` pauses too: its
+//! published port drops new connections until `vm unpause`, then answers again.
 
 mod common;
+
+use std::time::Duration;
 
 use common::Env;
 use vm_test_support::procfs::thread_states;
@@ -77,4 +80,63 @@ fn pause_freezes_a_named_vm_until_unpause() {
         assert!(!common::pid_alive(p), "VM process {p} left after stop");
     }
     assert_eq!(env.run(&["ps", "--json"]).json()[0]["state"], "exited");
+}
+
+#[test]
+fn a_ready_vm_serve_pauses_and_its_port_answers_again_after_unpause() {
+    let env = Env::new();
+    if common::no_guest_here(
+        &env,
+        "a_ready_vm_serve_pauses_and_its_port_answers_again_after_unpause",
+    ) {
+        return;
+    }
+    let _cleanup = common::VmGuard {
+        env: &env,
+        name: "web",
+    };
+    let mut child = common::ChildGuard(
+        env.cmd()
+            .args([
+                "serve",
+                "--name",
+                "web",
+                "--allow-emulation",
+                "-p",
+                "0:8000",
+            ])
+            .args([
+                "--ready", "/version", "--", "httpd", "-f", "-p", "8000", "-h", "/proc",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.0.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = common::http::url_addr(&line);
+    assert_eq!(common::http::get(addr, "/version").unwrap().status, 200);
+
+    let out = env.run(&["pause", "web"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(env.run(&["ps", "--json"]).json()[0]["state"], "paused");
+    // A new connection is dropped while paused (the guest answers nothing).
+    let paused = common::http::request(addr, "GET", "/version", "", Duration::from_secs(5));
+    assert!(paused.is_err(), "answered while paused: {paused:?}");
+    assert!(
+        matches!(child.0.try_wait(), Ok(None)),
+        "vm serve exited while paused"
+    );
+
+    let out = env.run(&["unpause", "web"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(common::http::get(addr, "/version").unwrap().status, 200);
+    let out = env.run(&["stop", "web"]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(child.0.wait().unwrap().code(), Some(130));
 }

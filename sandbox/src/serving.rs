@@ -339,6 +339,8 @@ async fn monitor(machine: Link, id: ServeId, tx: Arc<watch::Sender<State>>) {
                 failures += 1;
                 tracing::debug!(error = %e, "serve status failed");
             }
+            // A paused VM answers nothing until it is resumed; the server is still there.
+            Err(MachineError::Paused { .. }) => {}
             Err(e) => {
                 tracing::debug!(error = %e, "serve monitor ends");
                 tx.send_modify(|s| s.running = false);

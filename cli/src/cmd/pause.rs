@@ -1,6 +1,8 @@
-//! `vm pause` and `vm unpause`: the VM's supervisor stops (or continues) every host process of
-//! the VM, as `docker pause` freezes a container's cgroup; the record says `paused` while it
-//! is. A paused VM refuses `vm exec`/`vm cp` until unpaused; `vm stop` works either way.
+//! `vm pause` and `vm unpause`: the VM's holder (a `vm run -d` supervisor, or a `vm serve`
+//! once its server is ready) stops (or continues) every host process of the VM, as
+//! `docker pause` freezes a container's cgroup; the record says `paused` while it is. A paused
+//! VM refuses `vm exec`/`vm cp` and its published ports drop new connections until unpaused;
+//! `vm stop` works either way.
 
 use std::time::{Duration, Instant};
 
@@ -50,7 +52,8 @@ async fn change(rt: &Runtime, name: &str, pause: bool) -> anyhow::Result<()> {
     }
     let Some(sup) = record.supervisor.filter(|_| record.pausable) else {
         return Err(exit::failed(format!(
-            "VM {name} cannot be paused: only a `vm run -d` VM can"
+            "VM {name} cannot be paused: its holder takes no pause requests (a `vm serve` \
+             before its server is ready)"
         )));
     };
     // The supervisor's identity (pid + start time) was just checked by effective_state.

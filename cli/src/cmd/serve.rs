@@ -18,7 +18,7 @@ use crate::dryrun;
 use crate::exit;
 use crate::resolve;
 use crate::state::{ProcId, Record, Runtime, VmState, labels, now_unix};
-use crate::stream::{self, Signals};
+use crate::stream::{self, PauseSignals, Signals};
 use crate::supervisor::{self, CONSOLE_LOG, SERVER_LOG, StartRequest};
 
 /// Lines of the console and of the server output shown when the server is not ready.
@@ -193,6 +193,8 @@ impl Session<'_> {
         if let Err(e) = waited {
             return Ok(not_ready(vm, serving, e));
         }
+        let mut pauses = PauseSignals::install()?;
+        self.record.pausable = true;
         supervisor::mark_running(self.rt, &mut self.record, vm, self.trust)?;
         for url in &urls {
             println!("{url}");
@@ -216,6 +218,7 @@ impl Session<'_> {
                     return Ok((exit::INTERRUPTED, format!("stopped ({sig})")));
                 }
                 () = serving.done() => return Ok(server_ended(vm, serving)),
+                pause = pauses.recv() => supervisor::set_paused(self.rt, &mut self.record, vm, pause)?,
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
