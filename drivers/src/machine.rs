@@ -354,6 +354,13 @@ impl Machine {
         *self.shared.paused()
     }
 
+    /// What the VM's host processes use now (CPU time, resident memory — the guest RAM it
+    /// has touched included — and how many there are), summed over every process group of
+    /// the VM.
+    pub fn host_usage(&self) -> crate::sys::Usage {
+        crate::sys::group_usage(&self.shared.handle.host_pids())
+    }
+
     /// Runs one agent call, failing fast if the machine is (or becomes) closed or expired,
     /// or is paused.
     async fn call<T>(

@@ -287,6 +287,16 @@ impl Container {
         self.vm.machine().is_paused()
     }
 
+    /// What the VM uses on the host now.
+    pub fn usage(&self) -> vm_sandbox::sys::Usage {
+        self.vm.machine().host_usage()
+    }
+
+    /// The guest's memory, bytes (the bundle's memory limit, or the default).
+    pub fn memory_limit(&self) -> u64 {
+        u64::from(self.vm.spec().limits().mem_mib) << 20
+    }
+
     /// Host pids of the VM (its processes on this host).
     pub fn host_pids(&self) -> Vec<u32> {
         self.vm.machine().host_pids()

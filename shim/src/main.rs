@@ -16,6 +16,7 @@
 mod bundle;
 mod container;
 mod error;
+mod metrics;
 mod options;
 mod process;
 mod rootfs;

@@ -1,6 +1,6 @@
 //! The shim ([`VmShim`]: containerd's `start`/`delete` actions and the serving process) and
 //! its task service ([`TaskService`]: create, start, state, wait, kill, delete, pids, exec,
-//! resize_pty, close_io, pause, resume, connect, shutdown), with the
+//! resize_pty, close_io, pause, resume, stats, connect, shutdown), with the
 //! TaskCreate/TaskStart/TaskExit/TaskPaused/TaskResumed events.
 
 use std::collections::HashMap;
@@ -435,6 +435,23 @@ impl Task for TaskService {
         self.publish(topics::TASK_RESUMED_EVENT_TOPIC, Box::new(ev))
             .await;
         Ok(api::Empty::default())
+    }
+
+    /// The VM's host processes as cgroup v1 metrics (what `ctr task metrics` and the CRI
+    /// read): CPU time, resident memory (the guest RAM touched included), process count.
+    async fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        let c = self.container(&req.id)?;
+        let metrics = crate::metrics::of(&c.usage(), c.memory_limit());
+        let any = containerd_shim::util::convert_to_any(Box::new(metrics))
+            .map_err(ShimError::sandbox("encoding the metrics"))?;
+        Ok(api::StatsResponse {
+            stats: Some(any).into(),
+            ..Default::default()
+        })
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {

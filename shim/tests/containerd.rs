@@ -4,7 +4,8 @@
 //! memory limit is the guest's memory; `exec`, `kill` and `delete` work and leave nothing
 //! behind; a bundle that asks for a writable host mount is refused with our message; the
 //! runtime options decide the policy; the shim survives a containerd restart; a shim killed
-//! with SIGKILL leaves nothing running; `ctr task pause`/`resume` freeze and thaw the VM.
+//! with SIGKILL leaves nothing running; `ctr task pause`/`resume` freeze and thaw the VM;
+//! `ctr task metrics` reports the VM's host usage.
 
 mod common;
 
@@ -225,6 +226,29 @@ fn pause_and_resume_freeze_and_thaw_the_vm() {
     for &p in &vm_pids {
         assert!(!alive(p), "VM process {p} left");
     }
+}
+
+#[test]
+fn metrics_are_the_vms_host_usage() {
+    preflight!("metrics_are_the_vms_host_usage");
+    let cd = Containerd::start();
+    cd.run_detached("counted");
+    let vm_pids = cd.task_pids("counted");
+    let out = cd.ctr(&["task", "metrics", "--format", "json", "counted"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let m: serde_json::Value = serde_json::from_str(&out.stdout).expect("metrics JSON");
+    eprintln!("    ctr task metrics: {m}");
+    // Every process of the VM's groups (the leaders `task ps` lists, and what they run).
+    let processes = m["pids"]["current"].as_u64().unwrap_or(0);
+    assert!(processes >= vm_pids.len() as u64, "{m}");
+    let rss = m["memory"]["usage"]["usage"].as_u64().unwrap_or(0);
+    assert!(rss > 16 << 20, "the VM's resident memory: {m}");
+    assert!(m["cpu"]["usage"]["total"].as_u64().unwrap_or(0) > 0, "{m}");
+    assert!(
+        m["memory"]["usage"]["limit"].as_u64().unwrap_or(0) > 0,
+        "{m}"
+    );
+    cd.kill_and_delete("counted");
 }
 
 /// The shim socket of container `id`, if it is still on disk (containerd's runtime v2 names

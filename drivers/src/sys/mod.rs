@@ -85,39 +85,81 @@ pub fn pid_exists(pid: u32) -> bool {
     pid_t(pid).is_ok_and(|p| kill(p, 0).is_ok())
 }
 
+/// Every process of the process groups `groups`, with its `/proc/PID/stat` line, reading
+/// `/proc` once (a process that exits meanwhile is left out).
+pub fn group_members(groups: &[u32]) -> Vec<(u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let pgrp = stat_field(&stat, 4)?.parse::<u32>().ok()?;
+            groups.contains(&pgrp).then_some((pid, stat))
+        })
+        .collect()
+}
+
 /// Whether every thread of every process in group `pgid` is stopped (`T` in
 /// `/proc/PID/task/TID/stat`), reading `/proc`; false when the group has no process.
 pub fn group_stopped(pgid: u32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    let mut members = 0;
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        if stat_field(&stat, 4) != Some(pgid.to_string().as_str()) {
-            continue;
-        }
-        members += 1;
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return false;
-        };
-        for t in tasks.flatten() {
-            let st = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            if !matches!(stat_field(&st, 2), Some("T" | "t")) {
+    let members = group_members(&[pgid]);
+    !members.is_empty()
+        && members.iter().all(|(pid, _)| {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
                 return false;
-            }
-        }
-    }
-    members > 0
+            };
+            tasks.flatten().all(|t| {
+                let st = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                matches!(stat_field(&st, 2), Some("T" | "t"))
+            })
+        })
 }
 
-/// Field `n` (0-based, as in proc(5): 2 is the state, 4 the process group) of a
-/// `/proc/…/stat` line; the command name (field 1) may hold spaces and parentheses.
+/// What the processes of some process groups use on the host, from `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Processes.
+    pub processes: u64,
+    /// CPU time in user mode, nanoseconds (since each process started).
+    pub user_ns: u64,
+    /// CPU time in the kernel, nanoseconds.
+    pub system_ns: u64,
+    /// Resident memory, bytes.
+    pub rss_bytes: u64,
+}
+
+/// The summed [`Usage`] of every process in the groups `groups`.
+pub fn group_usage(groups: &[u32]) -> Usage {
+    use nix::unistd::{SysconfVar, sysconf};
+    let tick_ns = match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(hz)) if hz > 0 => 1_000_000_000 / hz as u64,
+        _ => 10_000_000,
+    };
+    let page = match sysconf(SysconfVar::PAGE_SIZE) {
+        Ok(Some(p)) if p > 0 => p as u64,
+        _ => 4096,
+    };
+    let field = |stat: &str, n| {
+        stat_field(stat, n)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    group_members(groups)
+        .iter()
+        .fold(Usage::default(), |u, (_, stat)| Usage {
+            processes: u.processes + 1,
+            user_ns: u.user_ns + field(stat, 13) * tick_ns,
+            system_ns: u.system_ns + field(stat, 14) * tick_ns,
+            rss_bytes: u.rss_bytes + field(stat, 23) * page,
+        })
+}
+
+/// Field `n` (0-based; proc(5) numbers from 1: 2 is the state, 4 the process group, 13/14
+/// utime/stime, 23 rss) of a `/proc/…/stat` line; the command name (field 1) may hold
+/// spaces and parentheses.
 fn stat_field(stat: &str, n: usize) -> Option<&str> {
     let (_, rest) = stat.rsplit_once(") ")?;
     rest.split_whitespace().nth(n.checked_sub(2)?)
@@ -262,6 +304,15 @@ mod tests {
         new_session(&mut cmd);
         let mut child = cmd.spawn().unwrap();
         let pid = child.id();
+        // Right after the spawn the child may still be exec'ing (no memory mapped yet).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut u = group_usage(&[pid]);
+        while u.rss_bytes == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            u = group_usage(&[pid]);
+        }
+        assert_eq!(u.processes, 1, "{u:?}");
+        assert!(u.rss_bytes > 0, "{u:?}");
         let wait = |want: bool| {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while group_stopped(pid) != want && std::time::Instant::now() < deadline {
@@ -281,6 +332,11 @@ mod tests {
         signal_group(pid, Signal::Kill).unwrap();
         child.wait().unwrap();
         assert!(!group_stopped(pid), "no process: not stopped");
+        assert_eq!(
+            group_usage(&[pid]),
+            Usage::default(),
+            "no process: no usage"
+        );
         assert_eq!(stat_field("1 (a) b) c) S 0 7", 4), Some("7"));
         assert_eq!(stat_field("1 (a) b) c) S 0 7", 2), Some("S"));
     }
