@@ -44,6 +44,7 @@ pub enum Command {
     Run(RunArgs),
     Serve(ServeArgs),
     Ps(PsArgs),
+    Stats(StatsArgs),
     Stop(StopArgs),
     Pause(PauseArgs),
     Unpause(UnpauseArgs),
@@ -280,6 +281,23 @@ pub struct PsArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+}
+
+/// Show what named VMs cost the host: CPU over a 1 s sample, memory, processes.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  vm stats
+  vm stats --json box | jq '.[0].host_rss_bytes'
+
+HOST MEM is the resident memory of every host process of the VM (the guest RAM it has touched
+plus the VMM or emulator); GUEST MEM is the guest's memory size. A paused VM uses no CPU.")]
+pub struct StatsArgs {
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+    /// VM names (default: every running or paused VM)
+    #[arg(value_parser = parse::vm_name)]
+    pub names: Vec<String>,
 }
 
 /// Stop a named VM.

@@ -76,6 +76,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Run(a) => cmd::run::run(a).await,
         Command::Serve(a) => cmd::serve::run(a).await,
         Command::Ps(a) => cmd::manage::ps(a).await,
+        Command::Stats(a) => cmd::stats::run(a).await,
         Command::Stop(a) => cmd::manage::stop(a).await,
         Command::Pause(a) => cmd::pause::run(&a.names, true).await,
         Command::Unpause(a) => cmd::pause::run(&a.names, false).await,

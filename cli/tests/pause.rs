@@ -1,7 +1,8 @@
 //! `vm pause` / `vm unpause` of a `vm run -d` VM under tcg: while paused every VM process is
 //! stopped (each thread `T` in `/proc`), `vm ps` says `paused`, `vm exec`/`vm cp` are refused
 //! (125, naming `vm unpause`), a second pause is refused; after `vm unpause` a command runs
-//! again; `vm stop` of a paused VM leaves nothing behind. A ready `vm serve` pauses too: its
+//! again; `vm stop` of a paused VM leaves nothing behind. `vm stats` counts every VM process and
+//! its memory, and shows a paused VM using no CPU. A ready `vm serve` pauses too: its
 //! published port drops new connections until `vm unpause`, then answers again.
 
 mod common;
@@ -31,6 +32,18 @@ fn pause_freezes_a_named_vm_until_unpause() {
         .filter(|&p| p != supervisor)
         .collect();
     assert!(!vm_procs.is_empty(), "no VM processes under the supervisor");
+    let stats = env.run(&["stats", "--json", "frozen"]).json();
+    assert_eq!(stats[0]["state"], "running", "{stats}");
+    assert!(
+        stats[0]["host_rss_bytes"].as_u64().unwrap() > 16 << 20,
+        "{stats}"
+    );
+    assert_eq!(
+        stats[0]["host_processes"].as_u64().unwrap(),
+        vm_procs.len() as u64,
+        "every VM process counted: {stats}"
+    );
+    assert_eq!(stats[0]["guest_mem_mib"], 256, "{stats}");
 
     let out = env.run(&["unpause", "frozen"]);
     assert_eq!(out.code, 125, "unpause of a running VM: {}", out.stderr);
@@ -47,6 +60,15 @@ fn pause_freezes_a_named_vm_until_unpause() {
         );
     }
     assert_eq!(env.run(&["ps", "--json"]).json()[0]["state"], "paused");
+    // A paused VM uses no CPU at all.
+    let stats = env.run(&["stats", "--json"]).json();
+    assert_eq!(stats[0]["state"], "paused", "{stats}");
+    assert_eq!(stats[0]["cpu_percent"], 0.0, "{stats}");
+    let out = env.run(&["stats"]);
+    assert!(
+        out.code == 0 && out.stdout.lines().any(|l| l.starts_with("frozen ")),
+        "{out:?}"
+    );
     let out = env.run(&["exec", "frozen", "--", "true"]);
     assert_eq!(out.code, 125, "exec while paused: {}", out.stderr);
     assert!(out.stderr.contains("vm unpause frozen"), "{}", out.stderr);
@@ -80,6 +102,8 @@ fn pause_freezes_a_named_vm_until_unpause() {
         assert!(!common::pid_alive(p), "VM process {p} left after stop");
     }
     assert_eq!(env.run(&["ps", "--json"]).json()[0]["state"], "exited");
+    let out = env.run(&["stats", "frozen"]);
+    assert_eq!(out.code, 125, "stats of an exited VM: {out:?}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ pub mod manage;
 pub mod pause;
 pub mod run;
 pub mod serve;
+pub mod stats;
 
 use vm_sandbox::{Attach, RunningVm};
 
