@@ -17,6 +17,7 @@ packages=(qemu-system-x86 busybox-static erofs-utils cpio lz4 linux-source-6.12 
     bison libelf-dev libssl-dev build-essential patch binutils)
 vhost_vsock_version=0.3.0
 
+[[ $# -eq 0 || ($# -eq 1 && $1 == --packages) ]] || die "unknown arguments: $* (only --packages)"
 command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable)"
 apt_install_missing setup "${packages[@]}" || die "cannot install the packages vm needs"
 # `--packages`: only the packages (what compiling needs: ci/main.sh then builds `vm` while the
