@@ -13,18 +13,9 @@ use vm_tests::{Cases, GuestSpec, boot, ensure, error_chain};
 /// Every process of the process groups `groups` (each VM process leads one; a jailed
 /// program runs in its reaper's group).
 fn group_members(groups: &[u32]) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let pgrp = stat
-                .rsplit_once(") ")
-                .and_then(|(_, r)| r.split_whitespace().nth(2)?.parse::<u32>().ok());
-            pgrp.is_some_and(|g| groups.contains(&g))
-        })
+    vm_sandbox::sys::group_members(groups)
+        .into_iter()
+        .map(|(pid, _)| pid)
         .collect()
 }
 

@@ -240,10 +240,7 @@ fn a_forbidden_system_call_kills_the_vm_process_with_sigsys() {
     if skip_without_kvm(test) {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = jailed_config(tmp.path());
-    let mut vm = VmProc::start_process(&cfg);
-    wait_for_thread(&mut vm, "vmm-control");
+    let (_tmp, mut vm) = start_until_control();
     let pids = vm.pids();
     vm.send_line(vmm::process::TEST_FORBIDDEN_SYSCALL);
     assert_eq!(
@@ -255,6 +252,14 @@ fn a_forbidden_system_call_kills_the_vm_process_with_sigsys() {
     for pid in pids {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{pid} left");
     }
+}
+
+/// A jailed VM sleeping in `cli; hlt`, once its control thread runs.
+fn start_until_control() -> (tempfile::TempDir, VmProc) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut vm = VmProc::start_process(&jailed_config(tmp.path()));
+    wait_for_thread(&mut vm, "vmm-control");
+    (tmp, vm)
 }
 
 /// `mov dword [addr], v` (an address below 2 GiB).
@@ -402,10 +407,7 @@ fn a_vmm_that_allocates_past_its_cap_dies_instead_of_eating_the_host() {
     if skip_without_kvm(test) {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = jailed_config(tmp.path());
-    let mut vm = VmProc::start_process(&cfg);
-    wait_for_thread(&mut vm, "vmm-control");
+    let (_tmp, mut vm) = start_until_control();
     vm.send_line(vmm::process::TEST_LEAK);
     let exit = vm.wait_timeout(Duration::from_secs(10));
     assert!(

@@ -6,7 +6,7 @@
 //! wrapper can check: [`fork`] (the child of a multi-threaded process may only make system
 //! calls) and [`add_pre_exec`] (the hook runs in such a child).
 
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::RawFd;
 use std::process::Command;
 
 use nix::errno::Errno;
@@ -42,12 +42,12 @@ pub fn close(fd: RawFd) {
     unsafe { libc::close(fd) };
 }
 
-/// A raw descriptor as a borrowed one, for a call that takes `AsFd`. The caller keeps `fd`
-/// open for `'a`.
-pub fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
-    // SAFETY: the caller keeps `fd` open while the borrow lives (it is only passed to a system
-    // call that reads it); `-1` would be refused by BorrowedFd's own assertion.
-    unsafe { BorrowedFd::borrow_raw(fd) }
+/// Joins the network namespace behind the descriptor `fd` (`setns(2)`; a descriptor that is
+/// not open, or not a network namespace, is an error).
+pub fn join_net_namespace(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: setns only reads the descriptor number; an invalid one answers EBADF or EINVAL.
+    let rc = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
+    Errno::result(rc).map(drop)
 }
 
 /// A pidfd of this process (`pidfd_open(2)`), close-on-exec; the raw descriptor is the
@@ -128,13 +128,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
+    use std::os::fd::{AsFd, AsRawFd};
 
     #[test]
     fn keep_across_exec_clears_the_flag_and_cloexec_range_sets_it() {
         let f = std::fs::File::open("/dev/null").unwrap();
         let fd = f.as_raw_fd();
-        let flags = || nix::fcntl::fcntl(borrow(fd), nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        let flags = || nix::fcntl::fcntl(f.as_fd(), nix::fcntl::FcntlArg::F_GETFD).unwrap();
         assert_eq!(flags() & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
         keep_across_exec(fd).unwrap();
         assert_eq!(flags() & libc::FD_CLOEXEC, 0);

@@ -81,7 +81,7 @@ fn namespace_flags(netns: Option<i32>) -> CloneFlags {
 /// Allocates nothing.
 pub(crate) fn enter_namespaces(netns: Option<i32>) -> Result<(), StepError> {
     if let Some(fd) = netns {
-        nix::sched::setns(sys::borrow(fd), CloneFlags::CLONE_NEWNET).map_err(at(Step::Unshare))?;
+        sys::join_net_namespace(fd).map_err(at(Step::Unshare))?;
     }
     unshare(namespace_flags(netns)).map_err(at(Step::Unshare))
 }
