@@ -16,7 +16,9 @@
 #
 # Checks (not tests, their own line): the workspace build, rustfmt, clippy, images/verify.sh,
 # the agent's PID-1 test in a TCG guest (guest-agent/tests/guest/run-tcg.sh), the kvm proof
-# (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), and a 60 s
+# (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), the same pack on
+# real KVM nested in TCG (ci/kvm-nested.sh: every case must pass; `kvm-nested ok (N/N cases
+# on kvm)`) after the nested runner's own hang-diagnosis self-test, and a 60 s
 # cargo-fuzz run per target from its seed corpus (fuzz/seeds/<target>, plus what earlier runs
 # found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
 # is skipped, visibly. A failed check fails the run.
@@ -37,11 +39,13 @@ checks_ok=0 checks_failed=0 checks_skipped=0
 step() { printf '\n==== %s ====\n' "$*" >&2; }
 fail() { failed=$((failed + 1)); failures+=("$1"); echo "ci: FAILED: $1" >&2; }
 # check <name> <command...>: one check, ok or failed.
+# A check may set check_detail (e.g. its case counts) to show beside its "ok".
 check() {
     local name=$1
     shift
+    check_detail=
     if "$@"; then
-        checks+=("$name ok")
+        checks+=("$name ok${check_detail:+ ($check_detail)}")
         checks_ok=$((checks_ok + 1))
     else
         checks+=("$name FAILED")
@@ -125,16 +129,36 @@ step "kvm proof: ci/kvm-proof.sh pack, run.sh here, and the same pipeline on tcg
 # The pack must build and stay under its size limit; run.sh must answer 0 (kvm proven) or 3
 # (this host cannot run kvm, with its facts) — never 1 or 2; and the runner's suite and
 # benchmark paths run end to end on tcg (--quick), so they never rot on hosts without kvm.
+kvm_pack=$work/kvm-proof
 kvm_proof() {
-    local pack=$work/kvm-proof code=0
-    bash ci/kvm-proof.sh pack "$pack" || return 1
-    OUT=$work/kvm-proof-out "$pack/run.sh" || code=$?
+    local code=0
+    bash ci/kvm-proof.sh pack "$kvm_pack" || return 1
+    OUT=$work/kvm-proof-out "$kvm_pack/run.sh" || code=$?
     echo "kvm proof: run.sh exited $code" >&2
     [[ $code == 0 || $code == 3 ]] || return 1
-    OUT=$work/kvm-proof-tcg "$pack/run.sh" --quick --driver tcg || return 1
-    rm -rf "$pack"
+    OUT=$work/kvm-proof-tcg "$kvm_pack/run.sh" --quick --driver tcg || return 1
 }
 check kvm-proof kvm_proof
+
+step "the kvm road on real KVM nested in TCG: ci/kvm-nested.sh"
+# The same pack, run inside an L1 Linux that runs Debian's kvm_amd under QEMU's emulated
+# AMD-V: the whole end-to-end suite on the kvm driver, and the CLI's checks on kvm. First the
+# runner's own timeout path (a hung L1 must end in a diagnosis, not a silent time-out).
+check kvm-nested-hang-diagnosis bash ci/kvm-nested.sh --self-test-hang --timeout 30
+kvm_nested() {
+    local result
+    [[ -x $kvm_pack/run.sh ]] || { echo "ci: no kvm proof pack (the kvm-proof check failed)" >&2; return 1; }
+    bash ci/kvm-nested.sh --pack "$kvm_pack" --out "$work/kvm-nested" | tee "$work/kvm-nested.result" || {
+        cp -r "$work/kvm-nested" "${TMPDIR:-/tmp}/vm-kvm-nested-failed.$$" 2>/dev/null &&
+            echo "ci: the L1's files are kept in ${TMPDIR:-/tmp}/vm-kvm-nested-failed.$$" >&2
+        return 1
+    }
+    result=$(sed -n 's/^kvm-nested: \([0-9]*\/[0-9]*\) cases passed$/\1/p' "$work/kvm-nested.result")
+    [[ -n $result ]] || return 1
+    check_detail="$result cases on kvm"
+}
+check kvm-nested kvm_nested
+rm -rf "$kvm_pack"
 
 # fuzz_target <target>: a 60 s run from the in-repo seeds (read only) plus the corpus earlier
 # runs grew (fuzz/corpus/<target>, git-ignored, where libFuzzer writes what it finds).

@@ -116,6 +116,20 @@ pub async fn run(a: SuperviseArgs) -> anyhow::Result<u8> {
             let code = exit::classify(&err);
             let reason = exit::one_line(&err);
             eprintln!("vm supervisor: {reason}");
+            // A VM that never booted has no console snapshot yet: its last words (the
+            // boot error's console tail) are what `vm logs --console NAME` shows.
+            let tail = err
+                .chain()
+                .find_map(|c| c.downcast_ref::<vm_sandbox::SandboxError>())
+                .and_then(vm_sandbox::SandboxError::console_tail);
+            if let Some(tail) = tail {
+                write_snapshot(
+                    &rt.dir(&a.name),
+                    CONSOLE_LOG,
+                    tail.to_string(),
+                    &mut String::new(),
+                );
+            }
             if let Ok(mut r) = rt.load(&a.name) {
                 r.state = VmState::Exited;
                 r.exited_unix = Some(now_unix());

@@ -94,15 +94,6 @@ pub enum DriverError {
         /// Every place looked at.
         searched: String,
     },
-    /// The VM process ended before the guest agent answered.
-    #[error("the vm process ended before the guest agent answered")]
-    VmProcess {
-        /// How it ended.
-        #[source]
-        exit: vmm::process::ProcessExit,
-        /// The tail of the guest console and the VMM's diagnostics.
-        console_tail: String,
-    },
     /// The guest agent did not answer in time, or the VM stopped before it did.
     #[error("guest agent not ready after {waited:?}: {reason}")]
     AgentNotReady {
@@ -116,4 +107,16 @@ pub enum DriverError {
         #[source]
         source: Option<ClientError>,
     },
+}
+
+impl DriverError {
+    /// The guest console's tail (with the VM process's diagnostics) a boot failure carries:
+    /// the guest's last words, whichever driver booted it.
+    pub fn console_tail(&self) -> Option<&str> {
+        match self {
+            DriverError::AgentNotReady { console_tail, .. }
+            | DriverError::SeccompKilled { console_tail, .. } => Some(console_tail),
+            _ => None,
+        }
+    }
 }

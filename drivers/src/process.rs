@@ -112,6 +112,8 @@ pub(crate) fn spawn_jailed(
 
 /// How long the tail of an exited child waits for its output readers to reach EOF.
 const OUTPUT_SETTLE: Duration = Duration::from_secs(1);
+/// Lines of output [`Supervised::ended_detail`] quotes.
+const ENDED_LINES: usize = 3;
 
 /// Copies a child's pipe into a bounded ring until EOF (the child exiting closes it), as one
 /// counted writer of the ring.
@@ -170,6 +172,26 @@ impl Supervised {
             self.output.wait_writers_done(OUTPUT_SETTLE);
         }
         self.output.tail_string()
+    }
+
+    /// Once the child has exited: `PROGRAM ended (HOW); its last lines: "a | b | c"`, the last
+    /// [`ENDED_LINES`] lines of its output (for a VM process, the guest's last console lines:
+    /// an agent's fatal error is among them). `how` describes the exit status. The one wording
+    /// every driver's [`VmHandle::stop_detail`](crate::machine::VmHandle::stop_detail) uses.
+    pub(crate) fn ended_detail(
+        &self,
+        program: &str,
+        how: impl FnOnce(ExitStatus) -> String,
+    ) -> Option<String> {
+        let status = self.exit_status()?;
+        let out = self.output_tail();
+        let mut last: Vec<&str> = out.trim_end().lines().rev().take(ENDED_LINES).collect();
+        last.reverse();
+        Some(format!(
+            "{program} ended ({}); its last lines: {:?}",
+            how(status),
+            last.join(" | ")
+        ))
     }
 
     /// Runs `f` on the child's stdin; `None` when it was not piped or has been closed.
@@ -327,6 +349,28 @@ mod tests {
             assert!(std::fs::metadata(format!("/proc/{}", child.pid())).is_ok());
             assert_eq!(child.kill_and_reap(), Some(status));
         }
+    }
+
+    #[test]
+    fn ended_detail_names_the_program_how_it_ended_and_its_last_lines() {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "for l in one two three four; do echo $l; done; exit 3",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+        let child = spawn_supervised("sh", cmd, 1024).expect("spawn sh");
+        assert!(child.wait_exit(Duration::from_secs(10)));
+        let detail = child
+            .ended_detail("a-program", |st| format!("code {:?}", st.code()))
+            .expect("it ended");
+        assert_eq!(
+            detail,
+            r#"a-program ended (code Some(3)); its last lines: "two | three | four""#
+        );
+        let running = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
+        assert_eq!(running.ended_detail("sleep", |_| String::new()), None);
     }
 
     #[test]

@@ -66,6 +66,15 @@ pub enum SandboxError {
 }
 
 impl SandboxError {
+    /// The guest console's tail a boot failure carries (the guest's last words: a kernel
+    /// panic, the agent's fatal error), on every driver.
+    pub fn console_tail(&self) -> Option<&str> {
+        match self {
+            SandboxError::Boot { source, .. } => source.console_tail(),
+            _ => None,
+        }
+    }
+
     /// A `MachineError` of the operation `op`, as a closure for `map_err`.
     pub(crate) fn machine(op: &'static str) -> impl FnOnce(MachineError) -> SandboxError {
         move |source| SandboxError::Machine { op, source }

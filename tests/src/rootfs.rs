@@ -74,9 +74,27 @@ pub fn busybox_root(tmp: &Path) -> Result<PathBuf, String> {
     Ok(image)
 }
 
-/// The cached image, or `None` when it has not been built on this host.
+/// The variable naming the Debian root explicitly: how a pack run elsewhere (the kvm proof,
+/// the nested-KVM runner) is handed the image, which is too large to pack.
+pub const DEBIAN_ROOT_VAR: &str = "VM_TEST_DEBIAN_ROOT";
+
+/// The Debian root: the file `VM_TEST_DEBIAN_ROOT` names (it must exist), else the image
+/// `images/rootfs-debian.sh` cached on this host; `None` when neither is there (a pack on
+/// another host without the variable, or a host that has not built it).
 pub fn debian_root() -> Result<Option<PathBuf>, String> {
+    if let Some(path) = std::env::var_os(DEBIAN_ROOT_VAR) {
+        let path = PathBuf::from(path);
+        ensure!(
+            path.is_file(),
+            "{DEBIAN_ROOT_VAR}={} is not a file",
+            path.display()
+        );
+        return Ok(Some(path));
+    }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../images/rootfs-debian.sh");
+    if !script.is_file() {
+        return Ok(None);
+    }
     let out = HostCommand::new("bash")
         .arg(&script)
         .arg("--print-path")

@@ -66,6 +66,40 @@ async fn agent_is_pid1(vm: &MicroVm) -> Result<(), String> {
     Ok(())
 }
 
+/// The guest is offered no nested virtualization (attack surface an untrusted guest has no use
+/// for) on any driver, and on kvm it sees our brand string, not the host's.
+async fn no_nested_virtualization(vm: &MicroVm, driver: &str) -> Result<(), String> {
+    let cpuinfo = exec_ok(vm, "cat /proc/cpuinfo").await?;
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace())
+        .collect();
+    ensure!(
+        !flags.is_empty(),
+        "no flags line in /proc/cpuinfo:\n{cpuinfo}"
+    );
+    let offered: Vec<&&str> = flags
+        .iter()
+        .filter(|f| matches!(**f, "vmx" | "svm" | "npt" | "vgif" | "perfctr_core"))
+        .collect();
+    ensure!(
+        offered.is_empty(),
+        "the guest is offered {offered:?} (nested virtualization / the PMU)"
+    );
+    if driver == "kvm" {
+        let brand = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|v| v.trim_start_matches([' ', '\t', ':']).trim());
+        ensure!(
+            brand == Some("vm microVM vCPU"),
+            "model name {brand:?}, expected our brand string"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn boot_and_kernel() {
     vm_tests::scenario("boot", |driver| async move {
@@ -73,6 +107,11 @@ fn boot_and_kernel() {
         let mut c = Cases::new("boot", driver);
         c.run("agent_answers_as_pid1", agent_is_pid1(&vm)).await;
         c.run("uname_is_our_kernel", uname_is_our_kernel(&vm)).await;
+        c.run(
+            "no_nested_virtualization",
+            no_nested_virtualization(&vm, driver),
+        )
+        .await;
         vm.close().await;
         c.finish()
     });

@@ -34,8 +34,8 @@ fn rootfs_debian() {
         Ok(None) => {
             vm_test_support::skip(
                 "rootfs_debian",
-                "the Debian rootfs is not built on this host \
-                 (images/rootfs-debian.sh, which ci/setup.sh runs)",
+                "the Debian rootfs is not built on this host (images/rootfs-debian.sh, \
+                 which ci/setup-tests.sh runs) and VM_TEST_DEBIAN_ROOT names no image",
             );
             return;
         }

@@ -1,7 +1,12 @@
 //! CPUID: normalize what KVM supports into what one vCPU of this VM reports.
 //!
 //! Per vCPU: APIC id in leaf 1 EBX[31:24] and in the x2APIC topology leaves 0xb/0x1f, logical
-//! processor counts, the hypervisor bit, and cache leaf 4's sharing counts. The
+//! processor counts, the hypervisor bit, and cache leaf 4's sharing counts. Every profile hides
+//! what an untrusted guest has no use for and would only be attack surface ([`ALWAYS_HIDDEN`],
+//! [`ZEROED_LEAVES`]): nested virtualization (VMX, SVM and the SVM feature leaf) and the
+//! performance-monitoring unit (Intel's leaf 0xa, AMD's core/NB/LLC counter extensions and
+//! PerfMonV2 leaf), as Firecracker's templates do; and it reports our own brand string
+//! ([`BRAND`], leaves 0x8000_0002..=4) instead of whatever the host's KVM passes through. The
 //! [`Baseline`](crate::config::CpuProfile::Baseline) profile also hides features that KVM's
 //! instruction emulator on a PVM host cannot execute at CPL0 (see [`BASELINE_HIDDEN`]).
 //!
@@ -76,6 +81,23 @@ pub const BASELINE_HIDDEN: &[FeatureBit] = &[
     fb("abm", 0x8000_0001, 0, Reg::Ecx, 5),
 ];
 
+/// Features every profile hides: nested virtualization and the PMU's extensions.
+pub const ALWAYS_HIDDEN: &[FeatureBit] = &[
+    fb("vmx", 1, 0, Reg::Ecx, 5),
+    fb("svm", 0x8000_0001, 0, Reg::Ecx, 2),
+    fb("perfctr_core", 0x8000_0001, 0, Reg::Ecx, 23),
+    fb("perfctr_nb", 0x8000_0001, 0, Reg::Ecx, 24),
+    fb("perfctr_llc", 0x8000_0001, 0, Reg::Ecx, 28),
+];
+
+/// Leaves every profile reports as all zeros: Intel's architectural performance monitoring
+/// (0xa: version 0 = no PMU), AMD's SVM features (0x8000_000a: `npt`, `vgif`, ...) and AMD's
+/// PerfMonV2 (0x8000_0022).
+pub const ZEROED_LEAVES: &[u32] = &[0xa, 0x8000_000a, 0x8000_0022];
+
+/// The processor brand string the guest sees (`model name` in its /proc/cpuinfo).
+pub const BRAND: &str = "vm microVM vCPU";
+
 /// Leaf 1 ECX: hypervisor present.
 const HYPERVISOR_BIT: u32 = 31;
 /// Leaf 1 EDX: HTT (more than one logical processor per package).
@@ -144,22 +166,39 @@ pub fn normalize(entries: &mut [kvm_cpuid_entry2], p: CpuidParams) {
                 }
                 e.edx = apic_id;
             }
-            0xd if p.baseline => {
-                e.eax = 0;
-                e.ebx = 0;
-                e.ecx = 0;
-                e.edx = 0;
+            0xd if p.baseline => zero(e),
+            f if ZEROED_LEAVES.contains(&f) => zero(e),
+            f @ 0x8000_0002..=0x8000_0004 => {
+                let [eax, ebx, ecx, edx] = brand_words(f - 0x8000_0002);
+                (e.eax, e.ebx, e.ecx, e.edx) = (eax, ebx, ecx, edx);
             }
             _ => {}
         }
-        if p.baseline {
-            for f in BASELINE_HIDDEN {
-                if f.leaf == e.function && f.index == e.index {
-                    *reg_mut(e, f.reg) &= !(1 << f.bit);
-                }
+        let hidden = ALWAYS_HIDDEN
+            .iter()
+            .chain(if p.baseline { BASELINE_HIDDEN } else { &[] });
+        for f in hidden {
+            if f.leaf == e.function && f.index == e.index {
+                *reg_mut(e, f.reg) &= !(1 << f.bit);
             }
         }
     }
+}
+
+fn zero(e: &mut kvm_cpuid_entry2) {
+    (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0);
+}
+
+/// The four registers of brand leaf `0x8000_0002 + part`: [`BRAND`], NUL-padded to 48 bytes.
+fn brand_words(part: u32) -> [u32; 4] {
+    let mut bytes = [0u8; 48];
+    let brand = BRAND.as_bytes();
+    bytes[..brand.len()].copy_from_slice(brand);
+    let base = part as usize * 16;
+    std::array::from_fn(|i| {
+        let at = base + i * 4;
+        u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+    })
 }
 
 /// `clearcpuid=` value naming every feature the baseline hides (minus the XSAVE pair, which the
@@ -278,6 +317,63 @@ mod tests {
         );
         assert_ne!(h[0].ecx & (1 << 23), 0, "host keeps popcnt");
         assert_eq!(h[0].edx & (1 << HTT_BIT), 0);
+    }
+
+    #[test]
+    fn nested_virtualization_and_the_pmu_are_hidden_in_every_profile() {
+        for baseline in [false, true] {
+            let mut e = vec![
+                entry(1, 0, 0, 0, u32::MAX, u32::MAX),
+                entry(0x8000_0001, 0, 0, 0, u32::MAX, u32::MAX),
+                entry(0xa, 0, 0x0804_0002, 7, 0, 3),
+                entry(0x8000_000a, 0, 1, 0x8000, 0, 0x1fff_ffff),
+                entry(0x8000_0022, 0, 7, 0x4000, 0, 0),
+            ];
+            normalize(
+                &mut e,
+                CpuidParams {
+                    vcpu: 0,
+                    vcpus: 1,
+                    baseline,
+                },
+            );
+            assert_eq!(e[0].ecx & (1 << 5), 0, "vmx ({baseline})");
+            assert_ne!(e[0].ecx & 1, 0, "sse3 stays");
+            assert_eq!(e[1].ecx & (1 << 2), 0, "svm ({baseline})");
+            assert_eq!(e[1].ecx & ((1 << 23) | (1 << 24) | (1 << 28)), 0, "perfctr");
+            assert_ne!(e[1].ecx & 1, 0, "lahf_lm stays");
+            for z in &e[2..] {
+                assert_eq!(
+                    (z.eax, z.ebx, z.ecx, z.edx),
+                    (0, 0, 0, 0),
+                    "{:#x}",
+                    z.function
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_brand_string_is_ours() {
+        let mut e: Vec<_> = (0x8000_0002..=0x8000_0004)
+            .map(|f| entry(f, 0, 0x6d6d_6148, 0x7265, u32::MAX, u32::MAX))
+            .collect();
+        normalize(
+            &mut e,
+            CpuidParams {
+                vcpu: 0,
+                vcpus: 1,
+                baseline: false,
+            },
+        );
+        let bytes: Vec<u8> = e
+            .iter()
+            .flat_map(|l| [l.eax, l.ebx, l.ecx, l.edx])
+            .flat_map(u32::to_le_bytes)
+            .collect();
+        assert_eq!(bytes.len(), 48);
+        assert_eq!(&bytes[..BRAND.len()], BRAND.as_bytes());
+        assert!(bytes[BRAND.len()..].iter().all(|b| *b == 0), "NUL-padded");
     }
 
     #[test]

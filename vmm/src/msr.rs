@@ -1,6 +1,7 @@
 //! Boot-time MSR values and local APIC LINT0/LINT1 setup.
 
 use kvm_bindings::{Msrs, kvm_lapic_state, kvm_msr_entry};
+use kvm_ioctls::{Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 
 /// IA32_SYSENTER_CS.
 pub const MSR_IA32_SYSENTER_CS: u32 = 0x174;
@@ -26,6 +27,36 @@ pub const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
 pub const MISC_ENABLE_FAST_STRING: u64 = 1;
 /// MTRR default type.
 pub const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
+
+/// The performance-monitoring MSRs the guest is denied (base, count): AMD's legacy K7
+/// counters (`PERF_CTL0..3`, `PERF_CTR0..3`) and its core counters (`PERF_CTL0..5` /
+/// `PERF_CTR0..5`, interleaved). The CPUID table already says "no PMU extensions"
+/// ([`crate::cpuid::ALWAYS_HIDDEN`]), but Linux still probes the legacy counters on AMD:
+/// denied, KVM injects #GP and the guest uses software events only — no counter state shared
+/// with the host, and no "unhandled WRMSR" in the host's log for every boot. (Intel guests
+/// see CPUID leaf 0xa's version 0 and do not probe.)
+pub const PMU_MSR_RANGES: &[(u32, u32)] = &[(0xc001_0000, 8), (0xc001_0200, 12)];
+
+/// Denies the guest every MSR of [`PMU_MSR_RANGES`] (reads and writes); every other MSR is
+/// as KVM handles it. A no-op (reported as `false`) where KVM has no MSR filter.
+pub fn deny_pmu_msrs(kvm: &Kvm, vm: &VmFd) -> Result<bool, kvm_ioctls::Error> {
+    if !kvm.check_extension(Cap::X86MsrFilter) {
+        return Ok(false);
+    }
+    // One bit per MSR, 0 = denied; 12 MSRs fit in two bytes.
+    let denied = [0u8; 2];
+    let ranges: Vec<MsrFilterRange<'_>> = PMU_MSR_RANGES
+        .iter()
+        .map(|&(base, msr_count)| MsrFilterRange {
+            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+            base,
+            msr_count,
+            bitmap: &denied,
+        })
+        .collect();
+    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)?;
+    Ok(true)
+}
 
 /// Errors of programming MSRs or the LAPIC.
 #[derive(Debug, thiserror::Error)]

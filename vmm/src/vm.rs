@@ -127,6 +127,9 @@ fn create_kvm_vm() -> Result<(Kvm, VmFd), VmmError> {
         ..Default::default()
     };
     vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    let filtered = crate::msr::deny_pmu_msrs(&kvm, &vm)
+        .map_err(kvm_err("KVM_X86_SET_MSR_FILTER (the PMU's MSRs)"))?;
+    tracing::debug!(filtered, "guest access to the PMU's MSRs denied");
     Ok((kvm, vm))
 }
 

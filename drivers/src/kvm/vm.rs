@@ -144,11 +144,13 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     };
     let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
     if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
+        // The wait's error carries the stop detail and the console tail (the guest's last
+        // words, as on every driver); only a seccomp kill is worth a variant of its own.
         let exit = handle.child.exit_status().map(ProcessExit::from_status);
         handle.kill();
         return Err(match exit {
-            Some(exit) => ended_before_agent(exit, handle.console_tail()),
-            None => e,
+            Some(ProcessExit::Seccomp) => seccomp_killed(handle.console_tail()),
+            _ => e,
         });
     }
     let info = MachineInfo {
@@ -161,15 +163,12 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     Machine::new(info, Box::new(handle), client)
 }
 
-/// The error for a VM process that ended before its agent answered: a seccomp kill is
-/// [`DriverError::SeccompKilled`], as for the tcg driver's programs.
-fn ended_before_agent(exit: ProcessExit, console_tail: String) -> DriverError {
-    match exit {
-        ProcessExit::Seccomp => DriverError::SeccompKilled {
-            program: vmm::process::BINARY.into(),
-            console_tail,
-        },
-        exit => DriverError::VmProcess { exit, console_tail },
+/// The error for a VM process its seccomp filter killed before the agent answered, as for
+/// the tcg driver's programs.
+fn seccomp_killed(console_tail: String) -> DriverError {
+    DriverError::SeccompKilled {
+        program: vmm::process::BINARY.into(),
+        console_tail,
     }
 }
 
@@ -206,6 +205,14 @@ impl VmHandle for KvmHandle {
 
     fn host_pids(&self) -> Vec<u32> {
         vec![self.child.pid()]
+    }
+
+    fn stop_detail(&self) -> String {
+        self.child
+            .ended_detail(vmm::process::BINARY, |st| {
+                ProcessExit::from_status(st).to_string()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -286,23 +293,12 @@ mod tests {
 
     #[test]
     fn a_seccomp_kill_before_the_agent_answered_names_the_program() {
-        let e = ended_before_agent(ProcessExit::Seccomp, "tail".into());
+        let e = seccomp_killed("tail".into());
         assert!(
             matches!(&e, DriverError::SeccompKilled { program, console_tail }
                 if program == vmm::process::BINARY && console_tail == "tail"),
             "{e:?}"
         );
         assert!(e.to_string().contains("SIGSYS"), "{e}");
-        let e = ended_before_agent(ProcessExit::Signaled(9), String::new());
-        assert!(
-            matches!(
-                e,
-                DriverError::VmProcess {
-                    exit: ProcessExit::Signaled(9),
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
     }
 }

@@ -68,7 +68,7 @@ pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
     push("-accel");
     push("tcg");
     push("-cpu");
-    push("max");
+    push("max,-vmx,-svm");
     push("-m");
     push(&cfg.mem_mib.to_string());
     push("-smp");

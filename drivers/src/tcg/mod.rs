@@ -350,15 +350,7 @@ impl VmHandle for TcgHandle {
 
     fn stop_detail(&self) -> String {
         let mut parts = Vec::new();
-        if let Some(st) = self.qemu.exit_status() {
-            let out = self.qemu.output_tail();
-            let lines: Vec<&str> = out.trim_end().lines().rev().take(3).collect();
-            let last: Vec<&str> = lines.into_iter().rev().collect();
-            parts.push(format!(
-                "{QEMU} ended ({st}); its last lines: {:?}",
-                last.join(" | ")
-            ));
-        }
+        parts.extend(self.qemu.ended_detail(QEMU, |st| st.to_string()));
         if let Some(st) = self.vhost.exit_status() {
             let out = self.vhost.output_tail();
             parts.push(format!(

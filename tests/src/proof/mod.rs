@@ -195,6 +195,14 @@ fn prove(args: &Args, report: &mut Report) -> Outcome {
             return Outcome::Broken;
         }
     };
+    // What the suite skipped on this driver, and why, is part of what was (not) proved.
+    let skipped = fs::read_to_string(args.out.join("skipped.log")).unwrap_or_default();
+    report.notes.extend(
+        skipped
+            .lines()
+            .filter(|l| l.contains(&format!("[{}]", args.driver)) || !l.contains(" ["))
+            .map(|l| format!("skipped: {l}")),
+    );
     println!("benchmarks on {} ...", args.driver);
     let bench = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt.block_on(bench::run(args.driver, args.plan)),

@@ -56,12 +56,25 @@ pub struct CaseResult {
 /// `  FAIL scenario/case [kvm] (..)` lines, plus one failed entry named `scenario` for a
 /// `FAIL scenario [kvm] after ..` line with no failed case of its own (a boot failure).
 /// Lines for other drivers are ignored.
+///
+/// The suite runs on one libtest thread with `--nocapture`: libtest writes `test PATH ... `
+/// (no newline) as each test starts, so a scenario's first line follows it on the same line;
+/// that prefix is read off first and says which test the following lines belong to. A test
+/// libtest lists as failed that printed no failure of its own for this driver (a panic
+/// before its first case line) is a failed entry named by its path, so every failed
+/// scenario is named.
 pub fn parse_cases(output: &str, driver: &str) -> Vec<CaseResult> {
     let tag = format!("[{driver}]");
     let mut cases: Vec<CaseResult> = Vec::new();
     let mut failed_scenarios = Vec::new();
+    let mut current: Option<&str> = None;
+    let mut named_a_failure: Vec<&str> = Vec::new();
     for line in output.lines() {
-        let t = line.trim_start();
+        let mut t = line.trim_start();
+        if let Some((path, rest)) = libtest_start(t) {
+            current = Some(path);
+            t = rest.trim_start();
+        }
         let (passed, rest) = if let Some(r) = t.strip_prefix("ok   ") {
             (true, r)
         } else if let Some(r) = t.strip_prefix("FAIL ") {
@@ -75,6 +88,9 @@ pub fn parse_cases(output: &str, driver: &str) -> Vec<CaseResult> {
         };
         if d != tag {
             continue;
+        }
+        if !passed && let Some(test) = current {
+            named_a_failure.push(test);
         }
         if name.contains('/') {
             cases.push(CaseResult {
@@ -97,7 +113,36 @@ pub fn parse_cases(output: &str, driver: &str) -> Vec<CaseResult> {
             });
         }
     }
+    for test in libtest_failures(output) {
+        if !named_a_failure.contains(&test) {
+            cases.push(CaseResult {
+                name: format!("{test} (failed before naming a case; see e2e.log)"),
+                passed: false,
+            });
+        }
+    }
     cases
+}
+
+/// `test PATH ... REST` → (PATH, REST): the line on which libtest started a test.
+fn libtest_start(line: &str) -> Option<(&str, &str)> {
+    let rest = line.strip_prefix("test ")?;
+    let (path, after) = rest.split_once(" ...")?;
+    (!path.is_empty() && !path.contains(' ')).then_some((path, after))
+}
+
+/// The tests libtest lists as failed: the indented names after its last `failures:` line.
+fn libtest_failures(output: &str) -> Vec<&str> {
+    let lines: Vec<&str> = output.lines().collect();
+    let Some(at) = lines.iter().rposition(|l| l.trim_end() == "failures:") else {
+        return Vec::new();
+    };
+    lines[at + 1..]
+        .iter()
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| l.starts_with("    ") && !l.trim().is_empty())
+        .map(|l| l.trim())
+        .collect()
 }
 
 /// Everything one run found.
@@ -209,6 +254,50 @@ test boot_and_kernel ... FAILED
                     name: "mounts".into(),
                     passed: false
                 },
+            ]
+        );
+    }
+
+    /// libtest's `test PATH ... ` prefix glues a scenario's first line to it; a test that
+    /// panicked before any case line is named from libtest's failure list.
+    #[test]
+    fn every_failed_scenario_is_named() {
+        let out = "\
+running 3 tests
+test agent_fatal::agent_fatal_error_reaches_the_console_tail ... FAIL agent_fatal_error_reaches_the_console_tail [kvm] after 3.0 s: no console tail
+FAILED
+test boot::boot_and_kernel ... boot+agent ready in 0.9 s [kvm]
+  ok   boot/agent_answers_as_pid1 [kvm] (0.1 s)
+PASS boot [kvm]
+ok
+test rootfs_debian::rootfs_debian ... thread 'rootfs_debian::rootfs_debian' panicked at tests/tests/rootfs_debian.rs:40:5
+FAILED
+
+failures:
+
+failures:
+    agent_fatal::agent_fatal_error_reaches_the_console_tail
+    rootfs_debian::rootfs_debian
+
+test result: FAILED. 1 passed; 2 failed; 0 ignored
+";
+        let names: Vec<(String, bool)> = parse_cases(out, "kvm")
+            .into_iter()
+            .map(|c| (c.name, c.passed))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("boot/agent_answers_as_pid1".to_string(), true),
+                (
+                    "agent_fatal_error_reaches_the_console_tail".to_string(),
+                    false
+                ),
+                (
+                    "rootfs_debian::rootfs_debian (failed before naming a case; see e2e.log)"
+                        .to_string(),
+                    false
+                ),
             ]
         );
     }

@@ -1,0 +1,135 @@
+#!/bin/sh
+# The init of the nested-KVM runner's L1 (ci/kvm-nested.sh builds it into the L1's initramfs
+# as /init, beside a static busybox and the kvm/virtio/9p modules). Two stages:
+#
+#   /init           (PID 1 on the initramfs) loads the modules, mounts the host's shares on a
+#                   tmpfs and switch_roots into it: the jail's pivot_root is refused on an
+#                   initramfs root, so the VMs' jails need a real (tmpfs) root.
+#   /.l1/init run   (PID 1 on the tmpfs) mounts /proc, /sys, /dev, /tmp, cgroup2, brings `lo`
+#                   up, runs the kvm proof pack and powers off.
+#
+# The host's directories arrive as 9p shares (mount tags): usr and etc (read-only: the pack's
+# binaries are built on the host against its glibc), pack (read-only: ci/kvm-proof.sh's pack),
+# inputs (read-only: the Debian root the image-root scenario boots) and out (read-write: the
+# proof's report, this init's log and exit code). The proof's arguments come on the kernel
+# command line as `l1.proof=ARG,ARG`; `l1.hang=1` makes stage 2 hang instead (the runner's
+# self-test of its timeout diagnosis).
+PATH=/bin:/sbin:/usr/bin:/usr/sbin
+export PATH
+
+say() { echo "l1: $*" >/dev/console; }
+fatal() {
+    say "FATAL: $*"
+    [ -d /out ] && echo "l1: FATAL: $*" >>/out/l1.log
+    /bin/busybox poweroff -f
+}
+
+stage1() {
+    /bin/busybox --install -s /bin
+    mount -t proc proc /proc
+    mount -t sysfs sys /sys
+    mount -t devtmpfs dev /dev
+    for m in $(cat /modules/order); do
+        case $m in
+        kvm-amd) insmod "/modules/$m.ko" nested=1 vgif=0 || fatal "insmod $m" ;;
+        *) insmod "/modules/$m.ko" || fatal "insmod $m" ;;
+        esac
+    done
+    [ -c /dev/kvm ] || fatal "no /dev/kvm after loading kvm-amd (no SVM in this CPU?)"
+    r=/newroot
+    mkdir -p $r
+    mount -t tmpfs -o mode=0755 root $r || fatal "tmpfs root"
+    mkdir -p $r/usr $r/etc $r/pack $r/inputs $r/out $r/proc $r/sys $r/dev $r/tmp $r/run \
+        $r/root $r/.l1 $r/var/tmp
+    for link in bin sbin lib lib64; do ln -s usr/$link $r/$link; done
+    cp /bin/busybox /init $r/.l1/
+    for share in usr etc pack inputs; do
+        mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 "$share" "$r/$share" ||
+            fatal "mounting the 9p share $share"
+    done
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 out $r/out || fatal "9p out"
+    umount /proc /sys
+    exec switch_root $r /.l1/init run
+}
+
+stage2() {
+    bb=/.l1/busybox
+    $bb mount -t proc proc /proc
+    $bb mount -t sysfs sys /sys
+    $bb mount -t devtmpfs dev /dev
+    $bb mkdir -p /dev/pts /dev/shm /sys/fs/cgroup
+    $bb mount -t devpts devpts /dev/pts
+    $bb mount -t tmpfs -o mode=1777 tmp /tmp
+    $bb mount -t tmpfs -o mode=1777 shm /dev/shm
+    $bb mount -t tmpfs -o mode=0755 run /run
+    $bb mount -t cgroup2 cgroup2 /sys/fs/cgroup
+    $bb ip link set lo up || fatal "cannot bring lo up"
+    export HOME=/root TMPDIR=/tmp
+    log=/out/l1.log
+    {
+        echo "l1: $($bb uname -r), $($bb nproc) vCPU, $($bb free -m | $bb awk '/Mem:/ {print $2}') MiB"
+        echo "l1: kvm_amd nested=$(cat /sys/module/kvm_amd/parameters/nested)" \
+            "npt=$(cat /sys/module/kvm_amd/parameters/npt)"
+    } | $bb tee -a $log >/dev/console
+    # The kernel's text symbols, for the runner's diagnosis of a hang (Debian ships no System.map).
+    $bb grep -E ' [tT] ' /proc/kallsyms >/out/kallsyms
+    args=$($bb sed -n 's/.*l1\.proof=\([^ ]*\).*/\1/p' /proc/cmdline | $bb tr ',' ' ')
+    if $bb grep -q 'l1\.hang=1' /proc/cmdline; then
+        say "hanging on purpose (l1.hang=1)"
+        while :; do $bb sleep 3600; done
+    fi
+    if [ -f /inputs/debian-root.erofs ]; then
+        export VM_TEST_DEBIAN_ROOT=/inputs/debian-root.erofs
+    fi
+    say "running: OUT=/out/proof /pack/run.sh $args"
+    rc=0
+    # shellcheck disable=SC2086 # the arguments are words from the command line
+    OUT=/out/proof /pack/run.sh $args >>$log 2>&1 || rc=$?
+    say "run.sh exited $rc; the CLI checks on kvm"
+    cli_checks >/out/cli.txt 2>&1
+    $bb cat /out/cli.txt >>$log
+    $bb dmesg >/out/dmesg.txt
+    echo "$rc" >/out/rc
+    $bb sync
+    $bb poweroff -f
+}
+
+# The CLI on kvm (cli/tests/last_words.rs does the same wherever `cargo test` runs): a root
+# the guest cannot mount; `vm exec` and `vm logs --console` of a failed `vm run -d` must show
+# the agent's fatal line. One `ok NAME` / `FAIL NAME: why` line per check.
+cli_checks() {
+    vm=/pack/bin/vm fatal_line="vm-agent: fatal: image root"
+    export VM_RUNTIME_DIR=/tmp/cli-rt VM_IMAGES_DIR=/pack/images
+    $bb mkdir -p $VM_RUNTIME_DIR
+    root=/tmp/broken.erofs
+    $bb dd if=/dev/zero of=$root bs=1024 count=1024 2>/dev/null
+    # The erofs superblock magic 0xE0F5E1E2 (little-endian) at 1024, and nothing else.
+    printf '\342\341\365\340' | $bb dd of=$root bs=1 seek=1024 conv=notrunc 2>/dev/null
+    code=0
+    $vm exec --rootfs $root -- true >/tmp/cli-exec.out 2>&1 || code=$?
+    if [ $code = 125 ] && $bb grep -q "$fatal_line" /tmp/cli-exec.out; then
+        echo "ok cli/exec_shows_the_agents_last_words"
+    else
+        echo "FAIL cli/exec_shows_the_agents_last_words: exit $code, $($bb tail -c 600 /tmp/cli-exec.out)"
+    fi
+    $vm run -d --name broken --rootfs $root >/tmp/cli-run.out 2>&1
+    $vm logs --console broken >/tmp/cli-logs.out 2>&1
+    if $bb grep -q "$fatal_line" /tmp/cli-run.out && $bb grep -q "$fatal_line" /tmp/cli-logs.out; then
+        echo "ok cli/run_d_and_logs_console_show_the_agents_last_words"
+    else
+        echo "FAIL cli/run_d_and_logs_console_show_the_agents_last_words: run -d said" \
+            "$($bb tail -c 300 /tmp/cli-run.out); logs --console said $($bb tail -c 300 /tmp/cli-logs.out)"
+    fi
+    $vm rm broken >/dev/null 2>&1
+    if $vm drivers 2>&1 | $bb grep -Eq '^kvm +yes'; then
+        echo "ok cli/drivers_says_kvm_runs"
+    else
+        echo "FAIL cli/drivers_says_kvm_runs: $($vm drivers 2>&1 | $bb head -n 3)"
+    fi
+}
+
+case ${1:-} in
+run) stage2 ;;
+*) stage1 ;;
+esac
+fatal "init fell through"

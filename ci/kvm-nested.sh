@@ -1,0 +1,325 @@
+#!/usr/bin/env bash
+# The kvm road on a host without hardware virtualization: real KVM nested inside QEMU's
+# emulated AMD-V. Boots an "L1" Linux (Debian 12's own kernel, with kvm/kvm-amd and
+# virtio/9p modules, and ci/kvm-nested-init.sh as its init) under QEMU TCG with an SVM CPU and
+# one vCPU, and runs the kvm proof pack (ci/kvm-proof.sh) inside it: `vm drivers`, the whole
+# end-to-end suite on the kvm driver (our VMM, vsock device, jail and agent on real kvm_amd,
+# the Debian image-root and attacker scenarios included) and the boot/exec benchmarks.
+#
+#   ci/kvm-nested.sh [--pack DIR] [--out DIR] [--full] [--timeout SECONDS]
+#       --pack DIR   a pack made by `ci/kvm-proof.sh pack` (default: packs one now)
+#       --out DIR    where the proof's report.json/summary.txt, the L1's console and log go
+#                    (default: a temporary directory, removed on success)
+#       --full       the full benchmark plan (20 boots at once, ...) instead of --quick
+#       --timeout S  bound on the whole L1 run (default 1200; --full 2400)
+#   ci/kvm-nested.sh --self-test-hang   the timeout path: an L1 that hangs on purpose must
+#                    end in a diagnosed failure (console tail and the vCPU's registers)
+#   ci/kvm-nested.sh --print-l1          build (cached) the L1 and print its directory
+#
+# Exit: 0 every case passed; 1 a case failed, the L1 failed or the run timed out (with the
+# L1's console tail and, on a timeout, where its vCPU was, from the QEMU monitor).
+# The last line on success: `kvm-nested: N/N cases passed`.
+#
+# The L1 (kernel, modules, initramfs) is cached under ~/.cache/vm/kvm-nested/<key>, the key
+# hashing this script, the init and the kernel and busybox package versions. Needs
+# qemu-system-x86, busybox-static, cpio, python3 (the monitor client), and the Debian root of
+# images/rootfs-debian.sh (ci/setup-tests.sh builds it). QEMU 7.2's multi-threaded TCG
+# livelocks an L1 running KVM with 2 vCPUs (see ../shared/ENVIRONMENT.md), so the L1 has one.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+say() { echo "kvm-nested: $*" >&2; }
+die() { echo "kvm-nested: ERROR: $*" >&2; exit 1; }
+
+kernel_pkg=linux-image-amd64
+modules=(virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio virtio_pci 9pnet
+    9pnet_virtio netfs fscache 9p irqbypass kvm ccp kvm-amd)
+cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/vm/kvm-nested
+l1_mem=6G
+
+pack= out= full=0 timeout= mode=run
+while (($#)); do
+    case $1 in
+    --pack) pack=${2:?--pack DIR}; shift ;;
+    --out) out=${2:?--out DIR}; shift ;;
+    --full) full=1 ;;
+    --timeout) timeout=${2:?--timeout SECONDS}; shift ;;
+    --self-test-hang) mode=hang ;;
+    --print-l1) mode=print ;;
+    *) die "unknown argument $1 (see the header of ci/kvm-nested.sh)" ;;
+    esac
+    shift
+done
+[[ -z $timeout || $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout: a whole number of seconds, not $timeout"
+
+# The kernel package the meta package points at now (e.g. linux-image-6.1.0-57-amd64).
+kernel_package() {
+    local dep
+    local i
+    for i in 1 2; do
+        dep=$(apt-cache depends "$kernel_pkg" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[^ ]*\)$/\1/p' | head -n1)
+        [[ -z $dep && $i == 1 ]] || break
+        say "apt-cache knows no $kernel_pkg: apt-get update"
+        apt-get update -qq >&2 || die "apt-get update failed"
+    done
+    [[ -n $dep ]] || die "apt-cache knows no $kernel_pkg, even after apt-get update"
+    echo "$dep"
+}
+
+# build_l1: the cached L1 directory (vmlinuz, initrd.cpio, KERNEL) on stdout.
+build_l1() {
+    local pkg version busybox key dir
+    pkg=$(kernel_package)
+    version=$(apt-cache policy "$pkg" | sed -n 's/^ *Candidate: //p')
+    busybox=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null) ||
+        die "busybox-static is not installed"
+    key=$(cat "${BASH_SOURCE[0]}" "$repo/ci/kvm-nested-init.sh" <(echo "$pkg $version $busybox") |
+        sha256sum | cut -c1-16)
+    dir=$cache_root/$key
+    if [[ -f $dir/initrd.cpio && -f $dir/vmlinuz ]]; then
+        echo "$dir"
+        return
+    fi
+    say "building the L1 ($pkg $version) into $dir"
+    local tmp
+    tmp=$(mktemp -d "$cache_root.build.XXXXXX")
+    (
+        set -e
+        cd "$tmp"
+        apt-get download "$pkg" >/dev/null 2>apt.log || { cat apt.log >&2; exit 1; }
+        dpkg-deb -x ./*.deb x
+        local kver
+        kver=${pkg#linux-image-}
+        mkdir -p out initrd/bin initrd/modules initrd/proc initrd/sys initrd/dev initrd/newroot
+        cp "x/boot/vmlinuz-$kver" out/vmlinuz
+        local m f dep
+        for m in "${modules[@]}"; do
+            f=$(find "x/lib/modules/$kver" -name "$m.ko" | head -n1)
+            [[ -n $f ]] || { echo "module $m.ko is not in $pkg" >&2; exit 1; }
+            # Every dependency must be loaded before it: fail here, not in the L1.
+            for dep in $(/sbin/modinfo -F depends "$f" | tr ',' ' '); do
+                [[ -e initrd/modules/$dep.ko || -e initrd/modules/${dep//_/-}.ko ]] ||
+                    { echo "module $m needs $dep, which the list loads later or not at all" >&2; exit 1; }
+            done
+            cp "$f" initrd/modules/
+            echo "$m" >>initrd/modules/order
+        done
+        cp /bin/busybox initrd/bin/busybox
+        ln -s busybox initrd/bin/sh
+        cp "$repo/ci/kvm-nested-init.sh" initrd/init
+        chmod 755 initrd/init
+        (cd initrd && find . | cpio -o -H newc --quiet) >out/initrd.cpio
+        echo "$pkg $version" >out/KERNEL
+    ) || { rm -rf "$tmp"; die "building the L1 failed"; }
+    mkdir -p "$cache_root"
+    rm -rf "$dir"
+    mv "$tmp/out" "$dir"
+    rm -rf "$tmp"
+    echo "$dir"
+}
+
+# monitor CMD...: each command's answer from the L1's QEMU monitor socket.
+monitor() {
+    python3 - "$work/monitor.sock" "$@" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+def read_prompt():
+    buf = b""
+    end = time.time() + 5
+    while not buf.endswith(b"(qemu) ") and time.time() < end:
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace")
+read_prompt()
+for cmd in sys.argv[2:]:
+    s.sendall(cmd.encode() + b"\n")
+    print(f"(qemu) {cmd}")
+    answer = read_prompt()
+    # The monitor echoes the command with line-editing escapes: drop that first line.
+    print(answer.split("\n", 1)[-1].replace("(qemu) ", "").strip())
+PY
+}
+
+# symbol ADDR: the kernel text symbol at or below ADDR (hex), from the L1's kallsyms.
+symbol() {
+    python3 - "$1" "$out/kallsyms" <<'PY'
+import sys
+a, best, name = int(sys.argv[1], 16), -1, "?"
+for line in open(sys.argv[2]):
+    f = line.split()
+    if len(f) == 3 and best < int(f[0], 16) <= a:
+        best, name = int(f[0], 16), f[2]
+print(f"{name}+{a - best:#x}" if best >= 0 else "?")
+PY
+}
+
+# diagnose: what the L1 was doing when the run was cut off (sets rip).
+rip=
+diagnose() {
+    say "the L1 did not finish within ${timeout}s; its console's last 40 lines:"
+    tail -n 40 "$work/console.log" >&2 || true
+    say "its vCPU, from the QEMU monitor:"
+    local regs
+    regs=$(monitor "info status" "info cpus" "info registers" 2>&1) || true
+    echo "$regs" >&2
+    rip=$(grep -oE 'RIP=[0-9a-f]+' <<<"$regs" | head -n1 | cut -d= -f2) || true
+    if [[ -n $rip ]]; then
+        say "RIP $rip is $(symbol "$rip" || echo '?') (nokaslr; from its /proc/kallsyms)"
+        # A second look a moment later: the same RIP again suggests a livelock, not a slow run.
+        sleep 1
+        local rip2
+        rip2=$(monitor "info registers" 2>&1 | grep -oE 'RIP=[0-9a-f]+' | head -n1 | cut -d= -f2) || true
+        local note=
+        if grep -q 'HLT=1' <<<"$regs"; then
+            note="(the vCPU is halted: the L1 is idle, waiting)"
+        elif [[ $rip2 == "$rip" ]]; then
+            note="(unchanged and not halted: a livelock?)"
+        fi
+        say "RIP a second later: ${rip2:-?} $note"
+    fi
+}
+
+l1=$(build_l1)
+if [[ $mode == print ]]; then
+    echo "$l1"
+    exit 0
+fi
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
+command -v python3 >/dev/null || die "python3 not found (the QEMU monitor client)"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/vm-kvm-nested.XXXXXX")
+keep_work=0
+cleanup() {
+    [[ -z ${qemu_pid:-} ]] || kill -9 "$qemu_pid" 2>/dev/null || true
+    ((keep_work)) || rm -rf "$work"
+}
+trap cleanup EXIT
+[[ -n $out ]] || { out=$work/out; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rm -f "$out/rc" "$out/l1.log"
+
+inputs=$work/inputs
+mkdir -p "$inputs"
+append="console=ttyS0 panic=-1 nokaslr"
+if [[ $mode == hang ]]; then
+    timeout=${timeout:-60}
+    pack=$work/empty-pack
+    mkdir -p "$pack"
+    append+=" l1.hang=1"
+else
+    if [[ -z $pack ]]; then
+        pack=$work/pack
+        bash "$repo/ci/kvm-proof.sh" pack "$pack" || die "ci/kvm-proof.sh pack failed"
+    fi
+    [[ -x $pack/run.sh ]] || die "$pack is not a kvm proof pack (no run.sh)"
+    pack=$(cd "$pack" && pwd)
+    # The image-root scenario's Debian root: an explicit input of the run, never skipped here.
+    root=$("$repo/images/rootfs-debian.sh" --print-path) ||
+        die "the Debian root is not built (images/rootfs-debian.sh; ci/setup-tests.sh builds it)"
+    ln "$root" "$inputs/debian-root.erofs" 2>/dev/null || cp "$root" "$inputs/debian-root.erofs"
+    if ((full)); then
+        timeout=${timeout:-2400}
+    else
+        timeout=${timeout:-1200}
+        append+=" l1.proof=--quick"
+    fi
+fi
+
+share() { # share TAG DIR [ro]
+    local opt=",readonly=on"
+    [[ ${3:-} == rw ]] && opt=
+    echo "-virtfs" "local,path=$2,mount_tag=$1,security_model=none,id=$1$opt"
+}
+say "L1: $(cat "$l1/KERNEL"), 1 vCPU, $l1_mem; pack $pack; output $out; bound ${timeout}s"
+start=$(date +%s)
+# shellcheck disable=SC2046 # share prints separate words on purpose
+qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 1 -m "$l1_mem" \
+    -display none -no-reboot -nic none -nodefaults -no-user-config \
+    -serial "file:$work/console.log" \
+    -chardev "socket,id=mon,path=$work/monitor.sock,server=on,wait=off" -mon chardev=mon \
+    -kernel "$l1/vmlinuz" -initrd "$l1/initrd.cpio" -append "$append" \
+    $(share usr /usr) $(share etc /etc) $(share pack "$pack") $(share inputs "$inputs") \
+    $(share out "$out" rw) >"$work/qemu.log" 2>&1 &
+qemu_pid=$!
+timed_out=0
+while kill -0 "$qemu_pid" 2>/dev/null; do
+    if (($(date +%s) - start >= timeout)); then
+        timed_out=1
+        break
+    fi
+    sleep 2
+done
+took=$(($(date +%s) - start))
+if ((timed_out)); then
+    diagnose
+    kill -9 "$qemu_pid" 2>/dev/null || true
+    wait "$qemu_pid" 2>/dev/null || true
+    qemu_pid=
+    cp "$work/console.log" "$out/console.log" 2>/dev/null || true
+    if [[ $mode == hang ]]; then
+        # The self-test passes when the cut-off run was diagnosed: the L1 reached its init and
+        # the monitor said where the vCPU was.
+        grep -q 'hanging on purpose' "$out/console.log" || die "self-test: the L1 never reached its init"
+        [[ -n $rip ]] || die "self-test: the monitor gave no vCPU registers"
+        echo "kvm-nested: self-test: a hung L1 was cut off after ${took}s and diagnosed (RIP $rip)"
+        exit 0
+    fi
+    keep_work=1
+    die "the L1 run was cut off after ${took}s (diagnosis above; console in $out/console.log)"
+fi
+qemu_status=0
+wait "$qemu_pid" || qemu_status=$?
+qemu_pid=
+cp "$work/console.log" "$out/console.log"
+if [[ $mode == hang ]]; then
+    tail -n 30 "$out/console.log" >&2
+    keep_work=1
+    die "the L1 was meant to hang, but QEMU exited ($qemu_status) after ${took}s"
+fi
+
+if [[ ! -f $out/rc ]]; then
+    say "QEMU exited ($qemu_status) after ${took}s with no result from the L1; its console's last 40 lines:"
+    tail -n 40 "$out/console.log" >&2
+    cat "$work/qemu.log" >&2
+    keep_work=1
+    die "the L1 run ended without running the proof"
+fi
+rc=$(cat "$out/rc")
+summary=$out/proof/summary.txt
+[[ -f $summary ]] && cat "$summary" >&2
+# The proof's cases, the L1's CLI checks (cli.txt: `ok NAME` / `FAIL NAME: why`), and what
+# the suite skipped: on this runner every scenario must run, so a skip is a failure.
+read -r passed total skipped < <(python3 - "$out/proof/report.json" "$out/cli.txt" <<'PY' || echo "0 0 0"
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    r = {}
+cases = [c["passed"] for c in r.get("cases", [])]
+try:
+    cases += [l.startswith("ok ") for l in open(sys.argv[2]) if l.startswith(("ok ", "FAIL "))]
+except OSError:
+    pass
+skipped = [n for n in r.get("notes", []) if n.startswith("skipped:")]
+for n in skipped:
+    print(n, file=sys.stderr)
+print(sum(cases), len(cases), len(skipped))
+PY
+)
+[[ -f $out/cli.txt ]] && cat "$out/cli.txt" >&2
+say "the L1 ran for ${took}s; run.sh exited $rc; $passed/$total cases passed; $skipped skipped"
+if [[ $rc != 0 ]] || ((total == 0 || passed != total || skipped != 0)); then
+    say "the L1's log (the proof's output) ends:"
+    tail -n 60 "$out/l1.log" >&2 || true
+    [[ -f $out/proof/e2e.log ]] && { say "e2e.log's FAIL lines:"; grep -E 'FAIL|panicked' "$out/proof/e2e.log" | head -n 40 >&2 || true; }
+    keep_work=1
+    die "the kvm proof failed inside the L1 (run.sh exit $rc, $passed/$total passed, $skipped skipped); output in $out"
+fi
+echo "kvm-nested: $passed/$total cases passed"
