@@ -15,6 +15,7 @@
 #   ci/kvm-nested.sh --self-test-hang   the timeout path: an L1 that hangs on purpose must
 #                    end in a diagnosed failure (console tail and the vCPU's registers)
 #   ci/kvm-nested.sh --print-l1          build (cached) the L1 and print its directory
+#   --cli-only   (debugging the runner) only the L1's CLI checks, not the pack's run.sh
 #
 # Exit: 0 every case passed; 1 a case failed, the L1 failed or the run timed out (with the
 # L1's console tail and, on a timeout, where its vCPU was, from the QEMU monitor).
@@ -36,7 +37,7 @@ modules=(virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio virtio_p
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/vm/kvm-nested
 l1_mem=6G
 
-pack= out= full=0 timeout= mode=run
+pack= out= full=0 timeout= mode=run append_extra=
 while (($#)); do
     case $1 in
     --pack) pack=${2:?--pack DIR}; shift ;;
@@ -44,6 +45,7 @@ while (($#)); do
     --full) full=1 ;;
     --timeout) timeout=${2:?--timeout SECONDS}; shift ;;
     --self-test-hang) mode=hang ;;
+    --cli-only) append_extra=" l1.cli-only=1" ;;
     --print-l1) mode=print ;;
     *) die "unknown argument $1 (see the header of ci/kvm-nested.sh)" ;;
     esac
@@ -164,6 +166,10 @@ rip=
 diagnose() {
     say "the L1 did not finish within ${timeout}s; its console's last 40 lines:"
     tail -n 40 "$work/console.log" >&2 || true
+    if [[ -f $out/ps.txt ]]; then
+        say "its processes (ps, at most 20 s old):"
+        cat "$out/ps.txt" >&2
+    fi
     say "its vCPU, from the QEMU monitor:"
     local regs
     regs=$(monitor "info status" "info cpus" "info registers" 2>&1) || true
@@ -207,7 +213,7 @@ rm -f "$out/rc" "$out/l1.log"
 
 inputs=$work/inputs
 mkdir -p "$inputs"
-append="console=ttyS0 panic=-1 nokaslr"
+append="console=ttyS0 panic=-1 nokaslr$append_extra"
 if [[ $mode == hang ]]; then
     timeout=${timeout:-60}
     pack=$work/empty-pack

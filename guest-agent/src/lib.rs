@@ -100,6 +100,9 @@ pub mod token;
 
 /// vsock port the agent listens on inside the guest.
 pub const AGENT_PORT: u32 = 1024;
+/// How the agent (PID 1) starts the console line that says why it gives up, before it powers
+/// the guest off: a host that sees the VM stop quotes that line (its last words).
+pub const FATAL_PREFIX: &str = "vm-agent: fatal: ";
 /// Protocol version exchanged in the handshake.
 /// 3: `ReadFile` carries the caller's cap and streams to EOF; `WriteFile{max}` replaces the
 /// destination atomically (temporary file + rename).

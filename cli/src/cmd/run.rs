@@ -73,8 +73,19 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
     match start(&rt, &a.name, &dir, &mut signals).await {
         Ok(code) => Ok(code),
         Err(e) => {
-            // Nothing of a VM that never started is left behind.
-            if let Err(rm) = rt.remove(&a.name) {
+            // A boot the supervisor saw fail keeps its record (state exited, the error, the
+            // guest's last console lines) for `vm ps -a`-style inspection with `vm logs
+            // --console NAME`, until `vm rm NAME`, as docker keeps a container that failed to
+            // start. Nothing else of a VM that never started is left behind.
+            let recorded = rt
+                .load(&a.name)
+                .is_ok_and(|r| r.state == VmState::Exited && r.exit_reason.is_some());
+            if recorded {
+                eprintln!(
+                    "vm: {} did not start; `vm logs --console {0}` shows its console, `vm rm {0}` removes it",
+                    a.name
+                );
+            } else if let Err(rm) = rt.remove(&a.name) {
                 tracing::warn!("removing {}: {rm}", dir.display());
             }
             Err(e)

@@ -68,15 +68,27 @@ pub(crate) fn wait_for_agent_after_console(
     })
 }
 
-/// "the vm stopped before the agent answered", with the backend's account of how.
+/// "the vm stopped before the agent answered", with the agent's fatal line when the console
+/// holds one (why it gave up, whatever the kernel printed after it) and the backend's account
+/// of how the VM ended: the same diagnosis on every driver.
 fn stopped_reason(handle: &dyn VmHandle) -> String {
-    let detail = handle.stop_detail();
-    let why = "the vm stopped before the agent answered";
-    if detail.is_empty() {
-        why.to_string()
-    } else {
-        format!("{why}: {detail}")
+    let mut why = "the vm stopped before the agent answered".to_string();
+    if let Some(fatal) = agent_fatal_line(&handle.console_tail()) {
+        why.push_str(&format!(": the agent said {fatal:?}"));
     }
+    let detail = handle.stop_detail();
+    if !detail.is_empty() {
+        why.push_str(&format!("; {detail}"));
+    }
+    why
+}
+
+/// The agent's last fatal line in a console tail (bounded by the tail itself).
+fn agent_fatal_line(console: &str) -> Option<&str> {
+    console.lines().rev().find_map(|l| {
+        l.find(guest_agent::FATAL_PREFIX)
+            .map(|at| l[at..].trim_end())
+    })
 }
 
 /// Waits until the agent answers a ping, the VM stops, or `timeout` passes. Runs the async
@@ -279,5 +291,27 @@ mod tests {
             matches!(&err, DriverError::AgentNotReady { reason, .. } if reason.contains("stopped")),
             "{err}"
         );
+    }
+
+    /// Whatever the kernel prints after it, the agent's fatal line is in the reason, on every
+    /// driver (the kvm one waits with [`wait_for_agent`], tcg after the console gate).
+    #[test]
+    fn a_stopped_vm_is_reported_with_the_agents_last_words() {
+        let vm = Arc::new(FakeVm::default());
+        vm.console.lock().unwrap().push_str(
+            "[ 0.9] Run /init as init process\nvm-agent: fatal: image root root: mount: EINVAL\n\
+             vm-agent: powering off\n[ 1.0] reboot: Restarting system\n[ 1.0] reboot: machine restart\n",
+        );
+        vm.kill();
+        let client = AgentClient::hybrid_vsock("/nonexistent/vsock.sock", AGENT_PORT);
+        let err = wait_for_agent(&vm, &client, Duration::from_secs(30)).unwrap_err();
+        let DriverError::AgentNotReady { reason, .. } = &err else {
+            panic!("unexpected error: {err}");
+        };
+        assert!(
+            reason.ends_with(r#"the agent said "vm-agent: fatal: image root root: mount: EINVAL""#),
+            "{reason}"
+        );
+        assert_eq!(agent_fatal_line("no agent here\n"), None);
     }
 }

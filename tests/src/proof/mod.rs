@@ -200,6 +200,7 @@ fn prove(args: &Args, report: &mut Report) -> Outcome {
     report.notes.extend(
         skipped
             .lines()
+            .filter(|l| l.starts_with("SKIP "))
             .filter(|l| l.contains(&format!("[{}]", args.driver)) || !l.contains(" ["))
             .map(|l| format!("skipped: {l}")),
     );
