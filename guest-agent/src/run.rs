@@ -28,8 +28,8 @@ pub fn main() {
         // (hardening, /proc/cmdline, the configuration) must be seen too.
         match r {
             Ok(Ok(())) => tracing::info!("shutting down"),
-            Ok(Err(e)) => pid1::console_line(&format!("{}{e}", crate::FATAL_PREFIX)),
-            Err(_) => pid1::console_line(&format!("{}panic", crate::FATAL_PREFIX)),
+            Ok(Err(e)) => pid1::console_line(&format!("{}{e}", guest_agent::FATAL_PREFIX)),
+            Err(_) => pid1::console_line(&format!("{}panic", guest_agent::FATAL_PREFIX)),
         }
         pid1::console_line("vm-agent: powering off");
         pid1::power_off();
