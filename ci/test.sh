@@ -21,26 +21,36 @@
 # found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
 # is skipped, visibly. A failed check fails the run.
 #
+# Times (above the checks line): every phase's wall time, one line each — the set-up phases
+# ci/setup.sh, ci/setup-tests.sh and images/ recorded in $VM_CI_TIMES (ci/test-all.sh sets it;
+# see ci_time in ci/lib.sh), then this script's: each tier, each check, each fuzz target — and
+# the whole run's wall time since $VM_CI_START (epoch seconds; ci/test-all.sh sets it, else
+# this script's start). A cold run must stay within CI's budget (docs/testing.md).
+#
 # Exits 1 if any test or check failed. Expects ci/setup.sh and ci/setup-tests.sh to have
 # run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=lib.sh
+source ci/lib.sh
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vm-ci.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export VM_TEST_SKIP_LOG=$work/skipped.log
 : >"$VM_TEST_SKIP_LOG"
+export VM_CI_TIMES=${VM_CI_TIMES:-$work/times} VM_CI_START=${VM_CI_START:-$(date +%s)}
+touch "$VM_CI_TIMES"
 
 passed=0 failed=0 flaky=0
 failures=() flaky_tests=() checks=()
 checks_ok=0 checks_failed=0 checks_skipped=0
 step() { printf '\n==== %s ====\n' "$*" >&2; }
 fail() { failed=$((failed + 1)); failures+=("$1"); echo "ci: FAILED: $1" >&2; }
-# check <name> <command...>: one check, ok or failed.
+# check <name> <command...>: one check, ok or failed, timed.
 check() {
     local name=$1
     shift
-    if "$@"; then
+    if ci_timed "check: $name" "$@"; then
         checks+=("$name ok")
         checks_ok=$((checks_ok + 1))
     else
@@ -58,8 +68,11 @@ sum_matches() { # sum_matches <regex with one number> <file>
     { grep -oE "$1" "$2" || true; } | awk '{s += $1} END {print s + 0}'
 }
 
-# run_tests <tier name> <extra args...>: one test tier, counted from its summary.
+# run_tests <tier name> <extra args...>: one test tier, counted from its summary, timed.
 run_tests() {
+    ci_timed "tier: $1" run_tier "$@" || true # a tier's failures are counted, not returned
+}
+run_tier() {
     local name=$1 out=$work/tier.log status=0 p f
     shift
     if command -v cargo-nextest >/dev/null; then
@@ -166,6 +179,16 @@ read -r _ passed failed skipped < <(grep '^COUNTS ' <<<"$counts")
 echo
 grep -v '^COUNTS ' <<<"$counts" || true
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
+# print_times: each recorded phase, then the whole run's wall time.
+print_times() {
+    local phase secs status total=$(($(date +%s) - VM_CI_START))
+    echo "times (wall, one line per phase):"
+    while IFS=$'\t' read -r phase secs status; do
+        printf '  %-62s %6d s  %s\n' "$phase" "$secs" "$status"
+    done <"$VM_CI_TIMES"
+    printf '  %-62s %6d s  (%d min %02d s)\n' "total wall time" "$total" $((total / 60)) $((total % 60))
+}
+print_times
 (IFS=,; echo "checks: $checks_ok ok, $checks_failed failed, $checks_skipped skipped: ${checks[*]/#/ }" | sed 's/:  /: /')
 echo "$flaky flaky (passed on retry, counted in passed)${flaky_tests[*]:+: ${flaky_tests[*]}}"
 echo "$passed passed, $failed failed, $skipped skipped"
