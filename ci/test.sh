@@ -17,7 +17,7 @@
 # Checks (not tests, their own line): the workspace build, rustfmt, clippy, images/verify.sh,
 # the agent's PID-1 test in a TCG guest (guest-agent/tests/guest/run-tcg.sh), the kvm proof
 # (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), and a 60 s
-# cargo-fuzz run per target from its seed corpus (fuzz/seeds/<target>, plus what earlier runs
+# cargo-fuzz run per target (as many at once as there are cores) from its seed corpus (fuzz/seeds/<target>, plus what earlier runs
 # found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
 # is skipped, visibly. A failed check fails the run.
 #
@@ -48,9 +48,15 @@ step() { printf '\n==== %s ====\n' "$*" >&2; }
 fail() { failed=$((failed + 1)); failures+=("$1"); echo "ci: FAILED: $1" >&2; }
 # check <name> <command...>: one check, ok or failed, timed.
 check() {
-    local name=$1
+    local name=$1 rc=0
     shift
-    if ci_timed "check: $name" "$@"; then
+    ci_timed "check: $name" "$@" || rc=$?
+    record_check "$name" "$rc"
+}
+# record_check <name> <exit status>: count one check's result.
+record_check() {
+    local name=$1
+    if (($2 == 0)); then
         checks+=("$name ok")
         checks_ok=$((checks_ok + 1))
     else
@@ -151,9 +157,10 @@ check kvm-proof kvm_proof
 
 # fuzz_target <target>: a 60 s run from the in-repo seeds (read only) plus the corpus earlier
 # runs grew (fuzz/corpus/<target>, git-ignored, where libFuzzer writes what it finds).
+fuzz_dir_args=()
+[[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
 fuzz_target() {
-    local t=$1 fuzz_dir_args=()
-    [[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
+    local t=$1
     [[ -d fuzz/seeds/$t ]] || { echo "ci: no seed corpus fuzz/seeds/$t" >&2; return 1; }
     mkdir -p "fuzz/corpus/$t"
     timeout 1200 cargo +nightly fuzz run "${fuzz_dir_args[@]}" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" \
@@ -162,11 +169,30 @@ fuzz_target() {
 if [[ -d fuzz ]] && ! cargo +nightly --version >/dev/null 2>&1; then
     check_skipped fuzz "no nightly Rust toolchain on this machine; cargo-fuzz needs one"
 elif [[ -d fuzz ]]; then
-    step "fuzz smoke: 60 s per target"
+    step "fuzz smoke: 60 s per target, one target per core at a time"
     if targets=$(cargo +nightly fuzz list 2>"$work/fuzz-list.err"); then
+        # libFuzzer runs one process on one core and 60 s is wall time: on N cores N targets at
+        # once each get the same executions as one at a time, in 1/N of the time. Built first
+        # (one cargo build; a failure shows again in each target's check), then each target in
+        # the background with its log apart, printed and counted in order.
+        ci_timed "fuzz: build every target" cargo +nightly fuzz build "${fuzz_dir_args[@]}" ||
+            echo "ci: cargo fuzz build failed; each target's check will say why" >&2
+        fuzz_jobs=${VM_CI_FUZZ_JOBS:-$(nproc)}
         for t in $targets; do
-            echo "fuzz: $t" >&2
-            check "fuzz $t" fuzz_target "$t"
+            while (($(jobs -rp | wc -l) >= fuzz_jobs)); do wait -n || true; done
+            echo "fuzz: $t (log $work/fuzz-$t.log)" >&2
+            (
+                rc=0
+                ci_timed "check: fuzz $t" fuzz_target "$t" >"$work/fuzz-$t.log" 2>&1 || rc=$?
+                echo "$rc" >"$work/fuzz-$t.rc"
+            ) &
+        done
+        wait
+        for t in $targets; do
+            rc=$(cat "$work/fuzz-$t.rc" 2>/dev/null || echo 1)
+            echo "---- fuzz $t (exit $rc) ----" >&2
+            if ((rc == 0)); then tail -n 20 "$work/fuzz-$t.log" >&2; else cat "$work/fuzz-$t.log" >&2; fi
+            record_check "fuzz $t" "$rc"
         done
     else
         cat "$work/fuzz-list.err" >&2
