@@ -25,6 +25,21 @@ ci_timed "setup-tests: apt packages" apt_install_missing setup-tests e2fsprogs p
     docker-registry skopeo containerd mmdebstrap cmake g++ make ||
     die "cannot install the packages the tests need"
 
+# The longest step, the static llama-server (~15 min of a cold run on 2 cores), starts now in the
+# background: the steps below are mostly downloads, dpkg and mmdebstrap, which leave the cores
+# idle much of the time. images/llama-server.sh, at the end, finds it built (build-server.sh
+# caches it under a lock). Its output goes to a log, printed if it fails.
+llama_pid=
+if ! images/llama/build-server.sh --print-path >/dev/null 2>&1; then
+    llama_log=$(mktemp "${TMPDIR:-/tmp}/vm-llama-build.XXXXXX.log")
+    say "building llama-server in the background beside the rest (log: $llama_log)"
+    llama_start=$SECONDS
+    # Its own process group (setsid: its pid is the group id), so a failure here stops all of it.
+    setsid images/llama/build-server.sh >"$llama_log" 2>&1 &
+    llama_pid=$!
+    trap '[[ -z $llama_pid ]] || kill -- -"$llama_pid" 2>/dev/null || true' EXIT
+fi
+
 # Lints run in ci/test.sh.
 start=$SECONDS
 for component in clippy rustfmt; do
@@ -109,6 +124,17 @@ ci_time "setup-tests: images/onnx-image.sh" "$start"
 # sdist version, cmake flags, the build script — is not cached under ~/.cache/vm/llama),
 # then its OCI image, the tiny GGUF and the venv (seconds).
 # (images/llama-server.sh records the llama-server build apart.)
+if [[ -n $llama_pid ]]; then
+    say "waiting for the background llama-server build (log: $llama_log)"
+    if ! wait "$llama_pid"; then
+        llama_pid=
+        tail -n 40 "$llama_log" >&2
+        die "images/llama/build-server.sh failed (log: $llama_log)"
+    fi
+    llama_pid=
+    ci_time "setup-tests: llama/build-server.sh (background, start to joined)" "$llama_start"
+    rm -f "$llama_log"
+fi
 start=$SECONDS
 if ! images/llama-server.sh --print-path >/dev/null 2>&1; then
     say "building the llama.cpp server image (images/llama-server.sh)"
