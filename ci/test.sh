@@ -17,9 +17,9 @@
 # Checks (not tests, their own line): the workspace build, rustfmt, clippy, images/verify.sh,
 # the agent's PID-1 test in a TCG guest (guest-agent/tests/guest/run-tcg.sh), the kvm proof
 # (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), and a 60 s
-# cargo-fuzz run per target (as many at once as there are cores) from its seed corpus (fuzz/seeds/<target>, plus what earlier runs
-# found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
-# is skipped, visibly. A failed check fails the run.
+# cargo-fuzz run per target (as many at once as there are cores) from its seed corpus
+# (fuzz/seeds/<target>, plus what earlier runs found in the git-ignored fuzz/corpus/<target>);
+# without a nightly toolchain the fuzz check is skipped, visibly. A failed check fails the run.
 #
 # Times (above the checks line): every phase's wall time, one line each — the set-up phases
 # ci/setup.sh, ci/setup-tests.sh and images/ recorded in $VM_CI_TIMES (ci/test-all.sh sets it;
