@@ -8,6 +8,16 @@
 #                                 refused (policy-rc.d); progress on stderr, prefixed TAG.
 #                                 Returns 1 when the install fails.
 #
+# CI's time as a budget: every phase of a run appends one line to the timing file
+# $VM_CI_TIMES (ci/test-all.sh sets it; unset, nothing is written), which ci/test.sh prints in
+# its summary:
+#
+#   ci_time PHASE START [STATUS]  appends "PHASE<TAB>SECONDS<TAB>STATUS" (STATUS ok by default),
+#                                 SECONDS being the time since START, an earlier $SECONDS.
+#   ci_timed PHASE CMD…           runs CMD…, then ci_time PHASE with ok or "failed (exit N)";
+#                                 returns CMD's status. CMD runs in this shell (a function may
+#                                 set variables), under `set -e`'s exemption for `||` lists.
+#
 # The cached builds of images/ (one output directory per input hash, built in a temporary
 # directory and renamed into place, under a lock) share their prologue:
 #
@@ -59,6 +69,19 @@ apt_install_missing() {
         echo "$tag: ERROR: apt-get install ${missing[*]} failed" >&2
         return 1
     fi
+}
+
+ci_time() {
+    [[ -n ${VM_CI_TIMES:-} ]] || return 0
+    printf '%s\t%d\t%s\n' "$1" $((SECONDS - $2)) "${3:-ok}" >>"$VM_CI_TIMES"
+}
+
+ci_timed() {
+    local phase=$1 start=$SECONDS rc=0
+    shift
+    "$@" || rc=$?
+    if ((rc == 0)); then ci_time "$phase" "$start"; else ci_time "$phase" "$start" "failed (exit $rc)"; fi
+    return "$rc"
 }
 
 cache_args() {

@@ -21,10 +21,27 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
-apt_install_missing setup-tests e2fsprogs python3 python3-venv docker-registry skopeo containerd mmdebstrap \
-    cmake g++ make || die "cannot install the packages the tests need"
+ci_timed "setup-tests: apt packages" apt_install_missing setup-tests e2fsprogs python3 python3-venv \
+    docker-registry skopeo containerd mmdebstrap cmake g++ make ||
+    die "cannot install the packages the tests need"
+
+# The longest step, the static llama-server (~15 min of a cold run on 2 cores), starts now in the
+# background: the steps below are mostly downloads, dpkg and mmdebstrap, which leave the cores
+# idle much of the time. images/llama-server.sh, at the end, finds it built (build-server.sh
+# caches it under a lock). Its output goes to a log, printed if it fails.
+llama_pid=
+if ! images/llama/build-server.sh --print-path >/dev/null 2>&1; then
+    llama_log=$(mktemp "${TMPDIR:-/tmp}/vm-llama-build.XXXXXX.log")
+    say "building llama-server in the background beside the rest (log: $llama_log)"
+    llama_start=$SECONDS
+    # Its own process group (setsid: its pid is the group id), so a failure here stops all of it.
+    setsid images/llama/build-server.sh >"$llama_log" 2>&1 &
+    llama_pid=$!
+    trap '[[ -z $llama_pid ]] || kill -- -"$llama_pid" 2>/dev/null || true' EXIT
+fi
 
 # Lints run in ci/test.sh.
+start=$SECONDS
 for component in clippy rustfmt; do
     if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
         say "rustup component add $component"
@@ -32,7 +49,10 @@ for component in clippy rustfmt; do
     fi
 done
 
+ci_time "setup-tests: rustup clippy, rustfmt" "$start"
+
 # Fuzzing (only when the repository has fuzz targets): nightly + cargo-fuzz.
+start=$SECONDS
 if [[ -d fuzz ]]; then
     if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
         say "rustup toolchain install nightly"
@@ -47,6 +67,7 @@ if [[ -d fuzz ]]; then
         cargo install cargo-fuzz --locked || die "cargo install cargo-fuzz failed"
     fi
 fi
+ci_time "setup-tests: nightly toolchain, cargo-fuzz" "$start"
 
 command -v cargo-nextest >/dev/null || say "note: cargo-nextest not installed; ci/test.sh falls back to cargo test"
 
@@ -68,11 +89,12 @@ build_cached() {
 # The Debian python3 + numpy root the image-root tests boot (about 1.5 min when missing; cached),
 # then the same userland packed as an OCI image (seconds), which the --image test and the pull
 # benchmark push to a registry on 127.0.0.1.
-build_cached rootfs-debian.sh "Debian rootfs"
-build_cached oci-debian.sh "Debian OCI image"
+ci_timed "setup-tests: images/rootfs-debian.sh" build_cached rootfs-debian.sh "Debian rootfs"
+ci_timed "setup-tests: images/oci-debian.sh" build_cached oci-debian.sh "Debian OCI image"
 
 # The model-server test (cli/tests/model_server.rs): onnxruntime on the host, the same version as
 # the image's, to compute the answers the guest must match; and the image itself.
+start=$SECONDS
 onnx_venv=${VM_ONNX_VENV:-$HOME/.cache/vm/venv-onnx}
 onnx_pins=$(images/onnx-image.sh --versions)
 if ! "$onnx_venv/bin/python" -c 'import onnx, onnxruntime' 2>/dev/null ||
@@ -83,6 +105,8 @@ if ! "$onnx_venv/bin/python" -c 'import onnx, onnxruntime' 2>/dev/null ||
     "$onnx_venv/bin/pip" install --quiet $onnx_pins numpy || die "pip install $onnx_pins failed"
     echo "$onnx_pins" >"$onnx_venv/.pins"
 fi
+ci_time "setup-tests: onnx venv" "$start"
+start=$SECONDS
 if ! images/onnx-image.sh --print-path >/dev/null; then
     if ((EUID == 0)); then
         images/onnx-image.sh >/dev/null || die "images/onnx-image.sh failed"
@@ -93,14 +117,29 @@ if ! images/onnx-image.sh --print-path >/dev/null; then
 else
     say "onnxruntime image present: $(images/onnx-image.sh --print-path)"
 fi
+ci_time "setup-tests: images/onnx-image.sh" "$start"
 
 # The llama.cpp model server the llama tests and the llama_serve bench boot: a static
 # llama-server built from the llama-cpp-python sdist (the long step, only when its key —
 # sdist version, cmake flags, the build script — is not cached under ~/.cache/vm/llama),
 # then its OCI image, the tiny GGUF and the venv (seconds).
+# (images/llama-server.sh records the llama-server build apart.)
+if [[ -n $llama_pid ]]; then
+    say "waiting for the background llama-server build (log: $llama_log)"
+    if ! wait "$llama_pid"; then
+        llama_pid=
+        tail -n 40 "$llama_log" >&2
+        die "images/llama/build-server.sh failed (log: $llama_log)"
+    fi
+    llama_pid=
+    ci_time "setup-tests: llama/build-server.sh (background, start to joined)" "$llama_start"
+    rm -f "$llama_log"
+fi
+start=$SECONDS
 if ! images/llama-server.sh --print-path >/dev/null 2>&1; then
     say "building the llama.cpp server image (images/llama-server.sh)"
     images/llama-server.sh >/dev/null || die "images/llama-server.sh failed"
 else
     say "llama.cpp server image present: $(images/llama-server.sh --print-path)"
 fi
+ci_time "setup-tests: images/llama-server.sh (all)" "$start"

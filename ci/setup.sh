@@ -19,12 +19,14 @@ vhost_vsock_version=0.3.0
 
 [[ $# -eq 0 || ($# -eq 1 && $1 == --packages) ]] || die "unknown arguments: $* (only --packages)"
 command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable)"
-apt_install_missing setup "${packages[@]}" || die "cannot install the packages vm needs"
+ci_timed "setup: apt packages (main job)" apt_install_missing setup "${packages[@]}" ||
+    die "cannot install the packages vm needs"
 # `--packages`: only the packages (what compiling needs: ci/main.sh then builds `vm` while the
 # rest of the set-up runs).
 [[ ${1:-} != --packages ]] || exit 0
 
 # vhost-user vsock backend for the QEMU (TCG) driver.
+start=$SECONDS
 if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock $vhost_vsock_version" ]]; then
     say "cargo install vhost-device-vsock $vhost_vsock_version (a few minutes)"
     cargo install vhost-device-vsock --version "$vhost_vsock_version" --locked ||
@@ -32,6 +34,8 @@ if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock
 else
     say "vhost-device-vsock $vhost_vsock_version present"
 fi
+ci_time "setup: cargo install vhost-device-vsock" "$start"
 
-images/build.sh || die "images/build.sh failed"
+# The guest images (images/build.sh records its kernel and agent steps itself).
+ci_timed "setup: images/build.sh (kernel, agent, image set)" images/build.sh || die "images/build.sh failed"
 

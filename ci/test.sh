@@ -19,32 +19,48 @@
 # (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), the same pack on
 # real KVM nested in TCG (ci/kvm-nested.sh: every case must pass; `kvm-nested ok (N/N cases
 # on kvm)`) after the nested runner's own hang-diagnosis self-test, and a 60 s
-# cargo-fuzz run per target from its seed corpus (fuzz/seeds/<target>, plus what earlier runs
-# found in the git-ignored fuzz/corpus/<target>); without a nightly toolchain the fuzz check
-# is skipped, visibly. A failed check fails the run.
+# cargo-fuzz run per target (as many at once as there are cores) from its seed corpus
+# (fuzz/seeds/<target>, plus what earlier runs found in the git-ignored fuzz/corpus/<target>);
+# without a nightly toolchain the fuzz check is skipped, visibly. A failed check fails the run.
+#
+# Times (above the checks line): every phase's wall time, one line each — the set-up phases
+# ci/setup.sh, ci/setup-tests.sh and images/ recorded in $VM_CI_TIMES (ci/test-all.sh sets it;
+# see ci_time in ci/lib.sh), then this script's: each tier, each check, each fuzz target — and
+# the whole run's wall time since $VM_CI_START (epoch seconds; ci/test-all.sh sets it, else
+# this script's start). A cold run must stay within CI's budget (docs/testing.md).
 #
 # Exits 1 if any test or check failed. Expects ci/setup.sh and ci/setup-tests.sh to have
 # run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=lib.sh
+source ci/lib.sh
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vm-ci.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export VM_TEST_SKIP_LOG=$work/skipped.log
 : >"$VM_TEST_SKIP_LOG"
+export VM_CI_TIMES=${VM_CI_TIMES:-$work/times} VM_CI_START=${VM_CI_START:-$(date +%s)}
+touch "$VM_CI_TIMES"
 
 passed=0 failed=0 flaky=0
 failures=() flaky_tests=() checks=()
 checks_ok=0 checks_failed=0 checks_skipped=0
 step() { printf '\n==== %s ====\n' "$*" >&2; }
 fail() { failed=$((failed + 1)); failures+=("$1"); echo "ci: FAILED: $1" >&2; }
-# check <name> <command...>: one check, ok or failed.
-# A check may set check_detail (e.g. its case counts) to show beside its "ok".
+# check <name> <command...>: one check, ok or failed, timed. The command may set
+# check_detail (e.g. its case counts) to show beside its "ok".
 check() {
-    local name=$1
+    local name=$1 rc=0
     shift
     check_detail=
-    if "$@"; then
+    ci_timed "check: $name" "$@" || rc=$?
+    record_check "$name" "$rc"
+}
+# record_check <name> <exit status>: count one check's result.
+record_check() {
+    local name=$1
+    if (($2 == 0)); then
         checks+=("$name ok${check_detail:+ ($check_detail)}")
         checks_ok=$((checks_ok + 1))
     else
@@ -53,6 +69,7 @@ check() {
         failures+=("check $name")
         echo "ci: FAILED: check $name" >&2
     fi
+    check_detail=
 }
 check_skipped() { # check_skipped <name> <reason>
     checks+=("$1 skipped ($2)")
@@ -62,8 +79,11 @@ sum_matches() { # sum_matches <regex with one number> <file>
     { grep -oE "$1" "$2" || true; } | awk '{s += $1} END {print s + 0}'
 }
 
-# run_tests <tier name> <extra args...>: one test tier, counted from its summary.
+# run_tests <tier name> <extra args...>: one test tier, counted from its summary, timed.
 run_tests() {
+    ci_timed "tier: $1" run_tier "$@" || true # a tier's failures are counted, not returned
+}
+run_tier() {
     local name=$1 out=$work/tier.log status=0 p f
     shift
     if command -v cargo-nextest >/dev/null; then
@@ -162,9 +182,10 @@ rm -rf "$kvm_pack"
 
 # fuzz_target <target>: a 60 s run from the in-repo seeds (read only) plus the corpus earlier
 # runs grew (fuzz/corpus/<target>, git-ignored, where libFuzzer writes what it finds).
+fuzz_dir_args=()
+[[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
 fuzz_target() {
-    local t=$1 fuzz_dir_args=()
-    [[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
+    local t=$1
     [[ -d fuzz/seeds/$t ]] || { echo "ci: no seed corpus fuzz/seeds/$t" >&2; return 1; }
     mkdir -p "fuzz/corpus/$t"
     timeout 1200 cargo +nightly fuzz run "${fuzz_dir_args[@]}" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" \
@@ -173,11 +194,30 @@ fuzz_target() {
 if [[ -d fuzz ]] && ! cargo +nightly --version >/dev/null 2>&1; then
     check_skipped fuzz "no nightly Rust toolchain on this machine; cargo-fuzz needs one"
 elif [[ -d fuzz ]]; then
-    step "fuzz smoke: 60 s per target"
+    step "fuzz smoke: 60 s per target, one target per core at a time"
     if targets=$(cargo +nightly fuzz list 2>"$work/fuzz-list.err"); then
+        # libFuzzer runs one process on one core and 60 s is wall time: on N cores N targets at
+        # once each get the same executions as one at a time, in 1/N of the time. Built first
+        # (one cargo build; a failure shows again in each target's check), then each target in
+        # the background with its log apart, printed and counted in order.
+        ci_timed "fuzz: build every target" cargo +nightly fuzz build "${fuzz_dir_args[@]}" ||
+            echo "ci: cargo fuzz build failed; each target's check will say why" >&2
+        fuzz_jobs=${VM_CI_FUZZ_JOBS:-$(nproc)}
         for t in $targets; do
-            echo "fuzz: $t" >&2
-            check "fuzz $t" fuzz_target "$t"
+            while (($(jobs -rp | wc -l) >= fuzz_jobs)); do wait -n || true; done
+            echo "fuzz: $t (log $work/fuzz-$t.log)" >&2
+            (
+                rc=0
+                ci_timed "check: fuzz $t" fuzz_target "$t" >"$work/fuzz-$t.log" 2>&1 || rc=$?
+                echo "$rc" >"$work/fuzz-$t.rc"
+            ) &
+        done
+        wait
+        for t in $targets; do
+            rc=$(cat "$work/fuzz-$t.rc" 2>/dev/null || echo 1)
+            echo "---- fuzz $t (exit $rc) ----" >&2
+            if ((rc == 0)); then tail -n 20 "$work/fuzz-$t.log" >&2; else cat "$work/fuzz-$t.log" >&2; fi
+            record_check "fuzz $t" "$rc"
         done
     else
         cat "$work/fuzz-list.err" >&2
@@ -190,6 +230,18 @@ read -r _ passed failed skipped < <(grep '^COUNTS ' <<<"$counts")
 echo
 grep -v '^COUNTS ' <<<"$counts" || true
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
+# print_times: each recorded phase, then the whole run's wall time against the budget of a
+# cold run ($VM_CI_BUDGET_MIN, 60 min; CI itself cuts a run off at 90): said, not enforced.
+print_times() {
+    local phase secs status total=$(($(date +%s) - VM_CI_START)) budget=${VM_CI_BUDGET_MIN:-60}
+    echo "times (wall, one line per phase):"
+    while IFS=$'\t' read -r phase secs status; do
+        printf '  %-62s %6d s  %s\n' "$phase" "$secs" "$status"
+    done <"$VM_CI_TIMES"
+    printf '  %-62s %6d s  (%d min %02d s; budget %d min%s)\n' "total wall time" "$total" \
+        $((total / 60)) $((total % 60)) "$budget" "$( ((total <= budget * 60)) || echo ', OVER')"
+}
+print_times
 (IFS=,; echo "checks: $checks_ok ok, $checks_failed failed, $checks_skipped skipped: ${checks[*]/#/ }" | sed 's/:  /: /')
 echo "$flaky flaky (passed on retry, counted in passed)${flaky_tests[*]:+: ${flaky_tests[*]}}"
 echo "$passed passed, $failed failed, $skipped skipped"

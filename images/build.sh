@@ -103,6 +103,7 @@ kernel_inputs() {
 khash=$(kernel_inputs | sha256sum | cut -c1-16)
 kdir=$images_dir/kernels/$khash
 if ((force)) || [[ ! -f $kdir/kernel.info ]]; then
+    kernel_start=$SECONDS
     new_tmp
     log=$images_dir/logs/kernel-$khash.log
     estimate=$(cat "$images_dir/kernels/.objects" 2>/dev/null || echo 1100)
@@ -120,14 +121,17 @@ if ((force)) || [[ ! -f $kdir/kernel.info ]]; then
     rm -rf "$kdir.old" "$tmp"
     tmp=
     sed -n 's/^objects=//p' "$kdir/kernel.info" >"$images_dir/kernels/.objects"
+    ci_time "images: kernel build" "$kernel_start"
 fi
 
 # --- guest agent: static vm-agent ---------------------------------------------
 # --target keeps RUSTFLAGS away from build scripts and proc macros.
 say "vm-agent: cargo build --release, static (target dir $agent_target)"
+agent_start=$SECONDS
 (cd "$repo" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --quiet --release \
     -p guest-agent --bin vm-agent --target "$rust_target" --target-dir "$agent_target") ||
     die "cargo build of the guest agent failed"
+ci_time "images: vm-agent build (static, release)" "$agent_start"
 agent=$agent_target/$rust_target/release/vm-agent
 [[ -x $agent ]] || die "$agent missing after cargo build"
 if grep -q NEEDED <<<"$(readelf -d "$agent")" || grep -q INTERP <<<"$(readelf -l "$agent")"; then

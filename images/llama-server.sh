@@ -38,7 +38,9 @@ venv=${VM_LLAMA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/vm/venv-llama}
 if ((CACHE_PRINT_ONLY)); then
     bin_dir=$("$here/llama/build-server.sh" --print-path) || exit 1
 else
+    server_start=$SECONDS
     bin_dir=$("$here/llama/build-server.sh") || die "building llama-server failed"
+    ci_time "images: llama/build-server.sh (llama-server, cached by key)" "$server_start"
 fi
 bin_sum=$(sha256sum "$bin_dir/bin/llama-server" | cut -d' ' -f1)
 key=$( {

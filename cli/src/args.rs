@@ -131,7 +131,8 @@ pub struct CmdOpts {
     /// Pass this variable even though its name or value looks like a secret
     #[arg(long = "env-allow", value_name = "NAME")]
     pub env_allow: Vec<String>,
-    /// Working directory of the command in the guest (booted VM: the guest root /work or under it)
+    /// Working directory of the command in the guest: relative to the guest root (/work), or any
+    /// absolute guest path
     #[arg(short = 'w', long = "workdir", value_name = "DIR")]
     pub workdir: Option<String>,
     /// Run commands as this guest user: NAME, UID, NAME:GROUP or UID:GID (names from the root's

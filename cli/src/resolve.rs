@@ -140,8 +140,9 @@ pub fn require_command(spec: &Spec, command: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Refuses a `-w` that is not relative to the guest root or under it (the sandbox's rule,
-/// [`vm_sandbox::confine::workdir`]), before anything boots.
+/// Refuses a `-w` the sandbox's rule refuses ([`vm_sandbox::confine::workdir`]: `..`, NUL, too
+/// long; a relative one is under the guest root, an absolute one anywhere in the guest), before
+/// anything boots.
 pub fn check_workdir(spec: &Spec, workdir: Option<&str>) -> anyhow::Result<()> {
     if let Some(w) = workdir {
         vm_sandbox::confine::workdir(&spec.root, w).map_err(|e| exit::usage(format!("-w: {e}")))?;

@@ -106,6 +106,12 @@ fn dry_run_json_has_the_resolved_spec_and_verdict() {
     assert_eq!(doc["command"], serde_json::json!(["true"]));
     assert_eq!(doc["workdir"], "/work/sub");
     assert_eq!(doc["trust"], "untrusted");
+    // Any absolute guest path is a working directory, outside the root too (docker's -w).
+    for w in ["/etc", "/", "/tmp/x"] {
+        let other = dry(&env, &["--json", "-w", w]).json();
+        assert_eq!(other["workdir"], w);
+        assert_eq!(other["validation"]["ok"], true, "{other}");
+    }
     assert_eq!(doc["policy"]["allow_emulation"], true);
     assert_eq!(doc["validation"]["ok"], true, "{doc}");
     assert!(doc["validation"]["normalized"].is_object());
@@ -187,6 +193,13 @@ fn dry_run_text_names_the_verdict() {
         out.stdout
     );
     assert!(lines.contains(&"validation   ok"), "{}", out.stdout);
+    // The floor itself validates (and boots: drivers check the same vm_spec::MIN_MEM_MIB).
+    let least = dry(&env, &["--memory", "64M"]);
+    assert!(
+        least.stdout.lines().any(|l| l == "validation   ok"),
+        "{}",
+        least.stdout
+    );
     // The verdict itself, as this host's driver table decides it (--allow-emulation is given).
     let (driver, verdict, code) = match first_available_driver(&env) {
         Some((name, containment)) => (format!("{name} ({containment})"), "ok (exit 0)", 0),
@@ -230,6 +243,11 @@ fn refusals_exit_126_with_the_reason() {
         (vec!["-v", "/:/host"], "guarantees.mounts[0].host_path"),
         (vec!["-v", &home_mount], "home"),
         (vec!["--memory", "0"], "guarantees.limits.mem_mib: 0"),
+        // Below the floor a guest boots in: refused by the dry run, not at boot.
+        (
+            vec!["--memory", "63M"],
+            "guarantees.limits.mem_mib: 63 refused; memory must be capped at >= 64 MiB",
+        ),
         (vec!["--cpus", "999"], "guarantees.limits.vcpus"),
         (vec!["-e", "API_TOKEN=abc"], "looks like a secret"),
         (vec!["-v", "/tmp:/proc"], "protected"),
@@ -569,11 +587,11 @@ fn real_runs_refuse_before_booting() {
         );
         assert_eq!(out.stderr.lines().count(), 1, "{args:?}: {}", out.stderr);
     }
-    // A working directory outside the guest root: a usage error, the same rule for a VM
-    // booted for one command and for the default directory of a named VM.
+    // A working directory with `..`: a usage error, the same rule for a VM booted for one
+    // command and for the default directory of a named VM.
     for head in [vec!["exec"], vec!["run", "-d", "--name", "r2"]] {
         let mut args = head;
-        args.extend(["--allow-emulation", "-w", "/etc"]);
+        args.extend(["--allow-emulation", "-w", "/tmp/../etc"]);
         args.extend(img.iter().copied());
         if args[0] != "run" {
             args.extend(["--", "true"]);
@@ -581,7 +599,8 @@ fn real_runs_refuse_before_booting() {
         let out = env.run(&args);
         assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
         assert!(
-            out.stderr.contains("must be under the guest root"),
+            out.stderr
+                .contains(r#"-w: path "/tmp/../etc": '..' is refused"#),
             "{args:?}: {}",
             out.stderr
         );

@@ -48,6 +48,14 @@ fn exec_passes_output_and_exit_code_through() {
     ]);
     assert_eq!(out.code, 0, "stderr: {}", out.stderr);
     assert_eq!(out.stdout, "hello\n/work\n");
+    // Any absolute guest directory, outside the root /work too (docker's -w).
+    let out = env.run(&["exec", "--allow-emulation", "-w", "/tmp/", "--", "pwd"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "/tmp\n"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

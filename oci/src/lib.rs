@@ -45,7 +45,9 @@ use thiserror::Error;
 pub use auth::{Auth, AuthError};
 pub use config::{ConfigError, ImageConfig};
 pub use digest::{Digest, DigestError};
-pub use erofs::{ErofsError, build as build_erofs};
+pub use erofs::{
+    ErofsError, Owners as ErofsOwners, build as build_erofs, build_with as build_erofs_with,
+};
 pub use limits::Limits;
 pub use oci_client::{ParseError, Reference};
 pub use store::{Image, Removed, Store, default_dir};

@@ -22,8 +22,21 @@ pub enum PathError {
     Empty(String),
     #[error("path {0:?}: a guest path must be absolute")]
     NotAbsolute(String),
-    #[error("working directory {path:?}: must be under the guest root {root} (or relative to it)")]
-    OutsideRoot { path: String, root: String },
+}
+
+impl PathError {
+    /// The same refusal, naming `path` (the path as the caller wrote it).
+    fn naming(self, path: &str) -> PathError {
+        let p = path.to_string();
+        match self {
+            PathError::Absolute(_) => PathError::Absolute(p),
+            PathError::DotDot(_) => PathError::DotDot(p),
+            PathError::Nul(_) => PathError::Nul(p),
+            PathError::TooLong(_) => PathError::TooLong(p),
+            PathError::Empty(_) => PathError::Empty(p),
+            PathError::NotAbsolute(_) => PathError::NotAbsolute(p),
+        }
+    }
 }
 
 /// Check a path relative to the sandbox root and return it normalized (`a/b`, no `.`, no
@@ -60,30 +73,21 @@ pub fn absolute(path: &str) -> Result<String, PathError> {
     let Some(rest) = path.strip_prefix('/') else {
         return Err(PathError::NotAbsolute(path.to_string()));
     };
-    relative(rest.trim_start_matches('/'), false)
+    relative(rest.trim_start_matches('/'), false).map_err(|e| e.naming(path))
 }
 
-/// The working directory of a command: `cwd` relative to the guest `root`, or an absolute
-/// path that is the root or under it. Returns the absolute guest path.
+/// The working directory of a command: `cwd` relative to the guest `root`, or any absolute
+/// guest path (as docker's `-w`). Returns the absolute guest path, normalized (no `.`, no
+/// repeated `/`); `..`, NUL and over-long paths are refused. A working directory confines
+/// nothing: the file operations' own rule ([`relative`], and the agent's `RESOLVE_BENEATH`)
+/// is what keeps them under the root.
 pub fn workdir(root: &str, cwd: &str) -> Result<String, PathError> {
-    let rel = match cwd.strip_prefix('/') {
-        None => relative(cwd, true)?,
-        Some(_) => {
-            let base = root.trim_end_matches('/');
-            match cwd.strip_prefix(base) {
-                Some(rest) if rest.is_empty() || rest.starts_with('/') => {
-                    relative(rest.trim_start_matches('/'), true)?
-                }
-                _ => {
-                    return Err(PathError::OutsideRoot {
-                        path: cwd.to_string(),
-                        root: root.to_string(),
-                    });
-                }
-            }
-        }
-    };
-    Ok(join(root, &rel))
+    match cwd.strip_prefix('/') {
+        None => Ok(join(root, &relative(cwd, true)?)),
+        Some(rest) => relative(rest.trim_start_matches('/'), true)
+            .map(|rel| join("/", &rel))
+            .map_err(|e| e.naming(cwd)),
+    }
 }
 
 /// `root` joined with a normalized relative path (`""` = the root itself).
@@ -141,16 +145,34 @@ mod tests {
     }
 
     #[test]
-    fn workdirs_are_under_the_root() {
+    fn workdirs_are_relative_to_the_root_or_any_absolute_guest_path() {
         assert_eq!(workdir("/work", "sub/dir").unwrap(), "/work/sub/dir");
+        assert_eq!(workdir("/work", "./sub//dir/").unwrap(), "/work/sub/dir");
         assert_eq!(workdir("/work", "/work").unwrap(), "/work");
         assert_eq!(workdir("/work", "").unwrap(), "/work");
         assert_eq!(workdir("/work", "/work/a").unwrap(), "/work/a");
         assert_eq!(workdir("/", "/tmp").unwrap(), "/tmp");
-        for bad in ["/workshop", "/tmp", "../x", "/work/../etc"] {
-            assert!(workdir("/work", bad).is_err(), "{bad}");
+        // Outside the root, as docker accepts any absolute -w.
+        assert_eq!(workdir("/work", "/tmp").unwrap(), "/tmp");
+        assert_eq!(workdir("/work", "/workshop/").unwrap(), "/workshop");
+        assert_eq!(workdir("/work", "//etc//x").unwrap(), "/etc/x");
+        assert_eq!(workdir("/work", "/").unwrap(), "/");
+        type Is = fn(&PathError) -> bool;
+        let bad: [(&str, Is); 4] = [
+            ("../x", |e| matches!(e, PathError::DotDot(_))),
+            ("/work/../etc", |e| matches!(e, PathError::DotDot(_))),
+            ("/tmp/a\0", |e| matches!(e, PathError::Nul(_))),
+            ("a/..", |e| matches!(e, PathError::DotDot(_))),
+        ];
+        for (cwd, is) in bad {
+            let e = workdir("/work", cwd).expect_err(cwd);
+            assert!(is(&e), "{cwd}: {e}");
+            assert!(e.to_string().contains(&format!("{cwd:?}")), "{e}");
         }
-        let e = workdir("/work", "/tmp").unwrap_err();
-        assert!(e.to_string().contains("under the guest root /work"), "{e}");
+        let long = format!("/{}", "a/".repeat(MAX_PATH_BYTES));
+        assert!(matches!(
+            workdir("/work", &long),
+            Err(PathError::TooLong(_))
+        ));
     }
 }

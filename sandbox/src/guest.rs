@@ -7,8 +7,8 @@
 //! - file paths are relative to the root (no `..`, no absolute path, no NUL; see
 //!   [`confine`]), or, for [`Guest::read_absolute`]/[`Guest::write_absolute`], absolute guest
 //!   paths checked the same way; the agent checks again beneath its root;
-//! - a working directory is relative to the root or an absolute path under it
-//!   ([`confine::workdir`]);
+//! - a working directory is relative to the root or any absolute guest path, normalized
+//!   (no `..`; [`confine::workdir`]): it confines nothing, the file-path rule above does;
 //! - every process gets exactly the VM's environment, plus the variables its [`Run`] sets,
 //!   and that whole environment passes [`vm_spec::env::check_env`] (secret-looking values
 //!   are refused unless allowed by the spec's or the run's `env_allow`).

@@ -9,6 +9,9 @@
 //!   and any change produces a new one. Images are built into a temp file in the cache
 //!   directory and renamed into place, so a crash never leaves a half-written image under
 //!   a valid name. Owners are flattened to root and xattrs dropped (`--all-root -x-1`).
+//!   `mkfs.erofs` runs in the same hardened child as for OCI images and snapshots
+//!   ([`vm_oci::build_erofs_with`]: `no_new_privs`, only `CAP_DAC_READ_SEARCH` in its bounding
+//!   set).
 //!
 //! A directory whose files add up to more than [`MountCache::max_dir_bytes`] (or has more
 //! than [`MAX_DIR_ENTRIES`] entries) is refused before anything is built.
@@ -17,7 +20,6 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -45,14 +47,12 @@ pub enum MountError {
     TooLarge { path: PathBuf, bytes: u64, max: u64 },
     #[error("mount {}: more than {MAX_DIR_ENTRIES} entries", .0.display())]
     TooManyEntries(PathBuf),
-    #[error("mount {}: cannot run mkfs.erofs (install erofs-utils)", .path.display())]
-    MkfsMissing {
+    #[error("mount {}: building its erofs image", .path.display())]
+    Mkfs {
         path: PathBuf,
         #[source]
-        source: io::Error,
+        source: vm_oci::ErofsError,
     },
-    #[error("mount {}: mkfs.erofs failed: {output}", .path.display())]
-    MkfsFailed { path: PathBuf, output: String },
     #[error("no cache directory: set XDG_CACHE_HOME or HOME")]
     NoCacheDir,
 }
@@ -150,24 +150,12 @@ impl MountCache {
             .suffix(".erofs")
             .tempfile_in(&self.dir)
             .map_err(io_err("creating temp image", &self.dir))?;
-        let out = Command::new("mkfs.erofs")
-            .args(["--quiet", "--all-root", "-x-1"])
-            .arg(tmp.path())
-            .arg(dir)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| MountError::MkfsMissing {
+        vm_oci::build_erofs_with(dir, tmp.path(), vm_oci::ErofsOwners::Root).map_err(|source| {
+            MountError::Mkfs {
                 path: dir.to_path_buf(),
                 source,
-            })?;
-        if !out.status.success() {
-            let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
-            text.truncate(2000);
-            return Err(MountError::MkfsFailed {
-                path: dir.to_path_buf(),
-                output: text,
-            });
-        }
+            }
+        })?;
         tmp.persist(&image).map_err(|e| MountError::Io {
             what: "saving image",
             path: image.clone(),

@@ -102,15 +102,27 @@ async fn attached_vm_shares_the_booted_vms_rules() {
         ..secret
     };
     assert_eq!(vm.run(allowed).await.unwrap().output, b"x\n");
-    // A working directory outside the root is refused before anything runs.
-    let outside = Run {
+    // A working directory outside the root runs there (docker's -w: any absolute path) ...
+    let outside = tmp.path().join("elsewhere");
+    std::fs::create_dir(&outside).unwrap();
+    let out = vm
+        .run(Run {
+            command: sh("pwd"),
+            cwd: Some(format!("{}/./", outside.display())),
+            ..Run::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.output, format!("{}\n", outside.display()).as_bytes());
+    // ... and one with `..` is refused before anything runs.
+    let up = Run {
         command: sh("true"),
-        cwd: Some("/".into()),
+        cwd: Some(format!("{}/../x", root.display())),
         ..Run::default()
     };
-    let err = vm.run(outside).await.unwrap_err();
+    let err = vm.run(up).await.unwrap_err();
     assert!(
-        matches!(err, SandboxError::Path(PathError::OutsideRoot { .. })),
+        matches!(err, SandboxError::Path(PathError::DotDot(_))),
         "{err:?}"
     );
 

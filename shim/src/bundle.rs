@@ -8,7 +8,7 @@
 //! default set (privileged, `--cap-add`), host devices (`linux.devices`), hooks (host code
 //! the runtime would run). Everything else (seccomp, AppArmor, sysctls, rlimits, masked
 //! paths, the guest's own `/proc`, `/sys`, `/dev` mounts) is ignored: the guest kernel is the
-//! boundary. The README's table lists each field.
+//! boundary. docs/containerd.md's table lists each field.
 
 use std::path::{Path, PathBuf};
 

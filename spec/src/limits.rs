@@ -15,8 +15,10 @@ use crate::error::SpecError;
 pub const DEFAULT_PIDS: u32 = 1024;
 /// Upper bound on vCPUs.
 pub const MAX_VCPUS: i64 = 16;
-/// Smallest guest memory a kernel plus agent can run in, in MiB.
-pub const MIN_MEM_MIB: i64 = 16;
+/// Smallest guest memory a kernel plus agent can run in, in MiB: the one floor. Every driver's
+/// boot check uses it (`vm_drivers` refuses a plan below it), so a spec that validates here —
+/// what `--dry-run` answers — never fails at boot for its memory.
+pub const MIN_MEM_MIB: i64 = 64;
 /// Upper bound on guest memory, in MiB (64 GiB).
 pub const MAX_MEM_MIB: i64 = 64 * 1024;
 /// Upper bound on the guest process cap.
@@ -155,6 +157,9 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains("guarantees.limits.mem_mib") && msg.contains(&bad.to_string()));
         }
+        // The floor is what a guest kernel plus agent boots in: 64 MiB passes, 63 does not.
+        assert_eq!(MIN_MEM_MIB, 64);
+        assert_eq!(lim(1, MIN_MEM_MIB, 0, 0).normalize().unwrap().mem_mib, 64);
     }
 
     #[test]

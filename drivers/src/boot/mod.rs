@@ -68,8 +68,13 @@ pub(crate) fn check_plan(plan: &BootPlan) -> Result<(), DriverError> {
     if plan.vcpus == 0 || plan.vcpus > 255 {
         return Err(invalid(format!("vcpus: {} is not in 1..=255", plan.vcpus)));
     }
-    if plan.mem_mib < 64 {
-        return Err(invalid(format!("mem_mib: {} is below 64", plan.mem_mib)));
+    // The spec's floor (vm_spec::MIN_MEM_MIB): a validated spec always passes this check.
+    if i64::from(plan.mem_mib) < vm_spec::MIN_MEM_MIB {
+        return Err(invalid(format!(
+            "mem_mib: {} is below {}",
+            plan.mem_mib,
+            vm_spec::MIN_MEM_MIB
+        )));
     }
     require_file("images.initramfs", &plan.images.initramfs)?;
     for (i, d) in plan.disks.iter().enumerate() {
@@ -181,6 +186,26 @@ mod tests {
     fn check_plan_names_the_missing_file() {
         let err = check_plan(&dummy_plan()).unwrap_err().to_string();
         assert!(err.contains("images.initramfs"), "{err}");
+    }
+
+    #[test]
+    fn the_spec_memory_floor_is_the_boot_floor() {
+        let limits = |mem_mib| vm_spec::Limits {
+            mem_mib,
+            ..vm_spec::Limits::default()
+        };
+        // The least memory a spec validates with passes the boot check's memory rule (this
+        // plan then fails on its missing initramfs, not on its memory) ...
+        let least = limits(vm_spec::MIN_MEM_MIB).normalize().unwrap();
+        let mut plan = dummy_plan();
+        plan.mem_mib = least.mem_mib;
+        let err = check_plan(&plan).unwrap_err().to_string();
+        assert!(err.contains("images.initramfs"), "{err}");
+        // ... and one MiB less is refused by both, the spec first.
+        assert!(limits(vm_spec::MIN_MEM_MIB - 1).normalize().is_err());
+        plan.mem_mib -= 1;
+        let err = check_plan(&plan).unwrap_err().to_string();
+        assert!(err.contains("mem_mib: 63 is below 64"), "{err}");
     }
 
     #[test]

@@ -89,10 +89,10 @@ pub(crate) fn enter_namespaces(netns: Option<i32>) -> Result<(), StepError> {
 /// One empty network namespace per launcher process, made on first use by a short-lived
 /// thread (`unshare` applies to the calling thread only) and kept as a descriptor: the VM
 /// processes this launcher starts join it instead of each creating and destroying one of
-/// their own, which is most of the jail's cost (about 2 ms per VM here, see the README). It
-/// has no interface but a loopback that is down; what its members share is the abstract Unix
-/// socket namespace, and no VM process listens there (the kvm filters allow no `bind` or
-/// `listen`; vhost-device-vsock binds paths only).
+/// their own, which is most of the jail's cost (about 2 ms per VM here, see
+/// docs/benchmarks.md). It has no interface but a loopback that is down; what its members
+/// share is the abstract Unix socket namespace, and no VM process listens there (the kvm
+/// filters allow no `bind` or `listen`; vhost-device-vsock binds paths only).
 pub fn shared_netns() -> std::io::Result<i32> {
     use std::os::fd::{AsRawFd, OwnedFd};
     static NETNS: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
