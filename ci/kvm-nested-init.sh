@@ -82,7 +82,7 @@ stage2() {
         export VM_TEST_DEBIAN_ROOT=/inputs/debian-root.erofs
     fi
     # What runs, every 20 s: the runner prints it if it has to cut the L1 off.
-    (while $bb sleep 20; do $bb ps -o pid,stat,time,args >/out/ps.tmp && $bb mv /out/ps.tmp /out/ps.txt; done) &
+    (while $bb sleep 20; do $bb ps -o pid,ppid,stat,rss,args >/out/ps.tmp && $bb mv /out/ps.tmp /out/ps.txt; done) &
     say "running: OUT=/out/proof /pack/run.sh $args"
     rc=0
     if ! $bb grep -q 'l1\.cli-only=1' /proc/cmdline; then
