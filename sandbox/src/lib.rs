@@ -52,7 +52,7 @@
 //! use vm_spec::{Guarantees, Limits, Mount, Policy, Spec, Trust};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let limits = Limits { vcpus: 1, mem_mib: 256, pids: 0, wall: Duration::from_secs(600) };
+//! let limits = Limits { vcpus: 1, mem_mib: 256, pids: 256, wall: Some(Duration::from_secs(600)) };
 //! let guarantees = Guarantees::untrusted(limits, vec![Mount::read_only("/srv/weights", "/weights")])
 //!     .with_env("PATH", "/usr/bin:/bin");
 //! let spec = Spec::new(images::default_spec_image()?, guarantees);

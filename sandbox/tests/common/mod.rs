@@ -88,8 +88,8 @@ pub fn spec_in(dir: &Path) -> Spec {
     let limits = Limits {
         vcpus: 2,
         mem_mib: 192,
-        pids: 0,
-        wall: Duration::from_secs(30),
+        pids: 64,
+        wall: Some(Duration::from_secs(30)),
     };
     Spec::new(
         image,
