@@ -116,7 +116,8 @@ pub use ready::{DEFAULT_READY_TIMEOUT, Probe, Readiness};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{
-    MAX_CONNECTIONS, POLL_INTERVAL, Published, ServeError, ServeSpec, Serving, describe_exit,
+    FORWARD_BUSY_WAIT, MAX_CONNECTIONS, POLL_INTERVAL, Published, ServeError, ServeSpec, Serving,
+    UNREACHABLE_AFTER, describe_exit,
 };
 pub use snapshot_root::{SnapshotRootError, SnapshotRoots};
 /// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):
