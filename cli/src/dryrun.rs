@@ -199,7 +199,8 @@ fn text(doc: &Value) -> String {
         .map(s)
         .unwrap_or_else(|| "root".into());
     line("user", user);
-    let wall = l["wall_ms"].as_u64().filter(|w| *w > 0);
+    // As the spec says it: `none` only when it sets none (a 0 is shown, and refused).
+    let wall = l["wall_ms"].as_u64();
     line(
         "limits",
         format!(
