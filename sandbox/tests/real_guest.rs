@@ -24,7 +24,7 @@ async fn real_guest_exec_files_and_mounts() {
     let limits = Limits {
         vcpus: 1,
         mem_mib: 256,
-        pids: 64,
+        pids: i64::from(vm_spec::DEFAULT_PIDS),
         wall: Some(Duration::from_secs(600)),
     };
     let guarantees = Guarantees::untrusted(limits, vec![Mount::read_only(&data, "/data")])

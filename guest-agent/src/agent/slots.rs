@@ -183,4 +183,19 @@ mod tests {
         };
         assert_eq!(Class::of(&read), Class::Data);
     }
+
+    /// The wire does not change: a full class is the `Busy` error frame every client already
+    /// reads, now also as the reply to a request. Its bytes, pinned.
+    #[test]
+    fn busy_reply_bytes_are_unchanged() {
+        use crate::frame::encode_frame;
+        use crate::protocol::{AgentFrame, ErrorKind, MAX_FRAME, WireError};
+        let f = AgentFrame::Error(WireError {
+            kind: ErrorKind::Busy,
+            message: "x".into(),
+        });
+        // length 4 (u32 LE), variant Error = 1, kind Busy = 5, a 1-byte string "x".
+        let golden = [4, 0, 0, 0, 1, 5, 1, b'x'];
+        assert_eq!(encode_frame(&f, MAX_FRAME).unwrap(), golden);
+    }
 }

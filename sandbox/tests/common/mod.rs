@@ -88,7 +88,7 @@ pub fn spec_in(dir: &Path) -> Spec {
     let limits = Limits {
         vcpus: 2,
         mem_mib: 192,
-        pids: 64,
+        pids: i64::from(vm_spec::DEFAULT_PIDS),
         wall: Some(Duration::from_secs(30)),
     };
     Spec::new(
