@@ -6,7 +6,7 @@ use vm_sandbox::drivers::Registry;
 use vm_spec::{Policy, Spec, Trust};
 
 use crate::exit;
-use crate::output::print_json;
+use crate::output::{errln, out, print_json};
 
 /// What a dry run reports.
 pub struct Plan<'a> {
@@ -107,7 +107,7 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
     if as_json {
         print_json(&doc)?;
     } else {
-        print!("{}", text(&doc));
+        out!("{}", text(&doc));
     }
     // The verdict's reason also goes to stderr as the usual one-line error.
     let reason = match (&validation, &selection) {
@@ -118,7 +118,7 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
         }),
     };
     if let Some(reason) = reason {
-        eprintln!("vm: {reason}");
+        errln!("vm: {reason}");
     }
     Ok(code)
 }
@@ -199,7 +199,8 @@ fn text(doc: &Value) -> String {
         .map(s)
         .unwrap_or_else(|| "root".into());
     line("user", user);
-    let wall = l["wall_ms"].as_u64().filter(|w| *w > 0);
+    // As the spec says it: `none` only when it sets none (a 0 is shown, and refused).
+    let wall = l["wall_ms"].as_u64();
     line(
         "limits",
         format!(

@@ -23,6 +23,8 @@
 //! No `unsafe` here: process control (signals, sessions, uid) is `vm_sandbox::sys`.
 
 #![forbid(unsafe_code)]
+// Every print goes through `output`'s macros, which survive a closed stdout/stderr.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod args;
 mod cmd;
@@ -41,6 +43,7 @@ use std::io::Write;
 use clap::Parser;
 
 use crate::args::{Cli, Command};
+use crate::output::errln;
 
 fn init_logging(quiet: bool, verbose: u8) {
     use tracing_subscriber::EnvFilter;
@@ -109,13 +112,13 @@ fn main() {
                 Ok(code) => code,
                 Err(err) => {
                     let code = exit::classify(&err);
-                    eprintln!("vm: {}", exit::one_line(&err));
+                    errln!("vm: {}", exit::one_line(&err));
                     code
                 }
             }
         }
         Err(err) => {
-            eprintln!("vm: cannot start the async runtime: {err}");
+            errln!("vm: cannot start the async runtime: {err}");
             exit::FAILED
         }
     };

@@ -1,6 +1,47 @@
-//! Output formatting: aligned text tables and JSON.
+//! Output formatting: aligned text tables and JSON, and the CLI's only print macros.
+//!
+//! A reader that went away (`vm serve … | head -1`, a closed stderr) is not a crash:
+//! `println!`/`eprintln!` panic when the write fails (EPIPE) and the process exits 101, so
+//! the CLI writes through [`outln!`], [`out!`] and [`errln!`], which drop a failed write
+//! (clippy's `print_stdout`/`print_stderr` lints keep the std macros out, see `main.rs`).
+//! [`print_table`] and [`print_json`] treat a broken pipe as done.
 
 use std::io::{self, Write};
+
+/// `println!` to stdout, a failed write ignored (see the module docs).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `print!` to stdout, a failed write ignored.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut o = std::io::stdout().lock();
+        let _ = write!(o, $($arg)*).and_then(|()| o.flush());
+    }};
+}
+
+/// `eprintln!`, a failed write ignored.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+pub(crate) use {errln, out, outln};
+
+/// `Ok` for a write that failed only because the reader went away.
+fn reader_gone_is_ok(r: io::Result<()>) -> io::Result<()> {
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        r => r,
+    }
+}
 
 /// A text table with a header row; columns are padded to their widest cell, the last
 /// column is not padded.
@@ -51,14 +92,16 @@ impl Table {
 
 /// Prints a table to stdout.
 pub fn print_table(t: &Table) -> io::Result<()> {
-    io::stdout().lock().write_all(t.render().as_bytes())
+    reader_gone_is_ok(io::stdout().lock().write_all(t.render().as_bytes()))
 }
 
 /// Prints a value as pretty JSON to stdout.
 pub fn print_json(v: &serde_json::Value) -> io::Result<()> {
     let mut out = io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, v)?;
-    out.write_all(b"\n")
+    let written = serde_json::to_writer_pretty(&mut out, v)
+        .map_err(io::Error::from)
+        .and_then(|()| out.write_all(b"\n"));
+    reader_gone_is_ok(written)
 }
 
 #[cfg(test)]

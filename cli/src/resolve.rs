@@ -4,7 +4,6 @@
 //! [`crate::exit`]'s.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use vm_spec::{Guarantees, Image, ImageConfig, ImageDigests, Limits, Mount, Policy, Spec, Trust};
 
@@ -76,7 +75,7 @@ pub fn spec(
         vcpus: opts.cpus.unwrap_or(1),
         mem_mib: opts.memory.unwrap_or(DEFAULT_MEM_MIB),
         pids: opts.pids.unwrap_or(DEFAULT_PIDS),
-        wall: opts.timeout.unwrap_or(Duration::ZERO),
+        wall: opts.timeout,
     };
     let mounts = opts
         .volumes

@@ -27,6 +27,7 @@ use vm_spec::{Policy, Spec, Trust};
 
 use crate::args::SuperviseArgs;
 use crate::exit;
+use crate::output::errln;
 use crate::state::{ProcId, Record, Runtime, VmState, labels, now_unix};
 use crate::stream::{PauseSignals, Signals};
 
@@ -115,7 +116,7 @@ pub async fn run(a: SuperviseArgs) -> anyhow::Result<u8> {
         Err(err) => {
             let code = exit::classify(&err);
             let reason = exit::one_line(&err);
-            eprintln!("vm supervisor: {reason}");
+            errln!("vm supervisor: {reason}");
             // A VM that never booted has no console snapshot yet: its last words (the
             // boot error's console tail) are what `vm logs --console NAME` shows.
             let tail = err
@@ -161,7 +162,7 @@ pub fn set_paused(
             rt.save(record)?;
             tracing::info!(name = %record.name, state = state.as_str(), "VM {}", state.as_str());
         }
-        Err(e) => eprintln!("vm supervisor: {}", exit::one_line(&e.into())),
+        Err(e) => errln!("vm supervisor: {}", exit::one_line(&e.into())),
     }
     Ok(())
 }

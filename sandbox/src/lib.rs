@@ -52,7 +52,7 @@
 //! use vm_spec::{Guarantees, Limits, Mount, Policy, Spec, Trust};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let limits = Limits { vcpus: 1, mem_mib: 256, pids: 0, wall: Duration::from_secs(600) };
+//! let limits = Limits { vcpus: 1, mem_mib: 256, pids: 256, wall: Some(Duration::from_secs(600)) };
 //! let guarantees = Guarantees::untrusted(limits, vec![Mount::read_only("/srv/weights", "/weights")])
 //!     .with_env("PATH", "/usr/bin:/bin");
 //! let spec = Spec::new(images::default_spec_image()?, guarantees);
@@ -116,7 +116,8 @@ pub use ready::{DEFAULT_READY_TIMEOUT, Probe, Readiness};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{
-    MAX_CONNECTIONS, POLL_INTERVAL, Published, ServeError, ServeSpec, Serving, describe_exit,
+    FORWARD_BUSY_WAIT, MAX_CONNECTIONS, POLL_INTERVAL, Published, ServeError, ServeSpec, Serving,
+    UNREACHABLE_AFTER, describe_exit,
 };
 pub use snapshot_root::{SnapshotRootError, SnapshotRoots};
 /// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):

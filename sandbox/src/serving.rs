@@ -4,10 +4,16 @@
 //! the guest), then starts the process through the agent's Serve, then runs its tasks:
 //! - one accept loop per published port: each host connection gets its own task that opens
 //!   an agent Forward to the guest port over vsock and splices the two with
-//!   `copy_bidirectional` (at most [`MAX_CONNECTIONS`] at once per port; more wait in the
-//!   listen backlog);
+//!   `copy_bidirectional`. At most [`MAX_CONNECTIONS`] at once per port: at the cap the loop
+//!   stops accepting, so later clients wait in the listener's kernel backlog (bounded by
+//!   `somaxconn`) and are accepted as connections end. The agent keeps its forwards and file
+//!   streams below its own cap, apart from the slots its control requests need (see
+//!   `guest_agent::agent::slots`); a forward it answers `Busy` (several ports, `vm cp`
+//!   beside them) is asked again for up to [`FORWARD_BUSY_WAIT`] while the client waits;
 //! - the monitor: polls the agent's ServeStatus every [`POLL_INTERVAL`] and publishes
-//!   running/exit/output to the handle.
+//!   running/exit/output to the handle. The server has ended when the agent says its process
+//!   exited, or when the VM is gone; a `Busy` agent is a loaded one and is asked again, and
+//!   other agent failures end it only after [`UNREACHABLE_AFTER`] without one answer.
 //!
 //! [`Serving::wait_ready`] (module `ready`) waits until the server answers.
 //!
@@ -18,9 +24,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use guest_agent::protocol::{Command, ExitStatus, ServeId, ServeRequest, ServeStatus};
+use guest_agent::client::ForwardStream;
+use guest_agent::protocol::{Command, ErrorKind, ExitStatus, ServeId, ServeRequest, ServeStatus};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -33,8 +40,16 @@ use crate::publish::PublishSpec;
 
 /// How often the monitor asks the agent about the process.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
-/// Concurrent forwarded connections per [`Serving`].
-pub const MAX_CONNECTIONS: usize = 64;
+/// Concurrent forwarded connections per published port (half the agent's data slots, so
+/// two busy ports fit beside each other; see the module docs for what waits and where).
+pub const MAX_CONNECTIONS: usize = 32;
+/// How long a forwarded connection waits for the agent to have a slot for it.
+pub const FORWARD_BUSY_WAIT: Duration = Duration::from_secs(30);
+/// How long the agent may fail to answer the monitor (other than `Busy`) before the server
+/// is reported stopped.
+pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
+/// The least time between two warnings of one kind (what a guest can cause is rate-limited).
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// What to serve: an argv run directly (no shell) in the root, and where to publish it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,9 +301,11 @@ impl Drop for Serving {
 
 async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let busy = Arc::new(Throttle::default());
     let mut conns = JoinSet::new(); // aborted (every connection) when this task is aborted
     loop {
         while conns.try_join_next().is_some() {}
+        // At the cap, nothing is accepted: the next clients wait in the listen backlog.
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
@@ -300,10 +317,10 @@ async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {
                 continue;
             }
         };
-        let machine = machine.clone();
+        let (machine, busy) = (machine.clone(), busy.clone());
         conns.spawn(async move {
             let _permit = permit;
-            match machine.forward(guest_port).await {
+            match forward_when_free(&machine, guest_port, &busy).await {
                 Ok(mut guest) => {
                     if let Err(e) = tokio::io::copy_bidirectional(&mut tcp, &mut guest).await {
                         tracing::debug!(%peer, error = %e, "forward ended");
@@ -315,8 +332,84 @@ async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {
     }
 }
 
+/// True for the agent's `Busy` answer.
+fn is_busy(e: &MachineError) -> bool {
+    matches!(e, MachineError::Agent(c) if c.agent_kind() == Some(ErrorKind::Busy))
+}
+
+/// A Forward, asked again while the agent answers `Busy` (backing off, at most
+/// [`FORWARD_BUSY_WAIT`]): the client waits rather than losing its connection.
+async fn forward_when_free(
+    machine: &Link,
+    port: u16,
+    busy: &Throttle,
+) -> Result<ForwardStream, MachineError> {
+    let deadline = Instant::now() + FORWARD_BUSY_WAIT;
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match machine.forward(port).await {
+            Err(e) if is_busy(&e) && Instant::now() + delay < deadline => {
+                if busy.ready() {
+                    tracing::warn!(port, "the guest agent is busy; forwarded connections wait");
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// At most one `true` per [`WARN_EVERY`].
+#[derive(Debug, Default)]
+struct Throttle(Mutex<Option<Instant>>);
+
+impl Throttle {
+    fn ready(&self) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match *last {
+            Some(t) if t.elapsed() < WARN_EVERY => false,
+            _ => {
+                *last = Some(Instant::now());
+                true
+            }
+        }
+    }
+}
+
+/// What the monitor makes of one failed status poll.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Ask again at the next poll.
+    Wait,
+    /// The server is gone (the VM is, or the agent has not answered for too long).
+    Gone,
+}
+
+/// A failed poll: `Busy` and a paused VM are waits, whatever how long; other agent errors
+/// are waits until [`UNREACHABLE_AFTER`] has passed since the first of them in a row
+/// (`failing_since`); anything else (the VM closed, stopped or expired) means gone.
+fn judge(e: &MachineError, failing_since: &mut Option<Instant>) -> Verdict {
+    match e {
+        _ if is_busy(e) => Verdict::Wait,
+        MachineError::Paused { .. } => {
+            *failing_since = None;
+            Verdict::Wait
+        }
+        MachineError::Agent(_) => {
+            let since = *failing_since.get_or_insert_with(Instant::now);
+            match since.elapsed() < UNREACHABLE_AFTER {
+                true => Verdict::Wait,
+                false => Verdict::Gone,
+            }
+        }
+        _ => Verdict::Gone,
+    }
+}
+
 async fn monitor(machine: Link, id: ServeId, tx: Arc<watch::Sender<State>>) {
-    let mut failures = 0u32;
+    let mut failing_since = None;
+    let busy = Throttle::default();
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;
         match machine.serve_status(id).await {
@@ -325,7 +418,7 @@ async fn monitor(machine: Link, id: ServeId, tx: Arc<watch::Sender<State>>) {
                 exit,
                 output_tail,
             }) => {
-                failures = 0;
+                failing_since = None;
                 tx.send_replace(State {
                     running,
                     exit,
@@ -335,17 +428,58 @@ async fn monitor(machine: Link, id: ServeId, tx: Arc<watch::Sender<State>>) {
                     return;
                 }
             }
-            Err(MachineError::Agent(e)) if failures < 3 => {
-                failures += 1;
-                tracing::debug!(error = %e, "serve status failed");
-            }
-            // A paused VM answers nothing until it is resumed; the server is still there.
-            Err(MachineError::Paused { .. }) => {}
-            Err(e) => {
-                tracing::debug!(error = %e, "serve monitor ends");
-                tx.send_modify(|s| s.running = false);
-                return;
-            }
+            Err(e) => match judge(&e, &mut failing_since) {
+                Verdict::Wait => {
+                    if is_busy(&e) && busy.ready() {
+                        tracing::warn!("the guest agent is busy; the server's status waits");
+                    }
+                    tracing::debug!(error = %e, "serve status failed");
+                }
+                Verdict::Gone => {
+                    tracing::warn!(error = %e, "serve monitor ends: the server is unreachable");
+                    tx.send_modify(|s| s.running = false);
+                    return;
+                }
+            },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use guest_agent::client::ClientError;
+
+    fn agent(kind: ErrorKind) -> MachineError {
+        MachineError::Agent(ClientError::Agent {
+            kind,
+            message: "x".into(),
+        })
+    }
+
+    /// 64 idle forwarded connections once made three status polls in a row `Busy`, and
+    /// `vm serve` took that for a dead server and tore the VM down.
+    #[test]
+    fn busy_never_ends_the_server() {
+        let mut since = Some(Instant::now());
+        for _ in 0..1000 {
+            assert_eq!(judge(&agent(ErrorKind::Busy), &mut since), Verdict::Wait);
+        }
+    }
+
+    #[test]
+    fn other_agent_failures_end_it_only_after_a_while() {
+        let mut since = None;
+        let timeout = || MachineError::Agent(ClientError::Timeout { step: "x" });
+        for _ in 0..10 {
+            assert_eq!(judge(&timeout(), &mut since), Verdict::Wait);
+        }
+        since = since.and_then(|t| t.checked_sub(UNREACHABLE_AFTER));
+        assert_eq!(judge(&agent(ErrorKind::Io), &mut since), Verdict::Gone);
+        let paused = MachineError::Paused { name: "v".into() };
+        assert_eq!(judge(&paused, &mut since), Verdict::Wait);
+        assert_eq!(since, None);
+        let closed = MachineError::Closed { name: "v".into() };
+        assert_eq!(judge(&closed, &mut None), Verdict::Gone);
     }
 }

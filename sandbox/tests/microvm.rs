@@ -21,7 +21,7 @@ fn setup(name: &str, wall: Duration) -> Option<(tempfile::TempDir, Registry, Spe
     let tmp = tempfile::tempdir().unwrap();
     let mut spec = common::spec_in(tmp.path());
     spec.guarantees.mounts.clear(); // the host agent mounts nothing
-    spec.guarantees.limits.wall = wall;
+    spec.guarantees.limits.wall = (!wall.is_zero()).then_some(wall);
     spec.root = tmp.path().join("work").to_str().unwrap().to_string();
     spec.guarantees = spec
         .guarantees

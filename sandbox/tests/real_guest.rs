@@ -24,8 +24,8 @@ async fn real_guest_exec_files_and_mounts() {
     let limits = Limits {
         vcpus: 1,
         mem_mib: 256,
-        pids: 0,
-        wall: Duration::from_secs(600),
+        pids: i64::from(vm_spec::DEFAULT_PIDS),
+        wall: Some(Duration::from_secs(600)),
     };
     let guarantees = Guarantees::untrusted(limits, vec![Mount::read_only(&data, "/data")])
         .with_env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin");

@@ -104,8 +104,8 @@ fn vm_spec(c: &ContainerSpec, root: Option<&Root>, config: &ShimConfig) -> Resul
     let limits = Limits {
         vcpus: c.vcpus.unwrap_or(1),
         mem_mib: c.mem_mib.unwrap_or(config.default_memory_mib()),
-        pids: c.pids.unwrap_or(0),
-        wall: std::time::Duration::from_secs(config.wall_seconds.unwrap_or(0)),
+        pids: c.pids.unwrap_or(i64::from(vm_spec::DEFAULT_PIDS)),
+        wall: config.wall_seconds.map(std::time::Duration::from_secs),
     };
     let mut guarantees = Guarantees::untrusted(limits, c.mounts.clone());
     guarantees.env = c.process.env.clone();

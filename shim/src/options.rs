@@ -15,7 +15,7 @@ use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::well_known_types::empty::Empty;
 use containerd_shim::protos::protobuf::{Message, UnknownValueRef};
 use serde::Deserialize;
-use vm_spec::{Policy, Trust};
+use vm_spec::{MAX_MEM_MIB, MIN_MEM_MIB, Policy, Trust};
 
 use crate::error::ShimError;
 
@@ -98,13 +98,67 @@ impl ShimConfig {
         self.default_memory_mib.unwrap_or(DEFAULT_MEMORY_MIB)
     }
 
-    /// Reads and checks the file at `path`.
+    /// Reads and checks the file at `path` ([`ShimConfig::check`]).
     pub fn load(path: &Path) -> Result<ShimConfig, ShimError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ShimError::Options(format!("reading {}: {e}", path.display())))?;
-        toml::from_str(&text)
-            .map_err(|e| ShimError::Options(format!("{}: {}", path.display(), e.message())))
+        let config: ShimConfig = toml::from_str(&text)
+            .map_err(|e| ShimError::Options(format!("{}: {}", path.display(), e.message())))?;
+        config
+            .check()
+            .map_err(|e| ShimError::Options(format!("{}: {e}", path.display())))?;
+        Ok(config)
     }
+
+    /// Refuses, by field name, a value no container could run under: memory outside
+    /// `MIN_MEM_MIB..=MAX_MEM_MIB`, a zero wall lifetime, a directory that is relative, `/`
+    /// or holds `..`, an `env_allow` entry that is not one variable's name.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(m) = self.default_memory_mib
+            && !(MIN_MEM_MIB..=MAX_MEM_MIB).contains(&m)
+        {
+            return Err(format!(
+                "default_memory_mib: {m} refused; must be {MIN_MEM_MIB}..={MAX_MEM_MIB} MiB"
+            ));
+        }
+        if self.wall_seconds == Some(0) {
+            return Err("wall_seconds: 0 refused; give a positive lifetime, or none".into());
+        }
+        for (field, dir) in [
+            ("images_dir", &self.images_dir),
+            ("run_dir", &self.run_dir),
+            ("snapshot_cache", &self.snapshot_cache),
+        ] {
+            if let Some(dir) = dir
+                && let Some(why) = dir_problem(dir)
+            {
+                return Err(format!("{field}: {} refused: {why}", dir.display()));
+            }
+        }
+        for (i, name) in self.env_allow.iter().enumerate() {
+            if let Some(why) = vm_spec::env::env_allow_problem(name) {
+                return Err(format!("env_allow[{i}]: {name:?} refused: {why}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `dir` cannot be one of the shim's directories, if it cannot.
+fn dir_problem(dir: &Path) -> Option<&'static str> {
+    if !dir.is_absolute() {
+        return Some("must be absolute");
+    }
+    if dir.parent().is_none() {
+        return Some("must not be /");
+    }
+    if dir
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Some("must not hold ..");
+    }
+    None
 }
 
 /// The `config_path` of serialized runtime options (`Any` bytes as containerd sends them);
@@ -216,5 +270,45 @@ mod tests {
         assert!(e.contains("unknown field `allow_emulaton`"), "{e}");
         let e = resolve(Some(&dir.path().join("missing.toml"))).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
+    }
+
+    /// Each value no container could run under is refused at load time, by name.
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        let cases = [
+            ("default_memory_mib = -5", "default_memory_mib: -5 refused"),
+            ("default_memory_mib = 0", "default_memory_mib: 0 refused"),
+            (
+                "default_memory_mib = 9223372036854775807",
+                "default_memory_mib: 9223372036854775807 refused",
+            ),
+            ("wall_seconds = 0", "wall_seconds: 0 refused"),
+            (
+                "run_dir = \"vms\"",
+                "run_dir: vms refused: must be absolute",
+            ),
+            ("run_dir = \"/\"", "run_dir: / refused: must not be /"),
+            ("images_dir = \"img\"", "images_dir: img refused"),
+            ("images_dir = \"/\"", "images_dir: / refused"),
+            ("images_dir = \"/a/../etc\"", "must not hold .."),
+            ("snapshot_cache = \"/\"", "snapshot_cache: / refused"),
+            ("env_allow = [\"*\", \"\"]", "env_allow[0]: \"*\" refused"),
+            (
+                "env_allow = [\"A\", \"\"]",
+                "env_allow[1]: \"\" refused: empty",
+            ),
+        ];
+        for (text, want) in cases {
+            std::fs::write(&p, text).unwrap();
+            let e = resolve(Some(&p)).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let good = "default_memory_mib = 16\nwall_seconds = 1\nrun_dir = \"/run/x\"\n\
+                    images_dir = \"/var/lib/vm\"\nenv_allow = [\"API_TOKEN\"]\n";
+        std::fs::write(&p, good).unwrap();
+        let c = resolve(Some(&p)).unwrap();
+        assert_eq!(c.default_memory_mib(), 16);
     }
 }

@@ -7,6 +7,11 @@
 //! `resize_pty`, stdin closed on `close_io`, the whole tree killed on `kill`. Two tasks drive
 //! it: the input task (stdin, control) and the output task (output, then the exit status,
 //! published through a `watch` channel that `wait` and the `TaskExit` event read).
+//!
+//! Nothing here polls the agent: a process's status, its signals and its exit all travel on
+//! its own exec connection, which holds an exec slot of the agent that forwards and file
+//! streams cannot take (`guest_agent::agent::slots`), so no load on the VM's other
+//! connections makes a running process look dead or an exec start fail for their sake.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

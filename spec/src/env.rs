@@ -89,6 +89,36 @@ pub fn looks_secret(name: &str, value: &str) -> Option<&'static str> {
     None
 }
 
+/// Why `name` cannot be an `env_allow` entry, if it cannot: an entry names exactly one
+/// variable, so it is refused when empty, when it holds `=` or NUL (no variable has such a
+/// name), or when it holds `*`, `?` or `[` (no wildcards: each exception is named).
+pub fn env_allow_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return Some("empty");
+    }
+    if name.contains(['=', '\0']) {
+        return Some("contains '=' or NUL");
+    }
+    if name.contains(['*', '?', '[']) {
+        return Some("not a wildcard; name each variable");
+    }
+    None
+}
+
+/// Check every `env_allow` entry ([`env_allow_problem`]).
+pub fn check_env_allow(allow: &[String]) -> Result<(), SpecError> {
+    for (index, name) in allow.iter().enumerate() {
+        if let Some(reason) = env_allow_problem(name) {
+            return Err(SpecError::EnvAllowName {
+                index,
+                name: name.clone(),
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Check the whole environment against the rules above.
 pub fn check_env(env: &[(String, String)], allow: &[String]) -> Result<(), SpecError> {
     let bytes: usize = env.iter().map(|(n, v)| n.len() + v.len() + 2).sum();
@@ -141,15 +171,15 @@ pub fn check_env(env: &[(String, String)], allow: &[String]) -> Result<(), SpecE
 
 #[cfg(test)]
 mod tests {
-    use super::{DEFAULT_GUEST_PATH, check_env, looks_secret};
+    use super::{DEFAULT_GUEST_PATH, check_env, check_env_allow, looks_secret};
     use crate::{Guarantees, Limits};
 
     fn guarantees() -> Guarantees {
         let limits = Limits {
             vcpus: 1,
             mem_mib: 256,
-            pids: 0,
-            wall: std::time::Duration::ZERO,
+            pids: 64,
+            wall: None,
         };
         Guarantees::untrusted(limits, Vec::new())
     }
@@ -198,5 +228,24 @@ mod tests {
         assert!(looks_secret("X", "ghp_abc").is_some());
         assert!(looks_secret("X", "AKIAABCDEFGHIJKLMNOP").is_some());
         assert!(looks_secret("X", "-----BEGIN RSA PRIVATE KEY-----\n").is_some());
+    }
+
+    #[test]
+    fn env_allow_entries_name_one_variable() {
+        for (bad, why) in [
+            ("", "empty"),
+            ("*", "wildcard"),
+            ("AWS_*", "wildcard"),
+            ("A=B", "'='"),
+        ] {
+            let allow = vec!["OK_NAME".to_string(), bad.to_string()];
+            let msg = check_env_allow(&allow).unwrap_err().to_string();
+            assert!(
+                msg.starts_with(&format!("guarantees.env_allow[1]: {bad:?} refused")),
+                "{msg}"
+            );
+            assert!(msg.contains(why), "{msg}");
+        }
+        check_env_allow(&["API_TOKEN".into(), "AWS_REGION".into()]).unwrap();
     }
 }

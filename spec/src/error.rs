@@ -12,6 +12,14 @@ pub enum SpecError {
     EgressAllowed,
     #[error("guarantees.limits.mem_mib: {value} refused; memory must be capped at >= {min} MiB")]
     MemoryUncapped { value: i64, min: i64 },
+    #[error("guarantees.limits.{field}: {value} refused; the minimum is {min}")]
+    LimitTooLow {
+        field: &'static str,
+        value: i64,
+        min: i64,
+    },
+    #[error("guarantees.limits.wall_ms: 0 refused; give a positive lifetime, or none")]
+    ZeroWall,
     #[error("guarantees.limits.{field}: {value} exceeds the maximum {max}")]
     LimitTooHigh {
         field: &'static str,
@@ -79,6 +87,12 @@ pub enum SpecError {
     EnvTooLarge { bytes: usize, max: usize },
     #[error("guarantees.env[{index}]: name {name:?} refused: {reason}")]
     EnvName {
+        index: usize,
+        name: String,
+        reason: &'static str,
+    },
+    #[error("guarantees.env_allow[{index}]: {name:?} refused: {reason}")]
+    EnvAllowName {
         index: usize,
         name: String,
         reason: &'static str,

@@ -1,9 +1,11 @@
 //! Resource caps and their normalization.
 //!
-//! The raw [`Limits`] mirror what a caller writes (signed, zero meaning "default"); the
-//! normalized [`ValidLimits`] are what a driver receives. Normalization applies the safe
-//! floors (one vCPU, a default pid cap rather than none) and refuses what cannot be made
-//! safe (no memory cap) or is beyond what a sandbox on one host should get.
+//! The raw [`Limits`] mirror what a caller writes (signed, so a negative value is refused by
+//! name rather than wrapped); the normalized [`ValidLimits`] are what a driver receives.
+//! Normalization refuses, naming the field, what cannot be meant: no vCPU, no process, a
+//! zero lifetime (`--timeout 0` would otherwise boot a VM only to kill it, while a dry run
+//! read it as "no limit"), no memory cap, or more than a sandbox on one host should get.
+//! Nothing is silently raised to a floor.
 
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::SpecError;
 
-/// Default process cap inside a guest when the caller leaves `pids` at or below zero.
+/// The process cap of [`Limits::default`].
 pub const DEFAULT_PIDS: u32 = 1024;
 /// Upper bound on vCPUs.
 pub const MAX_VCPUS: i64 = 16;
@@ -27,25 +29,26 @@ pub const MAX_PIDS: i64 = 65_536;
 /// Caps a guest's resource use, as the caller writes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
-    /// Virtual CPUs; `<= 0` means one.
+    /// Virtual CPUs, `1..=`[`MAX_VCPUS`].
     pub vcpus: i64,
     /// Guest RAM in MiB; must be positive (an uncapped guest is refused).
     pub mem_mib: i64,
-    /// Process cap inside the guest; `<= 0` means [`DEFAULT_PIDS`], never unlimited.
+    /// Process cap inside the guest, `1..=`[`MAX_PIDS`]; never unlimited.
     pub pids: i64,
-    /// Hard lifetime of the guest; zero leaves it to the caller.
-    #[serde(rename = "wall_ms", with = "millis")]
-    pub wall: Duration,
+    /// Hard lifetime of the guest; `None` leaves it to the caller. A zero lifetime is
+    /// refused. On the wire `wall_ms`: a number of milliseconds, or null/absent for none.
+    #[serde(rename = "wall_ms", default, with = "opt_millis")]
+    pub wall: Option<Duration>,
 }
 
 impl Default for Limits {
-    /// One vCPU, 256 MiB, the default pid cap, no wall lifetime.
+    /// One vCPU, 256 MiB, [`DEFAULT_PIDS`], no wall lifetime.
     fn default() -> Self {
         Limits {
             vcpus: 1,
             mem_mib: 256,
-            pids: 0,
-            wall: Duration::ZERO,
+            pids: DEFAULT_PIDS as i64,
+            wall: None,
         }
     }
 }
@@ -62,15 +65,24 @@ pub struct ValidLimits {
 }
 
 impl Limits {
-    /// Apply floors and defaults, refuse what is out of bounds. Errors name the field
-    /// (`guarantees.limits.<field>`) and the value.
+    /// Refuse what is out of bounds. Errors name the field (`guarantees.limits.<field>`)
+    /// and the value.
     pub fn normalize(&self) -> Result<ValidLimits, SpecError> {
-        let vcpus = if self.vcpus <= 0 { 1 } else { self.vcpus };
-        let pids = if self.pids <= 0 {
-            i64::from(DEFAULT_PIDS)
-        } else {
-            self.pids
-        };
+        let (vcpus, pids) = (self.vcpus, self.pids);
+        for (field, value) in [("vcpus", vcpus), ("pids", pids)] {
+            if value < 1 {
+                return Err(SpecError::LimitTooLow {
+                    field,
+                    value,
+                    min: 1,
+                });
+            }
+        }
+        if let Some(wall) = self.wall
+            && wall.as_millis() == 0
+        {
+            return Err(SpecError::ZeroWall);
+        }
         if self.mem_mib < MIN_MEM_MIB {
             return Err(SpecError::MemoryUncapped {
                 value: self.mem_mib,
@@ -92,26 +104,18 @@ impl Limits {
             vcpus: to_u32(vcpus),
             mem_mib: to_u32(self.mem_mib),
             pids: to_u32(pids),
-            wall: (!self.wall.is_zero()).then_some(self.wall),
+            wall: self.wall,
         })
     }
 }
 
-mod millis {
+mod opt_millis {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
     }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        Ok(Duration::from_millis(u64::deserialize(d)?))
-    }
-}
-
-mod opt_millis {
-    use serde::Serializer;
-    use std::time::Duration;
 
     pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
         match d {
@@ -125,35 +129,71 @@ mod opt_millis {
 mod tests {
     use super::*;
 
-    fn lim(vcpus: i64, mem_mib: i64, pids: i64, wall_s: u64) -> Limits {
+    fn lim(vcpus: i64, mem_mib: i64, pids: i64, wall_s: Option<u64>) -> Limits {
         Limits {
             vcpus,
             mem_mib,
             pids,
-            wall: Duration::from_secs(wall_s),
+            wall: wall_s.map(Duration::from_secs),
         }
     }
 
     #[test]
-    fn floors_and_defaults() {
-        let v = lim(0, 128, 0, 0).normalize().unwrap();
+    fn values_pass_through_and_defaults_are_concrete() {
+        let v = Limits::default().normalize().unwrap();
         assert_eq!(
             (v.vcpus, v.mem_mib, v.pids, v.wall),
-            (1, 128, DEFAULT_PIDS, None)
+            (1, 256, DEFAULT_PIDS, None)
         );
-        let v = lim(-3, 128, -1, 5).normalize().unwrap();
+        let v = lim(4, 2048, 77, Some(5)).normalize().unwrap();
         assert_eq!(
-            (v.vcpus, v.pids, v.wall),
-            (1, DEFAULT_PIDS, Some(Duration::from_secs(5)))
+            (v.vcpus, v.mem_mib, v.pids, v.wall),
+            (4, 2048, 77, Some(Duration::from_secs(5)))
         );
-        let v = lim(4, 2048, 77, 0).normalize().unwrap();
-        assert_eq!((v.vcpus, v.mem_mib, v.pids), (4, 2048, 77));
+    }
+
+    /// `--cpus 0` once became one vCPU and `--pids 0` the default cap, silently.
+    #[test]
+    fn zero_or_negative_vcpus_and_pids_are_refused_by_name() {
+        for bad in [0, -1, i64::MIN] {
+            let msg = lim(bad, 128, 64, None).normalize().unwrap_err().to_string();
+            assert!(
+                msg.starts_with(&format!("guarantees.limits.vcpus: {bad} refused")),
+                "{msg}"
+            );
+            let msg = lim(1, 128, bad, None).normalize().unwrap_err().to_string();
+            assert!(
+                msg.starts_with(&format!("guarantees.limits.pids: {bad} refused")),
+                "{msg}"
+            );
+        }
+    }
+
+    /// `--timeout 0` once booted a VM and killed it at once while a dry run said "no limit".
+    #[test]
+    fn a_zero_wall_is_refused_by_name() {
+        for zero in [Duration::ZERO, Duration::from_micros(999)] {
+            let l = Limits {
+                wall: Some(zero),
+                ..Limits::default()
+            };
+            let msg = l.normalize().unwrap_err().to_string();
+            assert!(
+                msg.starts_with("guarantees.limits.wall_ms: 0 refused"),
+                "{msg}"
+            );
+        }
+        let l = Limits {
+            wall: Some(Duration::from_millis(1)),
+            ..Limits::default()
+        };
+        assert_eq!(l.normalize().unwrap().wall, Some(Duration::from_millis(1)));
     }
 
     #[test]
     fn memory_must_be_capped() {
         for bad in [0, -1, MIN_MEM_MIB - 1] {
-            let err = lim(1, bad, 0, 0).normalize().unwrap_err();
+            let err = lim(1, bad, 1, None).normalize().unwrap_err();
             let msg = err.to_string();
             assert!(msg.contains("guarantees.limits.mem_mib") && msg.contains(&bad.to_string()));
         }
@@ -165,22 +205,36 @@ mod tests {
     #[test]
     fn upper_bounds_name_the_field() {
         let cases = [
-            (lim(MAX_VCPUS + 1, 128, 0, 0), "vcpus"),
-            (lim(1, MAX_MEM_MIB + 1, 0, 0), "mem_mib"),
-            (lim(1, 128, MAX_PIDS + 1, 0), "pids"),
+            (lim(MAX_VCPUS + 1, 128, 1, None), "vcpus"),
+            (lim(1, MAX_MEM_MIB + 1, 1, None), "mem_mib"),
+            (lim(1, 128, MAX_PIDS + 1, None), "pids"),
         ];
         for (l, field) in cases {
             let msg = l.normalize().unwrap_err().to_string();
             assert!(msg.contains(&format!("guarantees.limits.{field}")), "{msg}");
         }
-        assert!(lim(MAX_VCPUS, MAX_MEM_MIB, MAX_PIDS, 0).normalize().is_ok());
+        assert!(
+            lim(MAX_VCPUS, MAX_MEM_MIB, MAX_PIDS, None)
+                .normalize()
+                .is_ok()
+        );
     }
 
     #[test]
-    fn wall_serializes_as_millis() {
-        let json = serde_json::to_string(&lim(1, 64, 0, 2)).unwrap();
+    fn wall_serializes_as_millis_or_null() {
+        let json = serde_json::to_string(&lim(1, 64, 1, Some(2))).unwrap();
         assert!(json.contains("\"wall_ms\":2000"), "{json}");
         let back: Limits = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.wall, Duration::from_secs(2));
+        assert_eq!(back.wall, Some(Duration::from_secs(2)));
+        let json = serde_json::to_string(&lim(1, 64, 1, None)).unwrap();
+        assert!(json.contains("\"wall_ms\":null"), "{json}");
+        let back: Limits = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.wall, None);
+        // Absent is none too; an explicit 0 is kept, so validation can refuse it.
+        let back: Limits = serde_json::from_str(r#"{"vcpus":1,"mem_mib":64,"pids":1}"#).unwrap();
+        assert_eq!(back.wall, None);
+        let back: Limits =
+            serde_json::from_str(r#"{"vcpus":1,"mem_mib":64,"pids":1,"wall_ms":0}"#).unwrap();
+        assert!(back.normalize().is_err());
     }
 }

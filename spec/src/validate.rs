@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::digest::{is_sha256_hex, sha256_file};
-use crate::env::check_env;
+use crate::env::{check_env, check_env_allow};
 use crate::error::SpecError;
 use crate::imageconfig::{self, ImageConfig};
 use crate::limits::ValidLimits;
@@ -175,6 +175,7 @@ impl Spec {
             });
         }
 
+        check_env_allow(&g.env_allow)?;
         check_env(&g.env, &g.env_allow)?;
         imageconfig::check_source(&self.image)?;
         let mut config = self.image.config.clone();

@@ -2,7 +2,6 @@
 //! names the field), the environment merge and the effective user.
 
 use std::path::Path;
-use std::time::Duration;
 
 use vm_spec::{
     Guarantees, Image, ImageConfig, ImageDigests, Limits, RootfsFormat, Spec, SpecError,
@@ -23,8 +22,8 @@ fn spec(dir: &Path) -> Spec {
     let limits = Limits {
         vcpus: 1,
         mem_mib: 128,
-        pids: 0,
-        wall: Duration::ZERO,
+        pids: 64,
+        wall: None,
     };
     Spec::new(image, Guarantees::untrusted(limits, Vec::new()))
 }

@@ -1,7 +1,6 @@
 //! One test per validation rule; each asserts the refusal names the field and the value.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use tempfile::TempDir;
 use vm_spec::digest::sha256_file;
@@ -33,8 +32,8 @@ impl Fixture {
         let limits = Limits {
             vcpus: 1,
             mem_mib: 128,
-            pids: 0,
-            wall: Duration::ZERO,
+            pids: i64::from(vm_spec::DEFAULT_PIDS),
+            wall: None,
         };
         let guarantees = Guarantees::untrusted(limits, vec![Mount::read_only(&data, "/data")]);
         Fixture {

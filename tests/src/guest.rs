@@ -26,7 +26,7 @@ pub struct GuestSpec {
     /// Guest name (logs, hostname).
     pub name: String,
     pub mem_mib: i64,
-    /// `<= 0` = the spec's default cap.
+    /// The guest process cap.
     pub pids: i64,
     pub wall: Duration,
     pub mounts: Vec<Mount>,
@@ -50,7 +50,7 @@ impl GuestSpec {
         GuestSpec {
             name: format!("e2e-{name}"),
             mem_mib: 256,
-            pids: 0,
+            pids: i64::from(vm_spec::DEFAULT_PIDS),
             wall: DEFAULT_WALL,
             mounts: Vec::new(),
             env: vec![("PATH".into(), DEFAULT_PATH.into())],
@@ -79,7 +79,7 @@ pub fn spec_for(g: &GuestSpec) -> Result<Spec, String> {
         vcpus: 1,
         mem_mib: g.mem_mib,
         pids: g.pids,
-        wall: g.wall,
+        wall: (!g.wall.is_zero()).then_some(g.wall),
     };
     let mut guarantees = Guarantees::untrusted(limits, g.mounts.clone());
     guarantees.env = g.env.clone();

@@ -92,6 +92,13 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
             given.join(", ")
         )));
     }
+    // A booting exec has this refused by the spec (`guarantees.limits.wall_ms`); here it
+    // bounds the command alone, which a zero would kill before it ran.
+    if a.vm.timeout.is_some_and(|t| t.is_zero()) {
+        return Err(exit::usage(
+            "--timeout: 0 refused; give a positive duration, or none",
+        ));
+    }
     mode(&a).terminal()?;
     let mut signals = Signals::install()?;
     let rt = Runtime::from_env()?;

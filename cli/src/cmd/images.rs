@@ -9,7 +9,7 @@ use vm_sandbox::oci;
 
 use crate::args::ImagesCommand;
 use crate::exit;
-use crate::output::{Table, print_json, print_table};
+use crate::output::{Table, outln, print_json, print_table};
 
 /// The source tree holding `images/build.sh`: `$VM_SOURCE_DIR`, else the tree this binary
 /// was built from.
@@ -86,7 +86,7 @@ pub async fn run(cmd: ImagesCommand) -> anyhow::Result<u8> {
                     ]);
                 }
                 print_table(&t)?;
-                println!();
+                outln!();
                 print_table(&oci_table(&oci))?;
             }
             Ok(exit::OK)
@@ -104,10 +104,10 @@ pub async fn run(cmd: ImagesCommand) -> anyhow::Result<u8> {
                 }
             }
             for line in &removed {
-                println!("{line}");
+                outln!("{line}");
             }
             if removed.is_empty() {
-                println!("nothing to prune");
+                outln!("nothing to prune");
             }
             Ok(exit::OK)
         }
@@ -147,10 +147,10 @@ pub async fn run(cmd: ImagesCommand) -> anyhow::Result<u8> {
             for what in &images {
                 let r = store.remove(what)?;
                 for name in &r.refs {
-                    println!("untagged {name}");
+                    outln!("untagged {name}");
                 }
                 if r.deleted {
-                    println!("deleted {} ({})", r.image.digest, human(r.image.size));
+                    outln!("deleted {} ({})", r.image.digest, human(r.image.size));
                 }
             }
             Ok(exit::OK)
@@ -201,7 +201,7 @@ fn show(image: &oci::Image, json: bool) -> anyhow::Result<u8> {
         print_json(&serde_json::to_value(image)?)?;
     } else {
         print_table(&oci_table(std::slice::from_ref(image)))?;
-        println!("erofs: {}", image.erofs.display());
+        outln!("erofs: {}", image.erofs.display());
     }
     Ok(exit::OK)
 }

@@ -8,7 +8,7 @@ use vm_sandbox::sys::{self, Signal};
 
 use crate::args::{LogsArgs, PsArgs, RmArgs, StopArgs};
 use crate::exit;
-use crate::output::{Table, print_json, print_table};
+use crate::output::{Table, errln, outln, print_json, print_table};
 use crate::parse::fmt_duration;
 use crate::state::{self, Record, Runtime, VmState, labels, now_unix};
 
@@ -122,9 +122,9 @@ pub async fn stop(a: StopArgs) -> anyhow::Result<u8> {
     let mut code = exit::OK;
     for name in &a.names {
         match stop_one(&rt, name, Duration::from_secs(a.time)).await {
-            Ok(_) => println!("{name}"),
+            Ok(_) => outln!("{name}"),
             Err(e) => {
-                eprintln!("vm: stop {name}: {}", exit::one_line(&e));
+                errln!("vm: stop {name}: {}", exit::one_line(&e));
                 code = exit::classify(&e);
             }
         }
@@ -154,9 +154,9 @@ pub async fn rm(a: RmArgs) -> anyhow::Result<u8> {
         }
         .await;
         match result {
-            Ok(()) => println!("{name}"),
+            Ok(()) => outln!("{name}"),
             Err(e) => {
-                eprintln!("vm: rm {name}: {}", exit::one_line(&e));
+                errln!("vm: rm {name}: {}", exit::one_line(&e));
                 code = exit::classify(&e);
             }
         }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use vm_sandbox::sys::{self, Signal};
 
 use crate::exit;
+use crate::output::{errln, outln};
 use crate::state::{Runtime, VmState};
 
 /// How long the supervisor gets to report the change (it waits for every VM thread to stop).
@@ -22,9 +23,9 @@ pub async fn run(names: &[String], pause: bool) -> anyhow::Result<u8> {
     let verb = if pause { "pause" } else { "unpause" };
     for name in names {
         match change(&rt, name, pause).await {
-            Ok(()) => println!("{name}"),
+            Ok(()) => outln!("{name}"),
             Err(e) => {
-                eprintln!("vm: {verb} {name}: {}", exit::one_line(&e));
+                errln!("vm: {verb} {name}: {}", exit::one_line(&e));
                 code = exit::classify(&e);
             }
         }

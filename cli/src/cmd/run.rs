@@ -11,6 +11,7 @@ use vm_sandbox::sys::{self, Signal};
 use crate::args::RunArgs;
 use crate::dryrun;
 use crate::exit;
+use crate::output::outln;
 use crate::resolve;
 use crate::state::{Record, Runtime, VmState};
 use crate::stream::Signals;
@@ -121,7 +122,7 @@ async fn start(
         let record = rt.load(name)?;
         match record.state {
             VmState::Running | VmState::Paused => {
-                println!("{name}");
+                outln!("{name}");
                 return Ok(exit::OK);
             }
             VmState::Exited | VmState::Stopping => {

@@ -16,6 +16,7 @@ use vm_spec::Trust;
 use crate::args::ServeArgs;
 use crate::dryrun;
 use crate::exit;
+use crate::output::{errln, outln};
 use crate::resolve;
 use crate::state::{ProcId, Record, Runtime, VmState, labels, now_unix};
 use crate::stream::{self, PauseSignals, Signals};
@@ -197,13 +198,13 @@ impl Session<'_> {
         self.record.pausable = true;
         supervisor::mark_running(self.rt, &mut self.record, vm, self.trust)?;
         for url in &urls {
-            println!("{url}");
+            outln!("{url}");
         }
         let shown = match self.args.command.is_empty() {
             true => vm.spec().default_command().join(" "),
             false => self.args.command.join(" "),
         };
-        eprintln!(
+        errln!(
             "vm: serving {shown} as {name} on {} ({} driver); Ctrl-C or `vm stop {name}` stops it",
             urls.join(" "),
             vm.driver(),
@@ -231,18 +232,18 @@ fn server_ended(vm: &MicroVm, serving: &Serving) -> (u8, String) {
     match serving.exit() {
         Some(status) => {
             let how = vm_sandbox::describe_exit(&Some(status));
-            eprintln!("vm: the server exited ({how}): {tail}");
+            errln!("vm: the server exited ({how}): {tail}");
             (
                 stream::status_code(&status),
                 format!("the server exited ({how})"),
             )
         }
         None if vm.machine().wall_expired() => {
-            eprintln!("vm: the VM's wall lifetime expired");
+            errln!("vm: the VM's wall lifetime expired");
             (exit::TIMEOUT, "wall lifetime expired".into())
         }
         None => {
-            eprintln!("vm: the server stopped: {tail}");
+            errln!("vm: the server stopped: {tail}");
             (exit::FAILED, "the server stopped".into())
         }
     }
@@ -258,14 +259,14 @@ fn not_ready(vm: &MicroVm, serving: &Serving, e: ServeError) -> (u8, String) {
         _ => exit::FAILED,
     };
     let reason = exit::one_line(&anyhow::Error::new(e));
-    eprintln!("vm: {reason}");
-    eprintln!("vm: --- console (last {FAILURE_TAIL_LINES} lines) ---");
+    errln!("vm: {reason}");
+    errln!("vm: --- console (last {FAILURE_TAIL_LINES} lines) ---");
     for l in last_lines(&vm.machine().console_tail(), FAILURE_TAIL_LINES) {
-        eprintln!("{l}");
+        errln!("{l}");
     }
-    eprintln!("vm: --- server output (last {FAILURE_TAIL_LINES} lines) ---");
+    errln!("vm: --- server output (last {FAILURE_TAIL_LINES} lines) ---");
     for l in last_lines(&serving.output(), FAILURE_TAIL_LINES) {
-        eprintln!("{l}");
+        errln!("{l}");
     }
     (code, reason)
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::files::{self, FileError};
+use super::slots::{Admitted, Class};
 use super::{Agent, Stream, guard, transfer};
 use crate::PROTOCOL_VERSION;
 use crate::frame::{FrameError, read_frame, write_frame};
@@ -60,8 +61,13 @@ pub(super) async fn authenticate<S: Stream>(agent: &Agent, s: &mut S) -> Result<
     Ok(())
 }
 
-/// Serve one authenticated connection to completion.
-pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), FrameError> {
+/// Serve one authenticated connection to completion; its slots are taken once the request
+/// says what it is for (see [`super::slots`]) and held until it ends.
+pub(super) async fn handle<S: Stream>(
+    agent: &Agent,
+    mut s: S,
+    admitted: Admitted,
+) -> Result<(), FrameError> {
     let t = agent.io_timeout();
     let hello = AgentFrame::HelloOk {
         version: PROTOCOL_VERSION,
@@ -80,6 +86,10 @@ pub(super) async fn handle<S: Stream>(agent: &Agent, mut s: S) -> Result<(), Fra
             return send_error(&mut s, ErrorKind::Unsupported, &msg, t).await;
         }
         Err(e) => return Err(e),
+    };
+    let _held = match agent.slots().take(admitted, Class::of(&req)) {
+        Ok(held) => held,
+        Err(why) => return send_error(&mut s, ErrorKind::Busy, why, t).await,
     };
     match req {
         Request::Ping => send(&mut s, &AgentFrame::Pong, t).await,

@@ -4,8 +4,10 @@
 //! [`Agent`] serves a vsock listener ([`Agent::serve_vsock`], in a guest) or a Unix listener
 //! ([`Agent::serve_unix`], host tests). A connection first passes the gates in [`guard`] (host
 //! peer, a bounded pool of pending handshakes, the per-boot token in `Hello` within
-//! `auth_timeout`); authenticated connections beyond `max_conns` get a `Busy` error and are
-//! closed; each later step must arrive within `io_timeout`.
+//! `auth_timeout`); authenticated connections then take slots by what their request is for
+//! ([`slots`]: forwards and file streams can never take the slots kept for execs and control
+//! requests), and one that finds none gets a `Busy` error and is closed; each later step
+//! must arrive within `io_timeout`.
 //!
 //! System calls std does not have go through [`sys`], where every `unsafe` block of the agent
 //! lives behind a safe wrapper.
@@ -24,6 +26,7 @@ pub mod process;
 mod pty;
 pub mod reaper;
 mod serve;
+pub mod slots;
 pub mod sys;
 mod transfer;
 pub mod user;
@@ -41,6 +44,7 @@ use bounded::BoundedWrites;
 use cgroup::{CgroupLimits, Cgroups};
 use reaper::Reaper;
 use serve::Serves;
+use slots::{SlotLimits, Slots};
 
 use crate::protocol::{AgentInfo, ErrorKind};
 use crate::token::AgentToken;
@@ -81,7 +85,8 @@ pub struct AgentOptions {
     pub cgroup_base: Option<PathBuf>,
     pub limits: CgroupLimits,
     pub io_timeout: Duration,
-    pub max_conns: usize,
+    /// Connection slots, by class ([`slots`]).
+    pub slots: SlotLimits,
     pub max_serves: usize,
     /// The per-boot token every `Hello` must carry. `None` only for the host test server
     /// (`vm-agent --unix` without `--token-file`); PID 1 refuses to start without one.
@@ -102,7 +107,7 @@ impl Default for AgentOptions {
             cgroup_base: None,
             limits: CgroupLimits::default(),
             io_timeout: Duration::from_secs(30),
-            max_conns: 64,
+            slots: SlotLimits::default(),
             max_serves: 16,
             token: None,
             max_pending: 16,
@@ -121,7 +126,7 @@ pub struct Agent {
     serves: Serves,
     next_id: AtomicU64,
     shutdown: Notify,
-    conns: Arc<Semaphore>,
+    slots: Slots,
     pending: Arc<Semaphore>,
     refusals: RefusalLog,
 }
@@ -140,7 +145,7 @@ impl Agent {
             Some(b) => Cgroups::setup(b, opts.limits).map_err(AgentError::Cgroup)?,
             None => None,
         };
-        let conns = Arc::new(Semaphore::new(opts.max_conns));
+        let slots = Slots::new(opts.slots);
         let pending = Arc::new(Semaphore::new(opts.max_pending));
         Ok(Arc::new(Agent {
             opts,
@@ -150,7 +155,7 @@ impl Agent {
             serves: Serves::default(),
             next_id: AtomicU64::new(1),
             shutdown: Notify::new(),
-            conns,
+            slots,
             pending,
             refusals: RefusalLog::default(),
         }))
@@ -198,6 +203,9 @@ impl Agent {
     pub(crate) fn serves(&self) -> &Serves {
         &self.serves
     }
+    pub(crate) fn slots(&self) -> &Slots {
+        &self.slots
+    }
     pub(crate) fn max_serves(&self) -> usize {
         self.opts.max_serves
     }
@@ -224,15 +232,14 @@ impl Agent {
                 return;
             }
             drop(pending);
-            let Ok(permit) = agent.conns.clone().try_acquire_owned() else {
+            let Some(admitted) = agent.slots.admit() else {
                 let t = Duration::from_secs(1);
                 let _ = conn::send_error(&mut s, ErrorKind::Busy, "too many connections", t).await;
                 return;
             };
-            if let Err(e) = conn::handle(&agent, s).await {
+            if let Err(e) = conn::handle(&agent, s, admitted).await {
                 tracing::debug!(error = %vm_error_chain::error_chain(&e), "connection ended");
             }
-            drop(permit);
         });
     }
 

@@ -88,8 +88,8 @@ pub fn spec_in(dir: &Path) -> Spec {
     let limits = Limits {
         vcpus: 2,
         mem_mib: 192,
-        pids: 0,
-        wall: Duration::from_secs(30),
+        pids: i64::from(vm_spec::DEFAULT_PIDS),
+        wall: Some(Duration::from_secs(30)),
     };
     Spec::new(
         image,
