@@ -82,7 +82,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
                 .load(&a.name)
                 .is_ok_and(|r| r.state == VmState::Exited && r.exit_reason.is_some());
             if recorded {
-                eprintln!(
+                errln!(
                     "vm: {} did not start; `vm logs --console {0}` shows its console, `vm rm {0}` removes it",
                     a.name
                 );
