@@ -485,7 +485,7 @@ const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
 /// The hybrid-vsock `CONNECT` exchange, in a task of its own that owns the connection.
 ///
 /// A backend must never see the host side close between `CONNECT` and its `OK`:
-/// vhost-device-vsock 0.3.0 (the tcg driver's backend) then fails to write `OK` and its vring
+/// vhost-device-vsock 0.3.0 (the tcg driver's backend before `vm-vsock`) then failed to write `OK` and its vring
 /// worker panics, after which that VM's vsock answers no connection at all. So neither a
 /// timeout nor a caller that drops this future (a `select!`, Ctrl-C) closes a connection
 /// mid-handshake: the caller gets its timeout at once, while the task keeps the connection

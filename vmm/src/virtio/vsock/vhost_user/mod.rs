@@ -47,8 +47,10 @@ pub type Vring = VringMutex<Gm>;
 
 /// RX, TX and event queues.
 pub const NUM_QUEUES: usize = 3;
-/// Largest queue QEMU may configure (as on mmio).
-pub const MAX_QUEUE_SIZE: usize = 256;
+/// Largest queue QEMU may configure: its `vhost-user-vsock-device` sets 1024 entries (seen
+/// from QEMU 7.2: `SET_VRING_NUM` 1024; a smaller maximum makes the library refuse it and
+/// close the connection). A chain is still at most `queue::MAX_CHAIN_LEN` descriptors.
+pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The library's event id of our epoll set (ids up to `NUM_QUEUES` are its own).
 pub const BACKEND_EVENT: u16 = NUM_QUEUES as u16 + 1;
 /// The timerfd's token in our epoll set (the muxer's own start at `HANDLER_TOKEN_BASE`).
