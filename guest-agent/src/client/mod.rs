@@ -479,6 +479,15 @@ fn dropped_in_handshake(e: &ClientError) -> bool {
         // give this one's slot away (vm-vsock and vm-vmm evict the oldest silent client at
         // their connection cap), or the guest refused the port. Nothing was sent.
         ClientError::VsockHandshake { reply } => reply.is_empty(),
+        // ... or before the `CONNECT` line went out: a client starved past the backend's
+        // 2 s `CONNECT` deadline (a loaded host) finds the connection already closed.
+        ClientError::Io {
+            step: "hybrid vsock connect",
+            source,
+        } => matches!(
+            source.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
         _ => false,
     }
 }
