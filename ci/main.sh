@@ -4,7 +4,7 @@
 # usable hardware virtualization).
 #
 # Once the packages are in, the `vm` release build runs beside the rest of the
-# set-up (vhost-device-vsock, the kernel, the guest image): on 2 cores each
+# set-up (the kernel, the guest image): on 2 cores each
 # leaves one idle in its serial stretches (the kernel source's extraction, the
 # final link), which the other fills. Its output goes to a log, printed if it
 # fails.
@@ -13,7 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash ci/setup.sh --packages
 log=$(mktemp "${TMPDIR:-/tmp}/vm-build.XXXXXX.log")
 echo "main: building vm (release) alongside the set-up; log: $log" >&2
-cargo build --release -p vm-cli --bin vm >"$log" 2>&1 &
+# `vm-vsock` (the tcg driver's vsock backend) is found next to `vm`.
+cargo build --release -p vm-cli --bin vm -p vmm --bin vm-vsock >"$log" 2>&1 &
 build=$!
 if ! bash ci/setup.sh; then
     kill "$build" 2>/dev/null || true
@@ -22,7 +23,7 @@ if ! bash ci/setup.sh; then
 fi
 if ! wait "$build"; then
     tail -n 40 "$log" >&2
-    echo "main: ERROR: cargo build --release -p vm-cli failed (log: $log)" >&2
+    echo "main: ERROR: cargo build --release of vm and vm-vsock failed (log: $log)" >&2
     exit 1
 fi
 rm -f "$log"

@@ -4,7 +4,8 @@
 # (rustfmt, clippy, the nightly toolchain, cargo-fuzz) is ci/setup-tests.sh's.
 # `ci/setup.sh --packages` installs only the apt packages. Idempotent and quick
 # when all is present: apt-get runs (after `apt-get update`) only for missing
-# packages, cargo installs only what is missing or at the wrong version.
+# packages. The tcg driver's vsock backend is ours (`vm-vsock`, built with the
+# workspace), so nothing is installed with cargo here.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=lib.sh
@@ -15,7 +16,6 @@ die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 packages=(qemu-system-x86 busybox-static erofs-utils cpio lz4 linux-source-6.12 bc flex
     bison libelf-dev libssl-dev build-essential patch binutils)
-vhost_vsock_version=0.3.0
 
 [[ $# -eq 0 || ($# -eq 1 && $1 == --packages) ]] || die "unknown arguments: $* (only --packages)"
 command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable)"
@@ -24,17 +24,6 @@ ci_timed "setup: apt packages (main job)" apt_install_missing setup "${packages[
 # `--packages`: only the packages (what compiling needs: ci/main.sh then builds `vm` while the
 # rest of the set-up runs).
 [[ ${1:-} != --packages ]] || exit 0
-
-# vhost-user vsock backend for the QEMU (TCG) driver.
-start=$SECONDS
-if [[ $(vhost-device-vsock --version 2>/dev/null || true) != "vhost-device-vsock $vhost_vsock_version" ]]; then
-    say "cargo install vhost-device-vsock $vhost_vsock_version (a few minutes)"
-    cargo install vhost-device-vsock --version "$vhost_vsock_version" --locked ||
-        die "cargo install vhost-device-vsock failed"
-else
-    say "vhost-device-vsock $vhost_vsock_version present"
-fi
-ci_time "setup: cargo install vhost-device-vsock" "$start"
 
 # The guest images (images/build.sh records its kernel and agent steps itself).
 ci_timed "setup: images/build.sh (kernel, agent, image set)" images/build.sh || die "images/build.sh failed"

@@ -125,7 +125,7 @@ fn dry_run_json_has_the_resolved_spec_and_verdict() {
             assert_eq!(doc["exit_code"], 0);
             assert_eq!(doc["driver"]["name"], name.as_str(), "{doc}");
             // The jail the chosen driver builds is shown (tcg: namespaces around QEMU and
-            // vhost-device-vsock, QEMU's own seccomp sandbox, our filter for the backend).
+            // vm-vsock, QEMU's own seccomp sandbox, our filter for the backend).
             let jail = &doc["driver"]["jail"];
             assert!(jail["granted"].is_boolean(), "{jail}");
             if name == "tcg" {
@@ -136,10 +136,7 @@ fn dry_run_json_has_the_resolved_spec_and_verdict() {
                 );
                 let seccomp = jail["seccomp"].as_str().unwrap();
                 assert!(seccomp.contains("-sandbox"), "{jail}");
-                assert!(
-                    seccomp.contains("vhost-device-vsock: our allowlist"),
-                    "{jail}"
-                );
+                assert!(seccomp.contains("vm-vsock: our allowlist"), "{jail}");
             }
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } == 0 {

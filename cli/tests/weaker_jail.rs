@@ -18,14 +18,13 @@ fn an_unbuildable_jail_is_refused_unless_a_weaker_one_is_allowed() {
         skip(test, "needs root to drop to an unprivileged user");
         return;
     }
-    let home_bin = std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cargo/bin"));
-    let path_var = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path_var)
-        .chain(home_bin)
-        .map(|d| d.join("vhost-device-vsock"))
-        .find(|p| p.is_file());
+    // The tcg driver's vsock backend is built beside `vm` (cargo build --workspace).
+    let found = std::path::Path::new(common::vm_bin())
+        .parent()
+        .map(|d| d.join("vm-vsock"))
+        .filter(|p| p.is_file());
     let Some(vhost) = found else {
-        skip(test, "vhost-device-vsock is not installed");
+        skip(test, "vm-vsock is not built next to vm");
         return;
     };
     let env = Env::new();
@@ -34,7 +33,7 @@ fn an_unbuildable_jail_is_refused_unless_a_weaker_one_is_allowed() {
     std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = env.dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
-    std::fs::copy(&vhost, bin.join("vhost-device-vsock")).unwrap();
+    std::fs::copy(&vhost, bin.join("vm-vsock")).unwrap();
     let path = format!("{}:/usr/bin:/bin", bin.display());
     let run = |extra: &[&str]| {
         let mut c = std::process::Command::new("setpriv");

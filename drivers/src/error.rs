@@ -86,7 +86,7 @@ pub enum DriverError {
     },
     /// A program the driver runs is not installed where it looks.
     #[error(
-        "{program} not found (looked at {searched}); build it (`cargo build -p vmm --bin vm-vmm`) or set VM_VMM_BIN"
+        "{program} not found (looked at {searched}); build it (`cargo build -p vmm --bin {program}`) or set the variable named"
     )]
     MissingBinary {
         /// The program.

@@ -89,7 +89,7 @@ pub fn kvm_report() -> JailReport {
     }
 }
 
-/// The tcg driver's jail around QEMU and vhost-device-vsock (`tcg::jail`).
+/// The tcg driver's jail around QEMU and vm-vsock (`tcg::jail`).
 pub fn tcg_report() -> JailReport {
     let granted = host_grants();
     JailReport {
@@ -103,8 +103,8 @@ pub fn tcg_report() -> JailReport {
         capabilities: "none (bounding set empty)",
         no_new_privs: true,
         seccomp: "QEMU: its own -sandbox filter (obsolete, elevateprivileges, spawn and \
-                  resourcecontrol denied); vhost-device-vsock: our allowlist, installed before \
-                  exec, kill-process",
-        memory_cap: "RLIMIT_AS = guest RAM + 2048 MiB (QEMU), + 1024 MiB (vhost-device-vsock)",
+                  resourcecontrol denied); vm-vsock: our allowlist, installed before exec, \
+                  kill-process",
+        memory_cap: "RLIMIT_AS = guest RAM + 2048 MiB (QEMU), + 1024 MiB (vm-vsock)",
     }
 }

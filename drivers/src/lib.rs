@@ -10,7 +10,7 @@
 //! | driver   | containment  | what it is |
 //! |----------|--------------|------------|
 //! | `kvm`    | `MicroVm`    | our `vmm`, one `vm-vmm` process per VM, on `/dev/kvm` backed by VT-x/AMD-V |
-//! | `tcg`    | `UserKernel` | QEMU with software CPU emulation plus `vhost-device-vsock` |
+//! | `tcg`    | `UserKernel` | QEMU with software CPU emulation plus `vm-vsock` (our vsock device, vhost-user) |
 //! | `hvf`    | `MicroVm`    | macOS Hypervisor.framework: detection only, boot is `Unsupported` |
 //! | `hyperv` | `MicroVm`    | Windows Hypervisor Platform: not probed, boot is `Unsupported` |
 //!
@@ -23,7 +23,7 @@
 //! is not "available" in the policy sense (kvm on a PVM host).
 //!
 //! A [`Machine`] is driver-neutral: it owns a backend handle ([`VmHandle`]: the QEMU and
-//! vhost-device-vsock child processes for tcg, the `vm-vmm` process for kvm) and a
+//! vm-vsock child processes for tcg, the `vm-vmm` process for kvm) and a
 //! [`guest_agent::client::AgentClient`] over the VM's hybrid-vsock Unix socket. Everything a
 //! caller does inside the guest goes through that client. The Machine enforces the wall-clock
 //! lifetime itself: a watchdog thread tears the VM down at expiry whatever is happening, and

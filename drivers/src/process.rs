@@ -1,4 +1,4 @@
-//! Supervision of the host child processes a driver owns (QEMU, vhost-device-vsock).
+//! Supervision of the host child processes a driver owns (QEMU, vm-vsock).
 //!
 //! Every child is started:
 //! - in its own process group (`setpgid(0, 0)`), so teardown can signal the whole group;

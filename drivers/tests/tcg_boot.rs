@@ -1,4 +1,4 @@
-//! TCG boots through the real `qemu-system-x86_64` and `vhost-device-vsock` (the ones that need
+//! TCG boots through the real `qemu-system-x86_64` and our `vm-vsock` (the ones that need
 //! guest images are `#[ignore]`d: the slow tier, `cargo test -- --ignored`). Each test checks
 //! that nothing is left behind: no child process whose command line names the run dir, and no
 //! socket file. Without tcg or the guest images each test fails (a SKIP only with

@@ -1,7 +1,7 @@
 //! The jail of a running tcg VM, seen from the host through `/proc` (`drivers/src/tcg/jail.rs`):
-//! QEMU and vhost-device-vsock each run under a reaper, and every thread of all four processes
+//! QEMU and vm-vsock each run under a reaper, and every thread of all four processes
 //! has `no_new_privs`, no effective capabilities, a seccomp filter (QEMU its own `-sandbox`,
-//! vhost-device-vsock ours, the reapers theirs), an unprivileged uid, namespaces other than the
+//! vm-vsock ours, the reapers theirs), an unprivileged uid, namespaces other than the
 //! test's, and a root that holds only what the program needs. Runs as root (the jail needs
 //! it); fails like every guest test when tcg or the images are missing.
 
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use guest_agent::protocol::ExecRequest;
 use tcg_common::*;
 use vm_drivers::Driver;
-use vm_drivers::tcg::{QEMU, VHOST_VSOCK, find_program};
+use vm_drivers::tcg::{QEMU, VM_VSOCK, find_program, find_vsock_backend};
 use vm_test_support::procfs::{
     children, namespace, root_entries, status_field, thread_status_files,
 };
@@ -96,12 +96,12 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
         .expect("exec through the jailed vsock backend");
     assert_eq!(String::from_utf8_lossy(&out.output), "through the jail\n");
 
-    // host_pids: QEMU's reaper, then vhost-device-vsock's.
+    // host_pids: QEMU's reaper, then vm-vsock's.
     let pids = machine.host_pids();
     assert_eq!(pids.len(), 2, "{pids:?}");
     let (qemu_reaper, vhost_reaper) = (pids[0], pids[1]);
     let qemu = program_of(qemu_reaper, QEMU);
-    let vhost = program_of(vhost_reaper, VHOST_VSOCK);
+    let vhost = program_of(vhost_reaper, VM_VSOCK);
     assert!(
         status_field(&PathBuf::from(format!("/proc/{qemu}/status")), "Name").starts_with("qemu"),
         "{qemu} is not QEMU"
@@ -110,14 +110,14 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
     for (pid, what, reaper) in [
         (qemu_reaper, "QEMU's reaper", true),
         (qemu, QEMU, false),
-        (vhost_reaper, "vhost-device-vsock's reaper", true),
-        (vhost, VHOST_VSOCK, false),
+        (vhost_reaper, "vm-vsock's reaper", true),
+        (vhost, VM_VSOCK, false),
     ] {
         uids.push(assert_jailed_threads(pid, what));
         assert_own_namespaces(pid, what, reaper);
     }
     // QEMU and the vsock backend run as different uids (each its reaper's).
-    assert_ne!(uids[1], uids[3], "QEMU and vhost-device-vsock share a uid");
+    assert_ne!(uids[1], uids[3], "QEMU and vm-vsock share a uid");
     // PID 1 of their own namespaces.
     for pid in [qemu, vhost] {
         let nspid = status_field(&PathBuf::from(format!("/proc/{pid}/status")), "NSpid");
@@ -130,15 +130,11 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
         Path::new("/lib"),
         Path::new("/lib64"),
     ];
-    let vhost_bin = find_program(VHOST_VSOCK).unwrap();
+    let vhost_bin = find_vsock_backend().unwrap();
     let qemu_bin = find_program(QEMU).unwrap();
     let mut want: Vec<&Path> = libs.to_vec();
     want.extend([vhost_bin.as_path(), run_dir.as_path()]);
-    assert_eq!(
-        root_entries(vhost, "/"),
-        tops(&want),
-        "vhost-device-vsock's root"
-    );
+    assert_eq!(root_entries(vhost, "/"), tops(&want), "vm-vsock's root");
     let mut want: Vec<&Path> = libs.to_vec();
     want.extend([qemu_bin.as_path(), kernel.as_path(), run_dir.as_path()]);
     want.push(Path::new("/usr/share/qemu"));
@@ -201,13 +197,13 @@ fn a_vsock_backend_killed_by_its_filter_is_a_typed_error() {
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     let err = match driver.boot(plan("sigsys", images, run_dir.clone())) {
-        Ok(_) => panic!("the boot succeeded with accept4 forbidden to vhost-device-vsock"),
+        Ok(_) => panic!("the boot succeeded with accept4 forbidden to vm-vsock"),
         Err(e) => e,
     };
     vmm::seccomp::vhost::TEST_DENY.store(-1, std::sync::atomic::Ordering::SeqCst);
     match &err {
         vm_drivers::DriverError::SeccompKilled { program, .. } => {
-            assert_eq!(program, VHOST_VSOCK, "{err}")
+            assert_eq!(program, VM_VSOCK, "{err}")
         }
         other => panic!("not a seccomp error: {other} ({other:?})"),
     }

@@ -16,7 +16,7 @@
 //!
 //! Every write the agent makes on a connection is at most 16 KiB
 //! ([`agent::bounded::BoundedWrites`]): larger guest vsock TX buffers become multi-descriptor
-//! packets that vhost-device-vsock 0.3.0 drops. A Forward ends by closing the vsock stream in
+//! packets that vhost-device-vsock 0.3.0 (the tcg driver's backend before `vm-vsock`) drops. A Forward ends by closing the vsock stream in
 //! full when the guest TCP peer reaches EOF (that backend ignores half closes); the host's
 //! EOF still only half-closes the guest TCP side (see `agent::forward`).
 //!

@@ -1,5 +1,5 @@
 //! A hybrid-vsock front for tests: the `CONNECT <port>\n` → `OK <port>\n` handshake a
-//! VM's vsock socket speaks (Firecracker's, `vhost-device-vsock`'s), on a plain Unix
+//! VM's vsock socket speaks (Firecracker's, ours in `vm-vmm` and `vm-vsock`), on a plain Unix
 //! listener, handing each connected stream to the test's server (e.g. the real guest agent
 //! running on the host). Lets a test reach a "VM" through exactly the path a host client
 //! uses for a real one.

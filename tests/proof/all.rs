@@ -38,5 +38,7 @@ mod rootfs;
 mod rootfs_debian;
 #[path = "../tests/serve.rs"]
 mod serve;
+#[path = "../tests/vsock_host.rs"]
+mod vsock_host;
 #[path = "../tests/wall.rs"]
 mod wall;

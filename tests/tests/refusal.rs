@@ -142,7 +142,7 @@ fn refused_on_every_driver() {
         let options = options_for(driver, &g);
         for (what, spec, field) in refused_specs(&image, tmp.path()) {
             check_refusal(what, MicroVm::boot(spec, options.clone()).await, field)?;
-            for name in ["qemu-system", "vhost-device"] {
+            for name in ["qemu-system", "vm-vsock"] {
                 let kids = children_named(name);
                 ensure!(
                     kids.is_empty(),

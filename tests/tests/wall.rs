@@ -129,7 +129,7 @@ async fn scenario(driver: &'static str) -> Result<(), String> {
             );
         }
         eprintln!("    host pids gone {:?} after boot", booted.elapsed());
-        for name in ["qemu-system", "vhost-device"] {
+        for name in ["qemu-system", "vm-vsock"] {
             let left = children_named(name);
             ensure!(left.is_empty(), "{name} children left: {left:?}");
         }

@@ -11,7 +11,7 @@ use vm_sandbox::sys::{self, Signal};
 use crate::args::RunArgs;
 use crate::dryrun;
 use crate::exit;
-use crate::output::outln;
+use crate::output::{errln, outln};
 use crate::resolve;
 use crate::state::{Record, Runtime, VmState};
 use crate::stream::Signals;

@@ -41,7 +41,8 @@ pub(crate) fn invalid(reason: String) -> DriverError {
 }
 
 /// The hybrid-vsock socket name for a backend whose vsock device connects a guest connection
-/// to host port P to `<socket>_P` (vhost-device-vsock does): `vsock.sock` padded so the socket
+/// to host port P to `<socket>_P` (vhost-device-vsock, the tcg driver's earlier backend, did;
+/// our `vm-vsock` never does, and the padding stays as a second guard): `vsock.sock` padded so the socket
 /// path in `run_dir` is exactly [`MAX_SOCKET_PATH`] bytes. Every `<socket>_P` is then longer
 /// than any Unix socket path, so no host listener can ever be reached from the guest, whatever
 /// is created in the directory. `None` when `run_dir` is already too long.

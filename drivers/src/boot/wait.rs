@@ -20,13 +20,14 @@ const CONSOLE_POLL: Duration = Duration::from_millis(20);
 /// Like [`wait_for_agent`], but sends nothing to the agent socket before `marker` has appeared
 /// on the console (both waits share `timeout`).
 ///
-/// For backends whose vsock device must not see a host connection while the guest is still
-/// starting it: `vhost-device-vsock` 0.3.0 handles a host `CONNECT` that arrives between the
-/// guest's memory table and its TX vring being set up by returning `QueueNotReady` from its
-/// vring worker, which ends that thread for good: the process stays up, but no later
-/// connection is ever answered (observed as a whole boot timeout with the agent's ready line on
-/// the console). The guest starts its vsock device long before the agent can print the marker,
-/// so connecting only afterwards never hits that window. The marker is only a hint of when to
+/// Written for a backend whose vsock device must not see a host connection while the guest is
+/// still starting it: `vhost-device-vsock` 0.3.0 (the tcg driver's backend before `vm-vsock`)
+/// handled a host `CONNECT` that arrived between the guest's memory table and its TX vring
+/// being set up by returning `QueueNotReady` from its vring worker, which ended that thread for
+/// good. Our `vm-vsock` has no such window (it serves no queue before it is enabled and holds
+/// the connection meanwhile); the tcg driver keeps this wait because it is harmless and saves
+/// connection attempts the agent could not answer yet. The guest starts its vsock device long
+/// before the agent can print the marker, so connecting only afterwards never hits that window. The marker is only a hint of when to
 /// start: a guest that prints it early harms only itself, and the agent handshake still decides.
 pub(crate) fn wait_for_agent_after_console(
     handle: &dyn VmHandle,

@@ -1,8 +1,10 @@
-//! Where the kvm driver finds the `vm-vmm` binary it runs each VM in.
+//! Where the drivers find the binaries of this workspace they run: the kvm driver's `vm-vmm`
+//! (one per VM) and the tcg driver's `vm-vsock` (its vhost-user vsock backend).
 //!
-//! In order: `$VM_VMM_BIN` (must name a file), the directory of the running executable (an
-//! installed `vm` next to `vm-vmm`, the kvm proof pack), and that directory's parent (cargo puts
-//! test executables in `target/<profile>/deps`, the workspace's binaries one level up).
+//! In order: `$VM_VMM_BIN` / `$VM_VSOCK_BIN` (must name a file), the directory of the running
+//! executable (an installed `vm` next to them, the kvm proof pack), and that directory's parent
+//! (cargo puts test executables in `target/<profile>/deps`, the workspace's binaries one level
+//! up). The tcg driver then also looks on `PATH` (`tcg::find_program`).
 
 use std::path::{Path, PathBuf};
 
@@ -11,24 +13,38 @@ use crate::DriverError;
 /// The environment variable that overrides the search.
 pub const VMM_BIN_ENV: &str = "VM_VMM_BIN";
 
+/// The environment variable that overrides the search for `vm-vsock`.
+pub const VSOCK_BIN_ENV: &str = "VM_VSOCK_BIN";
+
 /// The `vm-vmm` binary, or an error naming every place looked at.
 pub(crate) fn vmm_binary() -> Result<PathBuf, DriverError> {
+    workspace_binary(vmm::process::BINARY, VMM_BIN_ENV)
+}
+
+/// The workspace binary `name` (overridden by `$env`), or an error naming every place looked at.
+pub(crate) fn workspace_binary(name: &'static str, env: &str) -> Result<PathBuf, DriverError> {
     let exe = std::env::current_exe().ok();
     find(
-        std::env::var_os(VMM_BIN_ENV).map(PathBuf::from),
+        name,
+        env,
+        std::env::var_os(env).map(PathBuf::from),
         exe.as_deref(),
     )
 }
 
-fn find(over: Option<PathBuf>, exe: Option<&Path>) -> Result<PathBuf, DriverError> {
-    let name = vmm::process::BINARY;
+fn find(
+    name: &'static str,
+    env: &str,
+    over: Option<PathBuf>,
+    exe: Option<&Path>,
+) -> Result<PathBuf, DriverError> {
     if let Some(p) = over.filter(|p| !p.as_os_str().is_empty()) {
         return if p.is_file() {
             Ok(p)
         } else {
             Err(DriverError::MissingBinary {
                 program: name,
-                searched: format!("${VMM_BIN_ENV}={}", p.display()),
+                searched: format!("${env}={}", p.display()),
             })
         };
     }
@@ -44,7 +60,7 @@ fn find(over: Option<PathBuf>, exe: Option<&Path>) -> Result<PathBuf, DriverErro
     let searched = candidates
         .iter()
         .map(|p| p.display().to_string())
-        .chain([format!("${VMM_BIN_ENV} (unset)")])
+        .chain([format!("${env} (unset)")])
         .collect::<Vec<_>>()
         .join(", ");
     Err(DriverError::MissingBinary {
@@ -56,6 +72,10 @@ fn find(over: Option<PathBuf>, exe: Option<&Path>) -> Result<PathBuf, DriverErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn find(over: Option<PathBuf>, exe: Option<&Path>) -> Result<PathBuf, DriverError> {
+        super::find(vmm::process::BINARY, VMM_BIN_ENV, over, exe)
+    }
 
     #[test]
     fn override_next_to_exe_then_parent() {

@@ -13,13 +13,13 @@
 //! running executable, or one directory up) and waits for the agent.
 
 pub mod detect;
-mod locate;
+pub(crate) mod locate;
 pub(crate) mod vm;
 
 use vm_spec::Containment;
 
 pub use detect::{HostFacts, KVM_API_VERSION, KvmDevice, classify};
-pub use locate::VMM_BIN_ENV;
+pub use locate::{VMM_BIN_ENV, VSOCK_BIN_ENV};
 
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
 

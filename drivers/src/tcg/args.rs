@@ -1,4 +1,4 @@
-//! The QEMU and vhost-device-vsock command lines, as pure functions of a [`QemuConfig`].
+//! The QEMU and vm-vsock command lines, as pure functions of a [`QemuConfig`].
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ pub struct QemuConfig {
     pub initramfs: PathBuf,
     /// Words appended to the fixed kernel command line (the agent configuration).
     pub extra_cmdline: String,
-    /// The vhost-user control socket `vhost-device-vsock` listens on.
+    /// The vhost-user socket `vm-vsock` listens on.
     pub vhost_socket: PathBuf,
     /// Host files exposed as read-only virtio-blk disks, in order, each with its serial.
     pub disks: Vec<BlockDevice>,
@@ -137,8 +137,8 @@ fn drive(index: usize, path: &Path) -> OsString {
     s
 }
 
-/// `vhost-device-vsock` arguments for guest CID `cid`.
-pub fn vhost_args(cid: u64, vhost_socket: &Path, uds_path: &Path) -> Vec<OsString> {
+/// `vm-vsock` arguments for guest CID `cid`.
+pub fn vsock_args(cid: u64, vhost_socket: &Path, uds_path: &Path) -> Vec<OsString> {
     vec![
         "--guest-cid".into(),
         cid.to_string().into(),
@@ -265,7 +265,7 @@ mod tests {
 
     #[test]
     fn vhost_command_line() {
-        let a: Vec<String> = vhost_args(3, Path::new("/r/vhu.sock"), Path::new("/r/vsock.sock"))
+        let a: Vec<String> = vsock_args(3, Path::new("/r/vhu.sock"), Path::new("/r/vsock.sock"))
             .into_iter()
             .map(|s| s.into_string().unwrap())
             .collect();

@@ -1,14 +1,21 @@
-//! `tcg`: QEMU with software CPU emulation (`-accel tcg`), plus `vhost-device-vsock` for the
-//! hybrid-vsock channel to the guest agent.
+//! `tcg`: QEMU with software CPU emulation (`-accel tcg`), plus `vm-vsock`, our vsock device
+//! as a vhost-user backend (`vmm::virtio::vsock::vhost_user`: the same muxer, credit and
+//! `CONNECT` code as the kvm VMM's in-process device), for the hybrid-vsock channel to the
+//! guest agent.
 //!
 //! Containment is `UserKernel`: the guest has its own kernel, but the CPU is emulated by a
 //! host user-space process; there is no hardware virtualization boundary, so the admission
 //! gate accepts it for untrusted work only with an explicit policy flag.
 //!
-//! Boot order: `vhost-device-vsock` first (the driver waits for its control socket), then QEMU;
-//! the agent socket is first contacted only once the agent's ready line is on the console
-//! (`vhost-device-vsock` 0.3.0 loses its worker thread to a host connection made while the
-//! guest is still starting the vsock device; see `boot::wait_for_agent_after_console`).
+//! Boot order: `vm-vsock` first (the driver waits for its vhost-user socket), then QEMU; the
+//! agent socket is first contacted only once the agent's ready line is on the console
+//! (`boot::wait_for_agent_after_console`). That wait was added for the previous backend
+//! (vhost-device-vsock 0.3.0 lost its vring worker to a connection made while the guest was
+//! still setting up the device); ours serves no queue before QEMU enabled it and holds such a
+//! connection until it is, so the wait is no longer needed. It stays because it is harmless
+//! and cheaper: the agent cannot answer before that line, and polling the console costs
+//! nothing, while each early `CONNECT` would hold a connection until the guest's listener
+//! exists or its deadline passes.
 //! Both children are owned by the machine's handle: own process groups, parent-death
 //! `SIGKILL`, killed and reaped on close, on wall expiry and on drop, and their socket files
 //! removed. Thread caveat: Linux sends the parent-death signal when the *thread* that forked
@@ -33,23 +40,25 @@ use crate::boot::{self, GUEST_CID, RunDir};
 use crate::machine::{MachineInfo, VmHandle};
 use crate::process::{Supervised, spawn_jailed};
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
-pub use args::{QemuConfig, qemu_args, vhost_args};
+pub use args::{QemuConfig, qemu_args, vsock_args};
 
 /// The QEMU binary name.
 pub const QEMU: &str = "qemu-system-x86_64";
-/// The vhost-user vsock backend binary name.
-pub const VHOST_VSOCK: &str = "vhost-device-vsock";
+/// Our vhost-user vsock backend (`vmm/src/bin/vm-vsock.rs`).
+pub const VM_VSOCK: &str = "vm-vsock";
 /// The vhost-user control socket, inside the run dir.
 const VHOST_SOCKET: &str = "vhu.sock";
 /// Console bytes kept.
 const CONSOLE_RING_BYTES: usize = 256 * 1024;
-/// How long vhost-device-vsock gets to create its control socket.
+/// How long vm-vsock gets to create its vhost-user socket.
 const VHOST_READY: Duration = Duration::from_secs(5);
 
 /// The QEMU TCG driver.
 #[derive(Debug, Clone, Default)]
 pub struct TcgDriver {
-    /// Explicit binaries (tests); `None` searches `PATH`, then `~/.cargo/bin`.
+    /// Explicit binaries (tests); `None` finds QEMU on `PATH` (then `~/.cargo/bin`) and
+    /// `vm-vsock` as the kvm driver finds `vm-vmm` (`$VM_VSOCK_BIN`, next to the running
+    /// executable, one directory up), then on `PATH`.
     binaries: Option<(PathBuf, PathBuf)>,
 }
 
@@ -61,6 +70,14 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
         .chain(cargo_bin)
         .map(|d| d.join(program))
         .find(|p| is_executable(p))
+}
+
+/// `vm-vsock`: where the kvm driver looks for `vm-vmm`, then on `PATH`.
+pub fn find_vsock_backend() -> Option<PathBuf> {
+    crate::kvm::locate::workspace_binary(VM_VSOCK, crate::kvm::VSOCK_BIN_ENV)
+        .ok()
+        .filter(|p| is_executable(p))
+        .or_else(|| find_program(VM_VSOCK))
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -76,10 +93,10 @@ impl TcgDriver {
         TcgDriver { binaries: None }
     }
 
-    /// The driver with explicit `qemu-system-x86_64` and `vhost-device-vsock` paths.
-    pub fn with_binaries(qemu: PathBuf, vhost: PathBuf) -> TcgDriver {
+    /// The driver with explicit `qemu-system-x86_64` and `vm-vsock` paths.
+    pub fn with_binaries(qemu: PathBuf, vsock: PathBuf) -> TcgDriver {
         TcgDriver {
-            binaries: Some((qemu, vhost)),
+            binaries: Some((qemu, vsock)),
         }
     }
 
@@ -89,7 +106,7 @@ impl TcgDriver {
                 is_executable(q).then(|| q.clone()),
                 is_executable(v).then(|| v.clone()),
             ),
-            None => (find_program(QEMU), find_program(VHOST_VSOCK)),
+            None => (find_program(QEMU), find_vsock_backend()),
         };
         match (qemu, vhost) {
             (Some(q), Some(v)) => Ok((q, v)),
@@ -99,10 +116,13 @@ impl TcgDriver {
                     missing.push(format!("{QEMU} (apt-get install qemu-system-x86)"));
                 }
                 if v.is_none() {
-                    missing.push(format!("{VHOST_VSOCK} (cargo install vhost-device-vsock)"));
+                    missing.push(format!(
+                        "{VM_VSOCK} (cargo build -p vmm --bin {VM_VSOCK}; or set ${})",
+                        crate::kvm::VSOCK_BIN_ENV
+                    ));
                 }
                 Err(format!(
-                    "not found on PATH or in ~/.cargo/bin: {}",
+                    "not found (next to this program, on PATH or in ~/.cargo/bin): {}",
                     missing.join(", ")
                 ))
             }
@@ -122,7 +142,7 @@ impl Driver for TcgDriver {
     fn detect(&self) -> Availability {
         match self.locate() {
             Ok((q, v)) => Availability::yes(format!(
-                "QEMU TCG is emulated (software CPU, no hardware virtualization boundary): {} with {}",
+                "QEMU TCG is emulated (software CPU, no hardware virtualization boundary): {} with our vsock backend {}",
                 q.display(),
                 v.display()
             )),
@@ -142,8 +162,9 @@ impl Driver for TcgDriver {
         boot::check_plan(&plan)?;
         boot::require_file("images.bz_image", &plan.images.bz_image)?;
         let cmdline = boot::agent_cmdline(&plan)?;
-        // vhost-device-vsock connects guest requests to `<uds>_<port>`: pad the socket path
-        // so that no such path can exist (see boot::unreachable_peer_socket_name).
+        // Our backend never connects a guest request anywhere; the socket path stays padded so
+        // that no `<uds>_<port>` path (where other hybrid-vsock backends connect them) can
+        // exist either (see boot::unreachable_peer_socket_name).
         let vsock_name = boot::unreachable_peer_socket_name(&plan.run_dir).ok_or_else(|| {
             DriverError::InvalidPlan {
                 reason: format!("run_dir: {} is too long", plan.run_dir.display()),
@@ -176,7 +197,7 @@ impl Driver for TcgDriver {
             )?),
             None => None,
         };
-        let vhost = start_vhost(&vhost_bin, &vhost_sock, &uds, vhost_jail)?;
+        let vhost = start_vsock(&vhost_bin, &vhost_sock, &uds, vhost_jail)?;
         let disks = plan.block_devices();
         let disk_files = if jailed {
             jail::open_disks(&disks)?
@@ -269,26 +290,25 @@ fn spawn_error(program: &str, source: std::io::Error) -> DriverError {
     }
 }
 
-/// Starts vhost-device-vsock (in `jail`, if any) and waits until its control socket exists.
-fn start_vhost(
+/// Starts vm-vsock (in `jail`, if any) and waits until its vhost-user socket exists.
+fn start_vsock(
     bin: &Path,
     vhost_sock: &Path,
     uds: &Path,
     jail: Option<vmm::process::jail::exec::ExecJail>,
 ) -> Result<Supervised, DriverError> {
     let mut cmd = Command::new(bin);
-    cmd.args(vhost_args(GUEST_CID, vhost_sock, uds))
+    cmd.args(vsock_args(GUEST_CID, vhost_sock, uds))
         .env_clear()
-        .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = spawn_jailed(VHOST_VSOCK, cmd, 16 * 1024, jail)
-        .map_err(|source| spawn_error(VHOST_VSOCK, source))?;
+    let child = spawn_jailed(VM_VSOCK, cmd, 16 * 1024, jail)
+        .map_err(|source| spawn_error(VM_VSOCK, source))?;
     let deadline = Instant::now() + VHOST_READY;
     while !vhost_sock.exists() {
         let fail = |reason: &str| DriverError::Helper {
-            program: VHOST_VSOCK.into(),
+            program: VM_VSOCK.into(),
             reason: reason.into(),
             output: child.output_tail(),
         };
@@ -315,7 +335,7 @@ impl TcgHandle {
     /// with its output.
     fn seccomp_killed(&self) -> Option<(&'static str, String)> {
         use std::os::unix::process::ExitStatusExt;
-        [(QEMU, &self.qemu), (VHOST_VSOCK, &self.vhost)]
+        [(QEMU, &self.qemu), (VM_VSOCK, &self.vhost)]
             .into_iter()
             .find(|(_, c)| {
                 c.exit_status()
@@ -354,7 +374,7 @@ impl VmHandle for TcgHandle {
         if let Some(st) = self.vhost.exit_status() {
             let out = self.vhost.output_tail();
             parts.push(format!(
-                "{VHOST_VSOCK} ended ({st}); its output: {:?}",
+                "{VM_VSOCK} ended ({st}); its output: {:?}",
                 out.trim()
             ));
         }
@@ -375,7 +395,7 @@ mod tests {
     #[test]
     fn detect_on_this_host_is_ok_and_says_emulated() {
         let a = TcgDriver::new().detect();
-        if find_program(QEMU).is_none() || find_program(VHOST_VSOCK).is_none() {
+        if find_program(QEMU).is_none() || find_vsock_backend().is_none() {
             crate::test_support::skip(&format!(
                 "SKIP detect_on_this_host_is_ok_and_says_emulated: {}",
                 a.detail
@@ -397,7 +417,7 @@ mod tests {
         let a = d.detect();
         assert!(!a.ok);
         assert!(
-            a.detail.contains(QEMU) && a.detail.contains(VHOST_VSOCK),
+            a.detail.contains(QEMU) && a.detail.contains(VM_VSOCK),
             "{}",
             a.detail
         );

@@ -9,7 +9,7 @@
 //! cut into packets of up to 64 KiB, `VIRTIO_VSOCK_MAX_PKT_BUF_SIZE`) becomes a nonlinear skb,
 //! and the driver queues it as a header descriptor followed by *several* data descriptors, one
 //! per page fragment. The virtio spec allows that, but vhost-device-vsock 0.3.0 (the vsock
-//! backend of the QEMU TCG driver) parses TX chains with virtio-vsock 0.10's
+//! backend of the QEMU TCG driver before our `vm-vsock`, which reads chains of any shape) parses TX chains with virtio-vsock 0.10's
 //! `VsockPacket::from_tx_virtq_chain`, which wants the whole payload in ONE data descriptor:
 //! such a packet fails with `DescriptorLengthTooSmall` and is dropped silently, so the host
 //! sees a gap in the byte stream (a corrupt frame, or a read that never completes).

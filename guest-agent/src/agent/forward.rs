@@ -9,7 +9,7 @@
 //!   everything it has read to the vsock stream and then closes the whole connection, both
 //!   directions, and the TCP connection with it. It does NOT half-close the vsock stream: a
 //!   half close is a `VSOCK_OP_SHUTDOWN` carrying only the SEND flag, which vhost-device-vsock
-//!   0.3.0 ignores (it acts only on RCV|SEND), so the host would never see EOF and every
+//!   0.3.0 (the tcg driver's backend before `vm-vsock`) ignores (it acts only on RCV|SEND), so the host would never see EOF and every
 //!   read-to-EOF client (HTTP/1.0, `Connection: close`) would hang. A full close sends
 //!   RCV|SEND, which the backend turns into EOF on the host socket.
 //!

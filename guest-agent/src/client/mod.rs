@@ -278,7 +278,7 @@ impl AgentClient {
             Transport::Unix(p) | Transport::HybridVsock { path: p, .. } => p,
         };
         let ct = self.limits.connect_timeout;
-        let mut s = tokio::time::timeout(ct, UnixStream::connect(path))
+        let mut s = tokio::time::timeout(ct, connect_retrying(path))
             .await
             .map_err(|_| ClientError::Timeout { step: "connect" })?
             .map_err(|source| ClientError::Connect {
@@ -470,13 +470,42 @@ const HANDSHAKE_RETRY_DELAY: Duration = Duration::from_millis(50);
 
 /// True for a handshake that failed because the connection went away (no agent reply).
 fn dropped_in_handshake(e: &ClientError) -> bool {
-    matches!(
-        e,
+    match e {
         ClientError::Frame {
             step: "handshake",
             source: FrameError::Closed | FrameError::Io(_),
+        } => true,
+        // The vsock backend closed before its `OK`: a flood of other host clients made it
+        // give this one's slot away (vm-vsock and vm-vmm evict the oldest silent client at
+        // their connection cap), or the guest refused the port. Nothing was sent.
+        ClientError::VsockHandshake { reply } => reply.is_empty(),
+        // ... or before the `CONNECT` line went out: a client starved past the backend's
+        // 2 s `CONNECT` deadline (a loaded host) finds the connection already closed.
+        ClientError::Io {
+            step: "hybrid vsock connect",
+            source,
+        } => matches!(
+            source.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        _ => false,
+    }
+}
+
+/// Connects to `path`. A full listen backlog (`EAGAIN` on a Unix socket: a flood of other
+/// clients the backend has not accepted yet) is retried after a short pause; the caller's
+/// connect timeout bounds the whole.
+async fn connect_retrying(path: &std::path::Path) -> std::io::Result<UnixStream> {
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match UnixStream::connect(path).await {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            r => return r,
         }
-    )
+    }
 }
 
 /// How long an abandoned hybrid-vsock handshake stays open waiting for the backend's reply.
@@ -485,8 +514,8 @@ const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
 /// The hybrid-vsock `CONNECT` exchange, in a task of its own that owns the connection.
 ///
 /// A backend must never see the host side close between `CONNECT` and its `OK`:
-/// vhost-device-vsock 0.3.0 (the tcg driver's backend) then fails to write `OK` and its vring
-/// worker panics, after which that VM's vsock answers no connection at all. So neither a
+/// vhost-device-vsock 0.3.0 (the tcg driver's backend before `vm-vsock`) then failed to write
+/// `OK` and its vring worker panicked, after which that VM's vsock answered no connection. So neither a
 /// timeout nor a caller that drops this future (a `select!`, Ctrl-C) closes a connection
 /// mid-handshake: the caller gets its timeout at once, while the task keeps the connection
 /// until the reply line or EOF arrives (at most [`HANDSHAKE_LINGER`]), and only then drops it.

@@ -4,7 +4,8 @@
 # VM_AGENT defaults to the static release build in $CARGO_TARGET_DIR (build it first:
 #   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p guest-agent \
 #     --bin vm-agent --target x86_64-unknown-linux-gnu).
-# Needs qemu-system-x86_64, vhost-device-vsock, busybox (static), cpio, mke2fs.
+# Needs qemu-system-x86_64, vm-vsock (built: cargo build -p vmm --bin vm-vsock; taken from
+# $target/debug unless VM_VSOCK_BIN names it), busybox (static), cpio, mke2fs.
 set -euo pipefail
 kernel=${1:?usage: run-tcg.sh BZIMAGE [VM_AGENT]}
 target=${CARGO_TARGET_DIR:-$(cd "$(dirname "$0")/../../.." && pwd)/target}
@@ -31,7 +32,8 @@ truncate -s 8M "$work/data.ext4"
 mke2fs -q -t ext4 -d "$work/disk" "$work/data.ext4"
 head -c 1M /dev/urandom >"$work/raw.img"
 
-vhost-device-vsock --guest-cid 3 --socket "$work/vhu.sock" --uds-path "$work/vm.sock" &
+vsock_bin=${VM_VSOCK_BIN:-$target/debug/vm-vsock}
+"$vsock_bin" --guest-cid 3 --socket "$work/vhu.sock" --uds-path "$work/vm.sock" &
 pids+=($!)
 for _ in $(seq 50); do [[ -S $work/vhu.sock ]] && break; sleep 0.1; done
 

@@ -1,14 +1,16 @@
-//! The filter of `vhost-device-vsock` (the tcg driver's vsock backend, a program we do not
-//! build), installed by our launcher between `fork` and `exec` ([`crate::process::jail::exec`]).
+//! The filter of `vm-vsock` (the tcg driver's vsock backend: our vsock device behind
+//! vhost-user, `crate::virtio::vsock::vhost_user`), installed by our launcher between `fork` and
+//! `exec` ([`crate::process::jail::exec`]).
 //!
 //! A filter survives `execve` (with `no_new_privs`, which the jail sets), so it covers the
-//! dynamic loader, the C library's start-up and the program itself: the list below was taken
-//! from `strace -f` of version 0.3.0 through boots, agent connections, 100 MiB transfers and
-//! shutdowns, plus the calls its libraries make on paths that run rarely (noted as such).
-//! `execve` itself must be allowed, since the filter is in place before the launcher's own
+//! dynamic loader, the C library's start-up, the Rust runtime and the program itself: the
+//! list below is what those and the backend's code paths call (its sockets, the vhost-user
+//! protocol, guest memory mappings, its event loop and deadline timer), each with who needs
+//! it. `execve` itself must be allowed, since the filter is in place before the launcher's own
 //! `execve`; after that the jail leaves nothing worth executing (a read-only root with the
 //! binary and its libraries, `no_new_privs`, no capabilities, the same filter inherited).
-//! Anything else kills the process (`SIGSYS`), which the driver reports as the cause.
+//! It has no `connect`: the backend never connects anywhere (guest-initiated connections get
+//! `RST`). Anything else kills the process (`SIGSYS`), which the driver reports as the cause.
 
 use std::sync::OnceLock;
 
@@ -19,8 +21,8 @@ use super::SeccompError;
 /// A syscall and who needs it.
 type Entry = (i64, &'static str);
 
-/// What vhost-device-vsock 0.3.0 and its loader call.
-pub const VHOST_VSOCK: &[Entry] = &[
+/// What vm-vsock, its loader and its runtime call.
+pub const VM_VSOCK: &[Entry] = &[
     (
         libc::SYS_execve,
         "our launcher's exec of the program (the filter is already on)",
@@ -33,7 +35,10 @@ pub const VHOST_VSOCK: &[Entry] = &[
         "C library start-up and every new thread",
     ),
     (libc::SYS_rseq, "C library start-up and every new thread"),
-    (libc::SYS_prlimit64, "Rust runtime: main thread stack size"),
+    (
+        libc::SYS_prlimit64,
+        "Rust runtime: main thread stack size; RLIMIT_NOFILE read and raised at start",
+    ),
     (
         libc::SYS_access,
         "loader: /etc/ld.so.preload (absent in the jail)",
@@ -104,7 +109,10 @@ pub const VHOST_VSOCK: &[Entry] = &[
     (libc::SYS_clock_nanosleep, "sleeps (rare)"),
     (libc::SYS_nanosleep, "sleeps (rare)"),
     (libc::SYS_clock_gettime, "time, when the vDSO is not used"),
-    (libc::SYS_poll, "waiting on the vhost-user socket"),
+    (
+        libc::SYS_poll,
+        "Rust runtime: checking fds 0-2 at start; waiting on a socket",
+    ),
     (
         libc::SYS_ppoll,
         "waiting on the vhost-user socket (newer C library)",
@@ -114,6 +122,11 @@ pub const VHOST_VSOCK: &[Entry] = &[
     (libc::SYS_epoll_wait, "its event loops"),
     (libc::SYS_epoll_pwait, "its event loops (newer C library)"),
     (libc::SYS_eventfd2, "event loop exit and kick eventfds"),
+    (libc::SYS_timerfd_create, "the muxer's deadline timer"),
+    (
+        libc::SYS_timerfd_settime,
+        "arming the deadline timer (CONNECT and RESPONSE deadlines)",
+    ),
     (
         libc::SYS_socket,
         "the vhost-user and hybrid-vsock listeners",
@@ -125,10 +138,6 @@ pub const VHOST_VSOCK: &[Entry] = &[
     ),
     (libc::SYS_unlink, "removing a stale socket file before bind"),
     (libc::SYS_accept4, "QEMU's and the host's connections"),
-    (
-        libc::SYS_connect,
-        "guest-initiated connections to <uds>_<port> (the driver makes those paths unreachable)",
-    ),
     (libc::SYS_recvmsg, "vhost-user messages with fds"),
     (libc::SYS_sendmsg, "vhost-user replies"),
     (libc::SYS_recvfrom, "hybrid-vsock handshake and data"),
@@ -156,14 +165,14 @@ fn test_deny() -> i64 {
     -1
 }
 
-/// The compiled filter (once per process): [`VHOST_VSOCK`] allowed, anything else kills the
+/// The compiled filter (once per process): [`VM_VSOCK`] allowed, anything else kills the
 /// process.
-pub fn vhost_vsock() -> Result<&'static BpfProgram, SeccompError> {
+pub fn vm_vsock() -> Result<&'static BpfProgram, SeccompError> {
     let deny = test_deny();
     if let Some(p) = PROGRAM.get().filter(|_| deny < 0) {
         return Ok(p);
     }
-    let rules = VHOST_VSOCK
+    let rules = VM_VSOCK
         .iter()
         .filter(|(nr, _)| *nr != deny)
         .map(|(nr, _)| (*nr, Vec::new()))
@@ -175,7 +184,7 @@ pub fn vhost_vsock() -> Result<&'static BpfProgram, SeccompError> {
         TargetArch::x86_64,
     )
     .and_then(TryInto::try_into)
-    .map_err(|e| SeccompError::External("vhost-device-vsock", e))?;
+    .map_err(|e| SeccompError::External("vm-vsock", e))?;
     if deny >= 0 {
         // A test's filter: never cached (leaked, once per boot of that test).
         return Ok(Box::leak(Box::new(prog)));
@@ -189,11 +198,20 @@ mod tests {
 
     #[test]
     fn the_filter_compiles_and_every_entry_says_who_needs_it() {
-        assert!(!vhost_vsock().unwrap().is_empty());
+        assert!(!vm_vsock().unwrap().is_empty());
         let mut seen = std::collections::BTreeSet::new();
-        for (nr, why) in VHOST_VSOCK {
+        for (nr, why) in VM_VSOCK {
             assert!(seen.insert(nr), "syscall {nr} listed twice");
             assert!(why.len() > 5, "syscall {nr} has no reason");
+        }
+        // The backend opens no connection of its own, and never changes its privileges.
+        for nr in [
+            libc::SYS_connect,
+            libc::SYS_setuid,
+            libc::SYS_ptrace,
+            libc::SYS_mount,
+        ] {
+            assert!(!seen.contains(&nr), "syscall {nr} allowed");
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The jail around a program we launch but did not write (the tcg driver's QEMU and
-//! vhost-device-vsock), built by the same steps as `vm-vmm`'s, between `fork` and `exec`.
+//! The jail around a program we launch as a separate executable (the tcg driver's QEMU, which
+//! we did not write, and our vm-vsock), built by the same steps as `vm-vmm`'s, between `fork` and `exec`.
 //!
 //! [`ExecJail::install`] adds a `pre_exec` hook to a [`Command`]. In the forked child it:
 //! unshares the namespaces and forks once more (the child becomes a reaper that mirrors how the

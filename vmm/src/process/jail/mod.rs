@@ -23,8 +23,8 @@
 //! Inherited file descriptors other than stdin/stdout/stderr are closed at start whether or not
 //! the jail is on ([`close_inherited_fds`]).
 //!
-//! The same builder jails programs we do not write (the tcg driver's QEMU and
-//! vhost-device-vsock): [`exec::ExecJail`] runs these steps between `fork` and `exec`.
+//! The same builder jails the tcg driver's separate executables (QEMU, which we do not write,
+//! and our vm-vsock): [`exec::ExecJail`] runs these steps between `fork` and `exec`.
 
 pub mod exec;
 pub mod root;
@@ -92,7 +92,7 @@ pub(crate) fn enter_namespaces(netns: Option<i32>) -> Result<(), StepError> {
 /// their own, which is most of the jail's cost (about 2 ms per VM here, see
 /// docs/benchmarks.md). It has no interface but a loopback that is down; what its members
 /// share is the abstract Unix socket namespace, and no VM process listens there (the kvm
-/// filters allow no `bind` or `listen`; vhost-device-vsock binds paths only).
+/// filters allow no `bind` or `listen`; vm-vsock binds paths only).
 pub fn shared_netns() -> std::io::Result<i32> {
     use std::os::fd::{AsRawFd, OwnedFd};
     static NETNS: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
@@ -198,7 +198,7 @@ pub struct Identity {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryCap {
     /// `RLIMIT_DATA` (private memory: our VMM, whose guest RAM is private) or `RLIMIT_AS`
-    /// (every mapping: QEMU and vhost-device-vsock map the guest RAM as a shared memfd, which
+    /// (every mapping: QEMU and vm-vsock map the guest RAM as a shared memfd, which
     /// `RLIMIT_DATA` does not count).
     pub resource: Resource,
     /// The limit.

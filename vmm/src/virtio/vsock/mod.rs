@@ -1,21 +1,27 @@
 //! virtio-vsock with a "hybrid" host side, as Firecracker does it: one Unix socket per VM.
 //!
 //! - Host -> guest: a host client connects to `uds_path`, writes `CONNECT <port>\n` (at most
-//!   32 bytes, within 3 s, or it is dropped), gets `OK <hostport>\n` once the guest's listener on
-//!   `port` accepted, and is then spliced to that guest connection.
+//!   32 bytes, within 2 s, or it is dropped), gets `OK <hostport>\n` once the guest's listener on
+//!   `port` accepted (within 3 s, or the client is closed), and is then spliced to that guest
+//!   connection.
 //! - Guest -> host: never. Every guest `REQUEST` gets `RST` and is counted
 //!   ([`muxer::guest_connects_refused`]); unlike other hybrid-vsock VMMs nothing is connected
 //!   to `<uds_path>_P`, so no host listener can become a guest egress channel.
 //!
 //! [`packet`] parses and validates headers (pure), [`connection`] keeps the per-connection
 //! credit accounting, [`muxer`] is the event handler, [`unix`] the host-socket side.
+//! Two transports drive the same muxer through [`transport::VsockQueues`]: this device behind
+//! virtio-mmio in `vm-vmm`, and [`vhost_user`], the vhost-user backend `vm-vsock` runs for the
+//! tcg driver's QEMU.
 //! The listening socket file is removed when the device is dropped.
 
 pub mod connection;
 pub mod muxer;
 pub mod packet;
 pub mod timers;
+pub mod transport;
 pub mod unix;
+pub mod vhost_user;
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,8 @@
 //! ([`guest_connects_refused`]); nothing on the host is ever connected on the guest's behalf.
 //!
 //! Bounded everywhere: at most [`MAX_CONNECTIONS`] connections plus pending host clients
-//! (beyond that a host client is closed at once), at most
+//! (beyond that a new host client replaces the oldest silent one, or is closed at once when
+//! every slot is a connection), at most
 //! [`MAX_QUEUED_RST`] queued bare RST replies, and a host socket is only watched for input while
 //! the guest has credit and we have not yet seen it readable, so a guest that posts no RX
 //! buffers costs no CPU.
@@ -26,7 +27,8 @@ use vmm_sys_util::epoll::{ControlOperation, EventSet};
 use super::connection::{Conn, ConnKey, State, bare_header};
 use super::packet::{self, HDR_SIZE, Header, MAX_PAYLOAD, PacketError, op};
 use super::timers::{Timer, Timers};
-use super::unix::{CONNECT_TIMEOUT, Handshake, PendingClient};
+use super::transport::VsockQueues;
+use super::unix::{Handshake, PendingClient, RESPONSE_TIMEOUT};
 use crate::virtio::queue::{self, Buf, QueueError};
 use crate::virtio::worker::{Ctx, HANDLER_TOKEN_BASE, Handler};
 
@@ -36,8 +38,12 @@ mod host;
 mod props;
 mod rx;
 
-/// Most connections (established, connecting and pending host clients) per device.
+/// Most connections (established, connecting and pending host clients) per device; a
+/// process with fewer descriptors than that plus its own asks for less
+/// ([`Muxer::with_max_connections`]).
 pub const MAX_CONNECTIONS: usize = 1023;
+/// Most host clients accepted per listener event (see `host`).
+pub const ACCEPT_BATCH: usize = 64;
 /// Most bare RST replies waiting for RX buffers.
 pub const MAX_QUEUED_RST: usize = 1024;
 /// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`.
@@ -76,6 +82,7 @@ pub struct Muxer {
     scratch: Vec<u8>,
     reset_event_pending: bool,
     timers: Timers,
+    max_conns: usize,
 }
 
 impl Muxer {
@@ -94,7 +101,25 @@ impl Muxer {
             scratch: vec![0u8; MAX_PAYLOAD as usize],
             reset_event_pending: false,
             timers: Timers::default(),
+            max_conns: MAX_CONNECTIONS,
         }
+    }
+
+    /// Caps connections at `max` (never above [`MAX_CONNECTIONS`]): a process whose descriptor
+    /// limit leaves room for fewer sets this, so connections alone never reach that limit.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_conns = max.min(MAX_CONNECTIONS);
+        self
+    }
+
+    /// The connection cap in force.
+    pub fn max_connections(&self) -> usize {
+        self.max_conns
+    }
+
+    /// Host clients and connections held now.
+    pub fn connections(&self) -> usize {
+        self.count()
     }
 
     fn count(&self) -> usize {
@@ -126,7 +151,7 @@ impl Muxer {
         }
     }
 
-    fn sync_interest(&mut self, key: ConnKey, ctx: &Ctx<'_>) {
+    fn sync_interest(&mut self, key: ConnKey, ctx: &dyn VsockQueues) {
         let Some(c) = self.conns.get_mut(&key) else {
             return;
         };
@@ -158,7 +183,7 @@ impl Muxer {
         }
     }
 
-    fn insert_conn(&mut self, key: ConnKey, mut conn: Conn, ctx: &Ctx<'_>) -> u64 {
+    fn insert_conn(&mut self, key: ConnKey, mut conn: Conn, ctx: &dyn VsockQueues) -> u64 {
         let token = self.token();
         conn.token = token;
         self.slots.insert(token, Slot::Conn(key));
@@ -187,6 +212,21 @@ impl Muxer {
         self.timers.push(at, t);
     }
 
+    /// Drops every connection, telling the guest nothing (its driver is being reset); host
+    /// clients still sending their `CONNECT` line stay.
+    pub fn drop_all(&mut self) {
+        tracing::info!(
+            "vsock: transport reset; dropping {} connections",
+            self.conns.len()
+        );
+        let keys: Vec<ConnKey> = self.conns.keys().copied().collect();
+        for k in keys {
+            self.remove(k, false);
+        }
+        self.rx_ready.clear();
+        self.rsts.clear();
+    }
+
     fn expire_timers(&mut self) {
         let now = Instant::now();
         while let Some(t) = self.timers.pop_expired(now) {
@@ -207,21 +247,21 @@ impl Muxer {
         }
     }
 
-    fn check(r: Result<(), QueueError>, ctx: &Ctx<'_>) {
+    fn check(r: Result<(), QueueError>, ctx: &dyn VsockQueues) {
         if let Err(e) = r {
             tracing::warn!("vsock: {e}");
-            ctx.irq.set_needs_reset();
+            ctx.set_needs_reset();
         }
     }
-}
 
-impl Handler for Muxer {
-    fn start(&mut self, ctx: &mut Ctx<'_>) {
+    /// Starts watching the listening socket.
+    pub fn start_io(&mut self, ctx: &mut dyn VsockQueues) {
         let fd = self.listener.as_raw_fd();
         ctx.epoll_ctl(ControlOperation::Add, fd, EventSet::IN, TOKEN_LISTENER);
     }
 
-    fn queue_notify(&mut self, index: usize, ctx: &mut Ctx<'_>) {
+    /// The driver notified queue `index`.
+    pub fn queue_event(&mut self, index: usize, ctx: &mut dyn VsockQueues) {
         let r = match index {
             TXQ => self.process_tx(ctx).and_then(|()| self.fill_rx(ctx)),
             RXQ => self.fill_rx(ctx),
@@ -231,7 +271,8 @@ impl Handler for Muxer {
         Self::check(r, ctx);
     }
 
-    fn fd_event(&mut self, token: u64, events: EventSet, ctx: &mut Ctx<'_>) {
+    /// One of the muxer's descriptors (epoll `token`) is ready.
+    pub fn socket_event(&mut self, token: u64, events: EventSet, ctx: &mut dyn VsockQueues) {
         match self.slots.get(&token) {
             _ if token == TOKEN_LISTENER => self.accept_all(ctx),
             Some(Slot::Pending(_)) => self.handshake(token, ctx),
@@ -245,29 +286,49 @@ impl Handler for Muxer {
         Self::check(r, ctx);
     }
 
-    fn deadline(&self) -> Option<Instant> {
+    /// The earliest deadline at which [`Muxer::expire`] must run.
+    pub fn next_deadline(&self) -> Option<Instant> {
         self.timers.next()
     }
 
-    fn timeout(&mut self, ctx: &mut Ctx<'_>) {
+    /// Deadlines passed: drops late host clients and unanswered connections.
+    pub fn expire(&mut self, ctx: &mut dyn VsockQueues) {
         self.expire_timers();
         let r = self.fill_rx(ctx);
         Self::check(r, ctx);
     }
 
-    fn request(&mut self, ctx: &mut Ctx<'_>) {
-        tracing::info!(
-            "vsock: transport reset; dropping {} connections",
-            self.conns.len()
-        );
-        let keys: Vec<ConnKey> = self.conns.keys().copied().collect();
-        for k in keys {
-            self.remove(k, false);
-        }
-        self.rx_ready.clear();
-        self.rsts.clear();
+    /// A transport reset: every connection dropped, the guest told by an event.
+    pub fn transport_reset(&mut self, ctx: &mut dyn VsockQueues) {
+        self.drop_all();
         self.reset_event_pending = true;
         let r = self.deliver_reset_event(ctx);
         Self::check(r, ctx);
+    }
+}
+
+impl Handler for Muxer {
+    fn start(&mut self, ctx: &mut Ctx<'_>) {
+        self.start_io(ctx);
+    }
+
+    fn queue_notify(&mut self, index: usize, ctx: &mut Ctx<'_>) {
+        self.queue_event(index, ctx);
+    }
+
+    fn fd_event(&mut self, token: u64, events: EventSet, ctx: &mut Ctx<'_>) {
+        self.socket_event(token, events, ctx);
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.next_deadline()
+    }
+
+    fn timeout(&mut self, ctx: &mut Ctx<'_>) {
+        self.expire(ctx);
+    }
+
+    fn request(&mut self, ctx: &mut Ctx<'_>) {
+        self.transport_reset(ctx);
     }
 }

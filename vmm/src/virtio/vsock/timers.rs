@@ -1,7 +1,8 @@
-//! Deadlines of the vsock muxer: host clients that must finish `CONNECT` and host-initiated
-//! connections the guest must answer, both within [`super::unix::CONNECT_TIMEOUT`]. All timers
-//! have the same duration, so a FIFO is ordered by deadline; entries may be stale (the client or
-//! connection already moved on) and are checked when they fire.
+//! Deadlines of the vsock muxer: host clients that must finish `CONNECT` within
+//! [`super::unix::CONNECT_TIMEOUT`] and host-initiated connections the guest must answer within
+//! [`super::unix::RESPONSE_TIMEOUT`]. Timers of one kind all have the same duration, so one FIFO
+//! per kind is ordered by deadline; entries may be stale (the client or connection already
+//! moved on) and are checked when they fire.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -17,46 +18,102 @@ pub enum Timer {
     Connecting(ConnKey, u64),
 }
 
-/// A FIFO of deadlines.
+/// Two FIFOs of deadlines, one per kind of [`Timer`].
 #[derive(Debug, Default)]
 pub struct Timers {
-    q: VecDeque<(Instant, Timer)>,
+    pending: VecDeque<(Instant, Timer)>,
+    connecting: VecDeque<(Instant, Timer)>,
 }
 
 impl Timers {
     /// Entries kept before stale ones are purged.
     pub const CAP: usize = 4096;
 
-    /// Add a timer (deadlines must be pushed in non-decreasing order).
+    fn fifo(&mut self, t: &Timer) -> &mut VecDeque<(Instant, Timer)> {
+        match t {
+            Timer::Pending(_) => &mut self.pending,
+            Timer::Connecting(..) => &mut self.connecting,
+        }
+    }
+
+    /// Add a timer (deadlines of one kind must be pushed in non-decreasing order).
     pub fn push(&mut self, at: Instant, t: Timer) {
-        self.q.push_back((at, t));
+        self.fifo(&t).push_back((at, t));
     }
 
     /// Number of entries (live or stale).
     pub fn len(&self) -> usize {
-        self.q.len()
+        self.pending.len() + self.connecting.len()
     }
 
     /// Whether there are no entries.
     pub fn is_empty(&self) -> bool {
-        self.q.is_empty()
+        self.len() == 0
     }
 
     /// Keep only the entries `live` accepts.
     pub fn retain(&mut self, mut live: impl FnMut(&Timer) -> bool) {
-        self.q.retain(|(_, t)| live(t));
+        self.pending.retain(|(_, t)| live(t));
+        self.connecting.retain(|(_, t)| live(t));
     }
 
     /// The earliest deadline.
     pub fn next(&self) -> Option<Instant> {
-        self.q.front().map(|e| e.0)
+        let a = self.pending.front().map(|e| e.0);
+        let b = self.connecting.front().map(|e| e.0);
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Pops pending-client timers, oldest first, until one whose token `live` accepts (that
+    /// one is returned, its timer gone with it); stale ones on the way are dropped.
+    pub fn pop_oldest_pending(&mut self, live: impl Fn(u64) -> bool) -> Option<u64> {
+        while let Some((_, t)) = self.pending.pop_front() {
+            if let Timer::Pending(tok) = t
+                && live(tok)
+            {
+                return Some(tok);
+            }
+        }
+        None
     }
 
     /// Pop one expired timer.
     pub fn pop_expired(&mut self, now: Instant) -> Option<Timer> {
-        if self.q.front()?.0 <= now {
-            return self.q.pop_front().map(|e| e.1);
+        for q in [&mut self.pending, &mut self.connecting] {
+            if q.front().is_some_and(|e| e.0 <= now) {
+                return q.pop_front().map(|e| e.1);
+            }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn two_kinds_fire_in_deadline_order() {
+        let t0 = Instant::now();
+        let mut t = Timers::default();
+        t.push(t0 + Duration::from_secs(3), Timer::Connecting((1, 2), 7));
+        t.push(t0 + Duration::from_secs(2), Timer::Pending(5));
+        assert_eq!(t.next(), Some(t0 + Duration::from_secs(2)));
+        assert_eq!(t.pop_expired(t0 + Duration::from_secs(1)), None);
+        assert_eq!(
+            t.pop_expired(t0 + Duration::from_secs(2)),
+            Some(Timer::Pending(5))
+        );
+        assert_eq!(t.pop_expired(t0 + Duration::from_secs(2)), None);
+        assert_eq!(t.next(), Some(t0 + Duration::from_secs(3)));
+        assert_eq!(
+            t.pop_expired(t0 + Duration::from_secs(9)),
+            Some(Timer::Connecting((1, 2), 7))
+        );
+        assert!(t.is_empty());
     }
 }

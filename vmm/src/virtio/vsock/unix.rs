@@ -1,5 +1,5 @@
 //! The host side of hybrid vsock: the listening Unix socket and the `CONNECT <port>\n`
-//! handshake of host clients (bounded in length and time). Guest-initiated connections are
+//! handshake of host clients (bounded in length, [`MAX_LINE`], and time, [`CONNECT_TIMEOUT`]). Guest-initiated connections are
 //! never connected anywhere (see the muxer); [`peer_path`] only names where a hybrid-vsock VMM
 //! would have connected them, so tests can listen there and prove nothing arrives.
 
@@ -12,8 +12,12 @@ use crate::virtio::VirtioError;
 
 /// Longest accepted handshake line, newline included.
 pub const MAX_LINE: usize = 32;
-/// How long a host client may take to send its `CONNECT` line.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a host client may take to send its `CONNECT` line: a client that connects and
+/// stays silent holds a descriptor and a connection slot only this long.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the guest may take to answer a host-initiated connection (its `RESPONSE`): longer
+/// than [`CONNECT_TIMEOUT`], as an emulated guest under load can be slow to run its listener.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Parse a `CONNECT <port>` line (without the newline).
 pub fn parse_connect_line(line: &[u8]) -> Option<u32> {

@@ -4,24 +4,24 @@
 use super::*;
 
 impl Muxer {
-    pub(super) fn process_tx(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
+    pub(super) fn process_tx(&mut self, ctx: &mut dyn VsockQueues) -> Result<(), QueueError> {
         let mut used = false;
-        while let Some(chain) = queue::pop_chain(&mut ctx.queues[TXQ], ctx.mem)? {
+        while let Some(chain) = ctx.pop(TXQ)? {
             if let Ok(bufs) = &chain.bufs {
                 self.tx_chain(bufs, ctx);
             }
-            queue::add_used(&mut ctx.queues[TXQ], ctx.mem, chain.head, 0)?;
+            ctx.add_used(TXQ, chain.head, 0)?;
             used = true;
         }
-        if used && queue::needs_notification(&mut ctx.queues[TXQ], ctx.mem) {
-            ctx.irq.signal_used();
+        if used && ctx.needs_notification(TXQ) {
+            ctx.signal_used(TXQ);
         }
         Ok(())
     }
 
-    pub(super) fn tx_chain(&mut self, bufs: &[Buf], ctx: &Ctx<'_>) {
+    pub(super) fn tx_chain(&mut self, bufs: &[Buf], ctx: &dyn VsockQueues) {
         let mut hb = [0u8; HDR_SIZE];
-        let got = queue::read_chain(ctx.mem, bufs, 0, &mut hb);
+        let got = queue::read_chain(ctx.mem(), bufs, 0, &mut hb);
         let payload_room = queue::readable_len(bufs).saturating_sub(HDR_SIZE as u64);
         match packet::parse_tx(&hb[..got], self.guest_cid, payload_room) {
             Ok(hdr) => {
@@ -31,7 +31,7 @@ impl Muxer {
                     0
                 };
                 let mut scratch = std::mem::take(&mut self.scratch);
-                let n = queue::read_chain(ctx.mem, bufs, HDR_SIZE as u64, &mut scratch[..len]);
+                let n = queue::read_chain(ctx.mem(), bufs, HDR_SIZE as u64, &mut scratch[..len]);
                 if n == len {
                     self.guest_packet(&hdr, &scratch[..n], ctx);
                 }
@@ -55,7 +55,7 @@ impl Muxer {
     }
 
     /// Handle one validated packet from the guest; `payload` holds RW data.
-    pub(super) fn guest_packet(&mut self, hdr: &Header, payload: &[u8], ctx: &Ctx<'_>) {
+    pub(super) fn guest_packet(&mut self, hdr: &Header, payload: &[u8], ctx: &dyn VsockQueues) {
         let key = (hdr.dst_port, hdr.src_port);
         if hdr.op == op::REQUEST {
             self.guest_connect(key);

@@ -1,18 +1,25 @@
 //! The host side of the muxer: accepting host clients on the Unix socket, their `CONNECT`
 //! handshake (bounded by the connection limit and a deadline), host port allocation, and
 //! readiness events on established connections' sockets.
+//!
+//! At the connection cap a new host client takes the slot of the oldest one still silent (no
+//! complete `CONNECT` line yet) rather than being refused: silent clients, however many and
+//! however fast they come, can delay a real client by at most one accept round, never lock it
+//! out. Only connections the guest accepted are never evicted. Each listener event accepts at
+//! most [`ACCEPT_BATCH`] clients, so the handshakes of those already accepted are read before
+//! a flood can push them out.
 
 use super::*;
 
 impl Muxer {
-    pub(super) fn accept_all(&mut self, ctx: &Ctx<'_>) {
-        loop {
+    pub(super) fn accept_all(&mut self, ctx: &dyn VsockQueues) {
+        for _ in 0..ACCEPT_BATCH {
             let stream = match self.listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return,
             };
-            if self.count() >= MAX_CONNECTIONS {
+            if self.count() >= self.max_conns && !self.evict_oldest_pending() {
                 tracing::debug!("vsock: connection limit reached; refusing host client");
                 continue;
             }
@@ -32,7 +39,22 @@ impl Muxer {
         }
     }
 
-    pub(super) fn handshake(&mut self, token: u64, ctx: &Ctx<'_>) {
+    /// Drops the oldest host client still sending its `CONNECT` line; false if there is none.
+    fn evict_oldest_pending(&mut self) -> bool {
+        let slots = &self.slots;
+        let oldest = self
+            .timers
+            .pop_oldest_pending(|t| matches!(slots.get(&t), Some(Slot::Pending(_))));
+        let Some(token) = oldest else {
+            return false;
+        };
+        tracing::debug!("vsock: connection limit reached; evicting the oldest silent client");
+        self.slots.remove(&token);
+        self.pending -= 1;
+        true
+    }
+
+    pub(super) fn handshake(&mut self, token: u64, ctx: &dyn VsockQueues) {
         let Some(Slot::Pending(p)) = self.slots.get_mut(&token) else {
             return;
         };
@@ -58,7 +80,7 @@ impl Muxer {
         let key = (host_port, guest_port);
         let token = self.insert_conn(key, conn, ctx);
         self.add_timer(
-            Instant::now() + CONNECT_TIMEOUT,
+            Instant::now() + RESPONSE_TIMEOUT,
             Timer::Connecting(key, token),
         );
     }
@@ -77,7 +99,7 @@ impl Muxer {
         None
     }
 
-    pub(super) fn conn_event(&mut self, key: ConnKey, events: EventSet, ctx: &Ctx<'_>) {
+    pub(super) fn conn_event(&mut self, key: ConnKey, events: EventSet, ctx: &dyn VsockQueues) {
         let Some(c) = self.conns.get_mut(&key) else {
             return;
         };

@@ -5,43 +5,43 @@ use super::*;
 
 impl Muxer {
     /// Fill RX buffers: bare RSTs first, then connections in round-robin.
-    pub(super) fn fill_rx(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
+    pub(super) fn fill_rx(&mut self, ctx: &mut dyn VsockQueues) -> Result<(), QueueError> {
         let mut used = false;
         loop {
             if self.rsts.is_empty() && self.rx_ready.is_empty() {
                 break;
             }
-            let Some(chain) = queue::pop_chain(&mut ctx.queues[RXQ], ctx.mem)? else {
+            let Some(chain) = ctx.pop(RXQ)? else {
                 break;
             };
             let bufs = match chain.bufs {
                 Ok(b) if queue::writable_len(&b) >= HDR_SIZE as u64 => b,
                 _ => {
-                    queue::add_used(&mut ctx.queues[RXQ], ctx.mem, chain.head, 0)?;
+                    ctx.add_used(RXQ, chain.head, 0)?;
                     used = true;
                     continue;
                 }
             };
             let written = match self.rsts.pop_front() {
-                Some(h) => queue::write_chain(ctx.mem, &bufs, 0, &h.to_bytes()),
+                Some(h) => queue::write_chain(ctx.mem(), &bufs, 0, &h.to_bytes()),
                 None => self.conn_packet(&bufs, ctx),
             };
             if written == 0 {
-                queue::undo_pop(&mut ctx.queues[RXQ]);
+                ctx.undo_pop(RXQ);
                 continue;
             }
-            queue::add_used(&mut ctx.queues[RXQ], ctx.mem, chain.head, written as u32)?;
+            ctx.add_used(RXQ, chain.head, written as u32)?;
             used = true;
         }
-        if used && queue::needs_notification(&mut ctx.queues[RXQ], ctx.mem) {
-            ctx.irq.signal_used();
+        if used && ctx.needs_notification(RXQ) {
+            ctx.signal_used(RXQ);
         }
         Ok(())
     }
 
     /// Write the next packet of the first ready connection into `bufs`; 0 if none was written
     /// (the chain is then put back).
-    pub(super) fn conn_packet(&mut self, bufs: &[Buf], ctx: &Ctx<'_>) -> usize {
+    pub(super) fn conn_packet(&mut self, bufs: &[Buf], ctx: &dyn VsockQueues) -> usize {
         let Some(key) = self.rx_ready.pop_front() else {
             return 0;
         };
@@ -71,7 +71,7 @@ impl Muxer {
         match ctrl {
             Some((o, flags)) => {
                 let h = c.header(key, cid, o, 0, flags);
-                written = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
+                written = queue::write_chain(ctx.mem(), bufs, 0, &h.to_bytes());
             }
             None => {
                 let room = queue::writable_len(bufs).saturating_sub(HDR_SIZE as u64);
@@ -82,7 +82,7 @@ impl Muxer {
                     // An RX buffer too small for data: spend it on a credit update.
                     let h = c.header(key, cid, op::CREDIT_UPDATE, 0, 0);
                     c.queued = false;
-                    let w = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
+                    let w = queue::write_chain(ctx.mem(), bufs, 0, &h.to_bytes());
                     self.enqueue(key);
                     return w;
                 }
@@ -94,9 +94,13 @@ impl Muxer {
                     Ok(m) => {
                         c.send_credit_update = false;
                         let h = c.header(key, cid, op::RW, m as u32, 0);
-                        let hw = queue::write_chain(ctx.mem, bufs, 0, &h.to_bytes());
-                        let dw =
-                            queue::write_chain(ctx.mem, bufs, HDR_SIZE as u64, &self.scratch[..m]);
+                        let hw = queue::write_chain(ctx.mem(), bufs, 0, &h.to_bytes());
+                        let dw = queue::write_chain(
+                            ctx.mem(),
+                            bufs,
+                            HDR_SIZE as u64,
+                            &self.scratch[..m],
+                        );
                         c.sent_to_guest(m as u32);
                         written = hw + dw;
                     }
@@ -119,22 +123,25 @@ impl Muxer {
         written
     }
 
-    pub(super) fn deliver_reset_event(&mut self, ctx: &mut Ctx<'_>) -> Result<(), QueueError> {
+    pub(super) fn deliver_reset_event(
+        &mut self,
+        ctx: &mut dyn VsockQueues,
+    ) -> Result<(), QueueError> {
         if !self.reset_event_pending {
             return Ok(());
         }
-        let Some(chain) = queue::pop_chain(&mut ctx.queues[EVQ], ctx.mem)? else {
+        let Some(chain) = ctx.pop(EVQ)? else {
             return Ok(());
         };
         let n = match &chain.bufs {
-            Ok(b) => queue::write_chain(ctx.mem, b, 0, &EVENT_TRANSPORT_RESET.to_le_bytes()),
+            Ok(b) => queue::write_chain(ctx.mem(), b, 0, &EVENT_TRANSPORT_RESET.to_le_bytes()),
             Err(_) => 0,
         };
         if n == 4 {
             self.reset_event_pending = false;
         }
-        queue::add_used(&mut ctx.queues[EVQ], ctx.mem, chain.head, n as u32)?;
-        ctx.irq.signal_used();
+        ctx.add_used(EVQ, chain.head, n as u32)?;
+        ctx.signal_used(EVQ);
         Ok(())
     }
 }
