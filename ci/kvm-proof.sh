@@ -6,6 +6,8 @@
 #   ci/kvm-proof.sh pack DIR   build here, into DIR (at most 60 MiB):
 #       run.sh                 the runner (below)
 #       bin/vm                 the CLI (release, stripped)
+#       bin/vm-vmm, bin/vm-vsock  the kvm driver's VMM; the tcg driver's vsock backend (the
+#                              pack's pipeline also runs on tcg where kvm cannot)
 #       bin/vm-kvm-proof       the runner's binary (vm_tests::proof)
 #       bin/e2e-all            the whole end-to-end suite as one test binary
 #       bin/vsock-probe        the attacker scenario's static guest probe (VM_TEST_VSOCK_PROBE)
@@ -29,8 +31,9 @@ pack() {
     local images
     images=$("$repo/images/build.sh" --print-dir) || die "no guest images: run images/build.sh"
     cd "$repo"
-    say "building the release binaries (vm, vm-vmm, vm-kvm-proof, the e2e-all suite)"
-    cargo build --release --locked -p vm-cli --bin vm -p vmm --bin vm-vmm -p vm-tests --bin vm-kvm-proof >&2
+    say "building the release binaries (vm, vm-vmm, vm-vsock, vm-kvm-proof, the e2e-all suite)"
+    cargo build --release --locked -p vm-cli --bin vm -p vmm --bin vm-vmm --bin vm-vsock \
+        -p vm-tests --bin vm-kvm-proof >&2
     local json e2e
     json=$(cargo test --release --locked -p vm-tests --test e2e-all --no-run --message-format=json)
     e2e=$(grep -o '"executable":"[^"]*e2e_all-[^"]*"' <<<"$json" | tail -n1 | cut -d'"' -f4)
@@ -39,7 +42,7 @@ pack() {
     rm -rf "$dir"
     mkdir -p "$dir/bin" "$dir/images/current" "$dir/tools/bin" "$dir/tools/lib" "$dir/tools/libexec"
     # The kvm driver runs each VM in vm-vmm, found next to the running executable.
-    cp "$target/vm" "$target/vm-vmm" "$target/vm-kvm-proof" "$dir/bin/"
+    cp "$target/vm" "$target/vm-vmm" "$target/vm-vsock" "$target/vm-kvm-proof" "$dir/bin/"
     cp "$e2e" "$dir/bin/e2e-all"
     strip "$dir/bin/"*
     # The attacker scenario's static guest probe, prebuilt: the target needs no C compiler.
