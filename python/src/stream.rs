@@ -11,7 +11,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use vm_sandbox::agent::{ExecEvent, ExecStream, ExitStatus};
-use vm_sandbox::{MicroVm, Run, SandboxError};
+use vm_sandbox::{MicroVm, Run};
 
 use crate::failure::{Failure, command_not_run};
 use crate::{blocking, runtime};
@@ -48,7 +48,7 @@ impl Stream {
 }
 
 /// The events of a command the agent could not start: `vm: <why>` on stderr, exit 127/126.
-fn not_run(e: &SandboxError) -> Option<VecDeque<ExecEvent>> {
+fn not_run(e: &(dyn std::error::Error + 'static)) -> Option<VecDeque<ExecEvent>> {
     let (code, message) = command_not_run(e)?;
     let line = format!("vm: {}\n", message.replace('\n', " "));
     let status = ExitStatus {
@@ -83,20 +83,30 @@ impl Stream {
                 State::Done => Next::End,
                 State::Made(events) => events.pop_front().map_or(Next::End, Next::Event),
                 // `ExecStream::next` is cancel-safe: a timed-out wait loses nothing.
-                State::Live(s) => match runtime().block_on(tokio::time::timeout(wait, s.next())) {
-                    Err(_) => Next::Wait,
-                    Ok(Ok(Some(ev))) => Next::Event(ev),
-                    Ok(Ok(None)) => {
-                        return Err(Failure::new(
-                            crate::failure::Kind::GuestError,
-                            "the guest closed the command's stream without an exit status",
-                        ));
+                State::Live(s) => {
+                    match runtime().block_on(async { tokio::time::timeout(wait, s.next()).await }) {
+                        Err(_) => Next::Wait,
+                        Ok(Ok(Some(ev))) => Next::Event(ev),
+                        Ok(Ok(None)) => {
+                            return Err(Failure::new(
+                                crate::failure::Kind::GuestError,
+                                "the guest closed the command's stream without an exit status",
+                            ));
+                        }
+                        // Not found / not executable: a result, as at the start.
+                        Ok(Err(e)) => match not_run(&e) {
+                            Some(mut events) => {
+                                let first = events.pop_front().map_or(Next::End, Next::Event);
+                                *state = State::Made(events);
+                                first
+                            }
+                            None => {
+                                *state = State::Done;
+                                return Err(Failure::from_error(&e));
+                            }
+                        },
                     }
-                    Ok(Err(e)) => {
-                        *state = State::Done;
-                        return Err(Failure::from_error(&e));
-                    }
-                },
+                }
             };
             if matches!(next, Next::Event(ExecEvent::Exit(_)) | Next::End) {
                 *state = State::Done;
@@ -128,7 +138,8 @@ impl Stream {
             let State::Live(s) = std::mem::replace(&mut *state, State::Done) else {
                 return None;
             };
-            match runtime().block_on(tokio::time::timeout(CANCEL_GRACE, s.cancel())) {
+            match runtime().block_on(async { tokio::time::timeout(CANCEL_GRACE, s.cancel()).await })
+            {
                 Ok(Ok(st)) => Some((st.code, st.signal, st.timed_out)),
                 _ => None,
             }

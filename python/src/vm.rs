@@ -138,28 +138,6 @@ impl Vm {
     }
 }
 
-/// One command's [`Run`] from Python's arguments.
-#[allow(clippy::too_many_arguments)]
-fn run(
-    argv: Vec<String>,
-    stdin: Option<&Bound<'_, PyBytes>>,
-    cwd: Option<String>,
-    timeout: Option<f64>,
-    env: Vec<(String, String)>,
-    env_allow: Vec<String>,
-    user: Option<String>,
-) -> Result<Run, Failure> {
-    Ok(Run {
-        command: Command::Argv(argv),
-        stdin: stdin.map(|b| b.as_bytes().to_vec()).unwrap_or_default(),
-        cwd,
-        timeout: secs("timeout", timeout)?,
-        env,
-        env_allow,
-        user,
-    })
-}
-
 #[pymethods]
 impl Vm {
     /// Starts `argv` (empty: the image's Entrypoint + Cmd) and returns its event stream.
@@ -177,7 +155,15 @@ impl Vm {
         env_allow: Vec<String>,
         user: Option<String>,
     ) -> PyResult<Stream> {
-        let run = run(argv, stdin, cwd, timeout, env, env_allow, user)?;
+        let run = Run {
+            command: Command::Argv(argv),
+            stdin: stdin.map(|b| b.as_bytes().to_vec()).unwrap_or_default(),
+            cwd,
+            timeout: secs("timeout", timeout)?,
+            env,
+            env_allow,
+            user,
+        };
         let vm = self.vm.clone();
         blocking(py, move || Stream::start(&vm, run))
     }
