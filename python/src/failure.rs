@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use vm_sandbox::agent::{ClientError, ErrorKind};
 use vm_sandbox::drivers::{MachineError, NoDriverError};
 use vm_sandbox::{
-    ImageRootError, PublishError, RequestError, SandboxError, SelectError, ServeError,
+    ImageRootError, NoImage, PublishError, RequestError, SandboxError, SelectError, ServeError,
 };
 use vm_spec::{AdmitError, SpecError};
 
@@ -197,9 +197,7 @@ fn classify(e: &(dyn Error + 'static)) -> Option<(Kind, Option<String>)> {
             _ => {}
         }
     }
-    if let Some(r) = e.downcast_ref::<RequestError>()
-        && matches!(r, RequestError::NoImage(_))
-    {
+    if e.is::<NoImage>() {
         return Some((Kind::ImageError, None));
     }
     if let Some(r) = e.downcast_ref::<ImageRootError>() {

@@ -50,11 +50,17 @@ pub struct Request {
     pub user: Option<String>,
 }
 
+/// No guest image to boot: none built and no kernel and initramfs given.
+#[derive(Debug, Error)]
+#[error("no built guest image (run `vm images build`, or give a kernel and an initrd)")]
+pub struct NoImage(#[source] pub ImageError);
+
 /// Why a [`Request`] could not become a spec.
 #[derive(Debug, Error)]
 pub enum RequestError {
-    #[error("no built guest image (run `vm images build`, or give a kernel and an initrd)")]
-    NoImage(#[source] ImageError),
+    /// Shown as the cause's own text (the chain skips the repeat), which stays in the chain.
+    #[error("{0}")]
+    NoImage(#[from] NoImage),
     #[error(transparent)]
     Store(#[from] oci::Error),
     /// Shown as the cause's own text (the chain skips the repeat), so a caller can still
@@ -67,7 +73,7 @@ impl Request {
     /// The image to boot: the built-in image (`<images dir>/current/`) with the kernel,
     /// initramfs and root filesystem asked for replacing its parts. With both a kernel and an
     /// initramfs the built-in image is not needed.
-    pub fn image(&self) -> Result<Image, RequestError> {
+    pub fn image(&self) -> Result<Image, NoImage> {
         let mut image = match (&self.kernel, &self.initrd) {
             (Some(kernel), Some(initrd)) => Image {
                 kernel: kernel.clone(),
@@ -78,7 +84,7 @@ impl Request {
                 config: ImageConfig::default(),
                 source: None,
             },
-            _ => default_spec_image().map_err(RequestError::NoImage)?,
+            _ => default_spec_image().map_err(NoImage)?,
         };
         if let Some(kernel) = &self.kernel {
             image.kernel = kernel.clone();
@@ -93,7 +99,7 @@ impl Request {
 
     /// The spec, without the OCI image and the default environment ([`Request::resolve`]
     /// adds both).
-    pub fn spec(&self) -> Result<Spec, RequestError> {
+    pub fn spec(&self) -> Result<Spec, NoImage> {
         let limits = Limits {
             vcpus: self.cpus.unwrap_or(1),
             mem_mib: self.memory_mib.unwrap_or(DEFAULT_MEM_MIB),
@@ -173,5 +179,14 @@ mod tests {
         assert!(spec.validate().is_err());
         assert_eq!(spec.image.kernel, PathBuf::from("/k"));
         assert_eq!(spec.image.initrd, Some(PathBuf::from("/i")));
+    }
+
+    /// The refusal's own error stays in the chain, where callers classify it.
+    #[test]
+    fn errors_keep_their_cause_in_the_chain() {
+        use std::error::Error;
+        let e = RequestError::from(NoImage(ImageError::NoDir));
+        assert!(e.source().is_some_and(|c| c.is::<NoImage>()));
+        assert!(e.to_string().starts_with("no built guest image"));
     }
 }
