@@ -2,6 +2,7 @@
 (``$VM_OCI_DIR``, else ``~/.cache/vm/oci``). An image is a dict: ``digest``, ``refs``,
 ``size``, ``erofs`` (the read-only root file), ``source``."""
 
+import builtins
 import os
 from typing import Dict, List, Sequence, Tuple, Union
 
@@ -20,10 +21,10 @@ def import_(path: Union[str, "os.PathLike[str]"], names: Union[str, Sequence[str
     under ``names``."""
     if isinstance(names, str):
         names = [names]
-    return _native.images_import(os.fspath(path), list(names))
+    return _native.images_import(os.fspath(path), builtins.list(names))
 
 
-def list() -> List[Image]:  # noqa: A001 - the CLI's verb
+def list() -> List[Image]:  # noqa: A001 - the CLI's verb (builtins.list above)
     """Every image in the store."""
     return _native.images_list()
 
