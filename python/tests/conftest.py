@@ -41,6 +41,13 @@ def boot(**kwargs):
 
 
 @pytest.fixture(scope="session")
+def guest_host():
+    """This host can boot a guest (else the no-driver rule): for tests that boot their own
+    sandboxes some other way (``AsyncSandbox``)."""
+    boot(memory="128M").close()
+
+
+@pytest.fixture(scope="session")
 def sb():
     """One sandbox shared by the tests that only run commands and move files."""
     box = boot(memory="512M")

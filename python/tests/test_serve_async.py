@@ -30,7 +30,7 @@ def test_non_loopback_publish_is_refused(sb):
     assert e.value.field == "ports"
 
 
-def test_asyncio_gather_of_eight():
+def test_asyncio_gather_of_eight(guest_host):
     async def one(i):
         async with AsyncSandbox(memory="128M", allow_emulation=True) as sb:
             r = await sb.exec(["sh", "-c", f"echo {i}"])
@@ -42,7 +42,7 @@ def test_asyncio_gather_of_eight():
     assert asyncio.run(main()) == [f"{i}\n".encode() for i in range(8)]
 
 
-def test_async_stream_and_files():
+def test_async_stream_and_files(guest_host):
     async def main():
         async with AsyncSandbox(memory="128M", allow_emulation=True) as sb:
             await sb.files.write("x.txt", b"hi")
