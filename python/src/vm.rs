@@ -118,6 +118,10 @@ pub fn boot(
         ..Options::default()
     };
     blocking(py, move || {
+        // What a killed Python process left (run directories whose owner is gone), as every
+        // `vm` invocation sweeps its own.
+        let parent = options.run_dir_parent.clone();
+        vm_sandbox::rundir::sweep(&parent.unwrap_or_else(std::env::temp_dir));
         let rt = runtime();
         let spec = rt.block_on(request.resolve())?;
         let vm = rt.block_on(MicroVm::boot(spec, options))?;

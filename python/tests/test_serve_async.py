@@ -51,3 +51,18 @@ def test_async_stream_and_files(guest_host):
             assert kinds[-1] == "exit" and "stdout" in kinds and "stderr" in kinds
 
     asyncio.run(main())
+
+
+def test_cancelling_an_async_exec_kills_the_guest_command(guest_host):
+    async def main():
+        async with AsyncSandbox(memory="128M", allow_emulation=True) as sb:
+            task = asyncio.ensure_future(sb.exec(["sh", "-c", "sleep 120; echo never"]))
+            await asyncio.sleep(2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.5)
+            ps = (await sb.exec(["ps"])).stdout
+            assert b"sleep 120" not in ps, ps
+
+    asyncio.run(main())
