@@ -1,6 +1,6 @@
 """SDK vs CLI, measured side by side in one run (the issue's two benchmark rows).
 
-    ~/.cache/vm/venv-sdk/bin/python python/bench.py [--vm PATH] [--warm N] [--cold N]
+    ~/.cache/vm/venv-sdk/bin/python python/examples/bench.py [--vm PATH] [--warm N] [--cold N]
 
 - warm: ``Sandbox.exec(["true"])`` in a booted sandbox vs ``vm exec NAME -- true`` (a whole
   CLI process) against a ``vm run -d`` VM; medians.
