@@ -93,3 +93,22 @@ def test_ctrl_c_cancels_the_guest_command(sb):
     time.sleep(0.5)
     ps = sb.exec(["ps"]).stdout
     assert b"sleep 120" not in ps, ps
+
+
+def test_blocking_calls_release_the_gil(sb):
+    """While one thread waits on a guest command, another runs Python freely."""
+    done = threading.Event()
+
+    def wait():
+        sb.exec(["sleep", "2"])
+        done.set()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    spins, start = 0, time.monotonic()
+    while not done.is_set() and time.monotonic() - start < 30:
+        spins += 1
+    t.join()
+    elapsed = time.monotonic() - start
+    assert elapsed >= 1.5
+    assert spins / elapsed > 500_000, f"{spins} spins in {elapsed:.1f}s: the GIL was held"
