@@ -143,3 +143,25 @@ else
     say "llama.cpp server image present: $(images/llama-server.sh --print-path)"
 fi
 ci_time "setup-tests: images/llama-server.sh (all)" "$start"
+
+# The Python SDK (python/, the `vm_sandbox` package): a venv with maturin and pytest
+# (~/.cache/vm/venv-sdk, made once), then the abi3 wheel built by `maturin build --release`
+# (cargo's own cache makes an unchanged tree a quick rebuild) and installed into that venv,
+# where ci/test.sh runs python/tests. The wheel stays in $sdk_venv/wheels for `pip install`.
+sdk_venv=${VM_SDK_VENV:-$HOME/.cache/vm/venv-sdk}
+sdk_pins="maturin==1.16.0 pytest==9.2.0"
+if ! "$sdk_venv/bin/python" -c 'import maturin, pytest' 2>/dev/null ||
+    [[ $(cat "$sdk_venv/.pins" 2>/dev/null) != "$sdk_pins" ]]; then
+    say "creating $sdk_venv ($sdk_pins)"
+    /usr/bin/python3 -m venv --clear "$sdk_venv" || die "python3 -m venv $sdk_venv failed"
+    # shellcheck disable=SC2086 # the pins are separate words
+    "$sdk_venv/bin/pip" install --quiet $sdk_pins || die "pip install $sdk_pins failed"
+    echo "$sdk_pins" >"$sdk_venv/.pins"
+fi
+say "building the Python SDK wheel (maturin build --release)"
+rm -rf "$sdk_venv/wheels"
+"$sdk_venv/bin/maturin" build --release --quiet -m python/Cargo.toml -i "$sdk_venv/bin/python" \
+    --out "$sdk_venv/wheels" >&2 || die "maturin build of python/ failed"
+"$sdk_venv/bin/pip" install --quiet --force-reinstall --no-deps "$sdk_venv"/wheels/vm_sandbox-*.whl ||
+    die "pip install of the vm_sandbox wheel failed"
+say "Python SDK installed in $sdk_venv: $(basename "$sdk_venv"/wheels/vm_sandbox-*.whl)"

@@ -5,8 +5,9 @@
 #   N flaky (passed on retry, counted in passed): <tests>
 #   N passed, N failed, N skipped
 #
-# Tests: the fast tests (`cargo nextest run --workspace`) and the slow tier (the #[ignore]d
-# KVM and real-kernel tests, `--run-ignored ignored-only`). Each test counts once, as passed,
+# Tests: the fast tests (`cargo nextest run --workspace`), the slow tier (the #[ignore]d
+# KVM and real-kernel tests, `--run-ignored ignored-only`) and the Python SDK's pytest suite
+# (python/tests, against the wheel ci/setup-tests.sh built). Each test counts once, as passed,
 # failed or skipped: a test that skipped (its `SKIP <test>: <reason>` line is in
 # $VM_TEST_SKIP_LOG) is skipped, not also passed. A test run once per driver (the end-to-end
 # scenarios) counts one unit per driver: `boot [tcg]` passed, `boot [kvm]` skipped (its
@@ -129,6 +130,37 @@ run_tests "tests"
 
 step "slow tier: ignored tests (KVM / real kernel)"
 run_tests "slow tier" --run-ignored ignored-only
+
+# run_pytest: the Python SDK's suite (python/tests) against the vm_sandbox wheel
+# ci/setup-tests.sh installed in its venv, counted from pytest's closing line ("N passed, N
+# failed, N skipped in Xs"). Its conftest writes a SKIP line per skipped test to
+# $VM_TEST_SKIP_LOG, which count-tests.awk takes off `passed`, so skips are added to it here
+# first. A no-driver host fails the suite (test-support's rule, in python/tests/conftest.py).
+run_pytest() {
+    local name="python sdk" out=$work/pytest.log status=0 summary p f s
+    local venv=${VM_SDK_VENV:-$HOME/.cache/vm/venv-sdk}
+    if [[ ! -x $venv/bin/pytest ]]; then
+        fail "$name: no $venv/bin/pytest (run ci/setup-tests.sh)"
+        return
+    fi
+    # The pytest script (not `python -m`): the installed wheel is imported, never the source.
+    "$venv/bin/pytest" -p no:cacheprovider -rs python/tests 2>&1 | tee "$out" || status=$?
+    summary=$(grep -E '^=+ .*[0-9]+ (passed|failed|errors?|skipped).* in [0-9.]+s' "$out" | tail -n1 || true)
+    if [[ -z $summary ]]; then
+        fail "$name: pytest did not complete (exit $status)"
+        return
+    fi
+    p=$(sum_matches '[0-9]+ passed' <(echo "$summary"))
+    f=$(($(sum_matches '[0-9]+ failed' <(echo "$summary")) + $(sum_matches '[0-9]+ errors?' <(echo "$summary"))))
+    s=$(sum_matches '[0-9]+ skipped' <(echo "$summary"))
+    passed=$((passed + p + s))
+    failed=$((failed + f))
+    ((f == 0)) || failures+=("$name: $f test(s)")
+    if ((f == 0 && status != 0)); then fail "$name: pytest exited $status with no failed test"; fi
+}
+
+step "python sdk: pytest python/tests (the vm_sandbox wheel against real guests)"
+run_pytest
 
 step "guest images: images/verify.sh"
 dir=$(images/build.sh --print-dir) || dir=

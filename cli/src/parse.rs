@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use vm_spec::units;
+
 /// A parse failure: the message names the flag's value and the accepted forms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseError(pub String);
@@ -23,37 +25,9 @@ fn err(msg: String) -> ParseError {
     ParseError(msg)
 }
 
-/// Parses a memory size into MiB: a number with an optional `K`, `M`, `G` or `T` suffix
-/// (also `KiB`/`KB`/..., any case); a bare number is MiB. The result must be a whole
-/// number of MiB (`1536K` is fine, `1000K` is not).
+/// Parses a memory size into MiB ([`vm_spec::units::mem_mib`]: `256M`, `1G`; MiB when bare).
 pub fn mem_mib(s: &str) -> Result<i64, ParseError> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let body = lower.strip_suffix('b').unwrap_or(&lower);
-    let body = body.strip_suffix('i').unwrap_or(body);
-    let (digits, kib_per_unit): (&str, u128) = match body.chars().last() {
-        Some('k') => (&body[..body.len() - 1], 1),
-        Some('m') => (&body[..body.len() - 1], 1024),
-        Some('g') => (&body[..body.len() - 1], 1024 * 1024),
-        Some('t') => (&body[..body.len() - 1], 1024 * 1024 * 1024),
-        _ => (body, 1024),
-    };
-    let bad = || {
-        err(format!(
-            "invalid size {s:?}: expected a number with an optional K, M or G suffix (MiB when bare), e.g. 256M or 1G"
-        ))
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    let n: u128 = digits.parse().map_err(|_| bad())?;
-    let kib = n.checked_mul(kib_per_unit).ok_or_else(bad)?;
-    if kib % 1024 != 0 {
-        return Err(err(format!(
-            "invalid size {s:?}: not a whole number of MiB"
-        )));
-    }
-    i64::try_from(kib / 1024).map_err(|_| err(format!("invalid size {s:?}: too large")))
+    units::mem_mib(s).map_err(|e| err(e.0))
 }
 
 /// Parses a size in bytes, written as for [`mem_mib`] (a whole number of MiB, at least 1).
@@ -64,42 +38,9 @@ pub fn byte_size(s: &str) -> Result<u64, ParseError> {
     }
 }
 
-/// Parses a duration: a sequence of `<number><unit>` with units `ms`, `s`, `m`, `h`
-/// (e.g. `90s`, `5m`, `1h30m`); a bare number is seconds.
+/// Parses a duration ([`vm_spec::units::duration`]: `90s`, `5m`, `1h30m`; seconds when bare).
 pub fn duration(s: &str) -> Result<Duration, ParseError> {
-    let t = s.trim();
-    let bad = || {
-        err(format!(
-            "invalid duration {s:?}: expected e.g. 60s, 5m, 1h30m (seconds when bare)"
-        ))
-    };
-    if t.is_empty() {
-        return Err(bad());
-    }
-    if t.bytes().all(|b| b.is_ascii_digit()) {
-        return t.parse::<u64>().map(Duration::from_secs).map_err(|_| bad());
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let n_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if n_len == 0 {
-            return Err(bad());
-        }
-        let n: u64 = rest[..n_len].parse().map_err(|_| bad())?;
-        rest = &rest[n_len..];
-        let u_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let part = match &rest[..u_len] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
-            "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
-            _ => return Err(bad()),
-        };
-        total = total.checked_add(part).ok_or_else(bad)?;
-        rest = &rest[u_len..];
-    }
-    Ok(total)
+    units::duration(s).map_err(|e| err(e.0))
 }
 
 /// Parses a `--ready` HTTP path: `/` then visible ASCII (no spaces or control characters),
@@ -110,25 +51,7 @@ pub fn http_path(s: &str) -> Result<String, ParseError> {
         .map_err(|e| err(e.to_string()))
 }
 
-/// Formats a duration compactly (`1h2m3s`, `45s`, `250ms`).
-pub fn fmt_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    if secs == 0 {
-        return format!("{}ms", d.as_millis());
-    }
-    let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
-    let mut out = String::new();
-    if h > 0 {
-        out.push_str(&format!("{h}h"));
-    }
-    if m > 0 {
-        out.push_str(&format!("{m}m"));
-    }
-    if s > 0 || out.is_empty() {
-        out.push_str(&format!("{s}s"));
-    }
-    out
-}
+pub use vm_spec::units::fmt_duration;
 
 /// A `-v HOST:GUEST[:ro|:rw]` flag, as written. `read_only` is true unless `:rw` was given.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

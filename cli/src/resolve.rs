@@ -5,16 +5,11 @@
 
 use std::path::PathBuf;
 
-use vm_spec::{Guarantees, Image, ImageConfig, ImageDigests, Limits, Mount, Policy, Spec, Trust};
+use vm_spec::{Mount, Policy, Spec, Trust};
 
 use crate::args::{CmdOpts, TrustArg, VmOpts};
 use crate::exit;
 use crate::parse::{self, EnvArg};
-
-/// Default guest memory when `--memory` is not given.
-pub const DEFAULT_MEM_MIB: i64 = 256;
-/// Default process limit when `--pids` is not given.
-pub const DEFAULT_PIDS: i64 = 256;
 
 impl From<TrustArg> for Trust {
     fn from(t: TrustArg) -> Trust {
@@ -34,49 +29,15 @@ pub fn policy(opts: &VmOpts) -> Policy {
     }
 }
 
-/// The image to boot: the built-in image (`<images dir>/current/`) with any of
-/// `--kernel`/`--initrd`/`--rootfs` replacing its parts. When both `--kernel` and
-/// `--initrd` are given the built-in image is not needed.
-pub fn image(opts: &VmOpts) -> anyhow::Result<Image> {
-    let mut image = match (&opts.kernel, &opts.initrd) {
-        (Some(kernel), Some(initrd)) => Image {
-            kernel: kernel.clone(),
-            bz_image: None,
-            initrd: Some(initrd.clone()),
-            rootfs: None,
-            digests: ImageDigests::default(),
-            config: ImageConfig::default(),
-            source: None,
-        },
-        _ => vm_sandbox::images::default_spec_image().map_err(|e| {
-            anyhow::Error::new(e).context(
-                "no built guest image (run `vm images build`, or pass --kernel and --initrd)",
-            )
-        })?,
-    };
-    if let Some(kernel) = &opts.kernel {
-        image.kernel = kernel.clone();
-        image.bz_image = None;
-    }
-    if let Some(initrd) = &opts.initrd {
-        image.initrd = Some(initrd.clone());
-    }
-    image.rootfs = opts.rootfs.clone();
-    Ok(image)
-}
-
-/// Builds the spec for `opts` with the guest environment `env` (already resolved).
-pub fn spec(
+/// The library's request for `opts` with the guest environment `env` (already resolved) and
+/// the user `user`: the one flag → spec path, shared with the Python SDK
+/// ([`vm_sandbox::Request`]).
+pub fn request(
     opts: &VmOpts,
     env: Vec<(String, String)>,
     env_allow: Vec<String>,
-) -> anyhow::Result<Spec> {
-    let limits = Limits {
-        vcpus: opts.cpus.unwrap_or(1),
-        mem_mib: opts.memory.unwrap_or(DEFAULT_MEM_MIB),
-        pids: opts.pids.unwrap_or(DEFAULT_PIDS),
-        wall: opts.timeout,
-    };
+    user: Option<String>,
+) -> vm_sandbox::Request {
     let mounts = opts
         .volumes
         .iter()
@@ -86,18 +47,21 @@ pub fn spec(
             read_only: v.read_only,
         })
         .collect();
-    // The guest environment is exactly the spec's: the image's Env under the `-e` values,
-    // plus vm-spec's documented default (`PATH` = vm_spec::DEFAULT_GUEST_PATH unless `-e` or
-    // the image sets it), which [`flags`] writes in once the image is known.
-    let guarantees = Guarantees {
-        egress_denied: true,
-        limits,
+    vm_sandbox::Request {
+        memory_mib: opts.memory,
+        cpus: opts.cpus,
+        pids: opts.pids,
+        timeout: opts.timeout,
         mounts,
         env,
         env_allow,
         mount_secret_allow: opts.allow_mount_secret.clone(),
-    };
-    Ok(Spec::new(image(opts)?, guarantees))
+        kernel: opts.kernel.clone(),
+        initrd: opts.initrd.clone(),
+        rootfs: opts.rootfs.clone(),
+        image: opts.image.clone(),
+        user,
+    }
 }
 
 /// What `exec`, `run` and `serve` resolve from their options before anything boots.
@@ -113,16 +77,9 @@ pub struct Resolved {
 /// The spec, trust and policy of a booting command's options. `--image` is resolved here
 /// (from the OCI store, pulled when missing), so the spec records the digest it boots.
 pub async fn flags(vm: &VmOpts, cmd: &CmdOpts) -> anyhow::Result<Resolved> {
-    let mut spec = spec(vm, env(&cmd.env), cmd.env_allow.clone())?;
-    spec.user = cmd.user.clone();
-    if let Some(reference) = &vm.image {
-        let dir = vm_sandbox::oci::default_dir().ok_or(vm_sandbox::oci::Error::NoDir)?;
-        let store = vm_sandbox::oci::Store::open(dir)?;
-        vm_sandbox::resolve_oci(&store, &mut spec, reference).await?;
-    }
-    let spec = spec.with_default_env();
+    let req = request(vm, env(&cmd.env), cmd.env_allow.clone(), cmd.user.clone());
     Ok(Resolved {
-        spec,
+        spec: req.resolve().await?,
         trust: vm.trust.into(),
         policy: policy(vm),
     })
@@ -150,7 +107,7 @@ pub fn check_workdir(spec: &Spec, workdir: Option<&str>) -> anyhow::Result<()> {
 }
 
 /// Resolves `-e` flags against this process's environment. The default guest `PATH` is not
-/// added here: [`spec`] writes `vm_spec`'s default environment into the spec, where
+/// added here: [`vm_sandbox::Request::resolve`] writes `vm_spec`'s default environment into the spec, where
 /// `--dry-run` shows it.
 pub fn env(args: &[EnvArg]) -> Vec<(String, String)> {
     parse::resolve_env(args, |k| std::env::var(k).ok())

@@ -90,6 +90,18 @@ pub fn workdir(root: &str, cwd: &str) -> Result<String, PathError> {
     }
 }
 
+/// A file path for the guest root's file operations: relative to `root`, or an absolute path
+/// under it (`/work/a` for the root `/work`); returns it relative to the root. An absolute
+/// path outside the root is refused, as `..` is.
+pub fn in_root(root: &str, path: &str) -> Result<String, PathError> {
+    if !path.starts_with('/') {
+        return relative(path, false);
+    }
+    let abs = workdir(root, path)?;
+    let rel = abs[root.trim_end_matches('/').len()..].trim_start_matches('/');
+    relative(rel, false)
+}
+
 /// `root` joined with a normalized relative path (`""` = the root itself).
 pub(crate) fn join(root: &str, rel: &str) -> String {
     match (root, rel) {
@@ -174,5 +186,22 @@ mod tests {
             workdir("/work", &long),
             Err(PathError::TooLong(_))
         ));
+    }
+
+    #[test]
+    fn in_root_takes_relative_or_absolute_under_the_root() {
+        assert_eq!(in_root("/work", "a/b").unwrap(), "a/b");
+        assert_eq!(in_root("/work", "/work/a/b").unwrap(), "a/b");
+        assert_eq!(in_root("/", "/etc/x").unwrap(), "etc/x");
+        for bad in [
+            "../x",
+            "/etc/passwd",
+            "/work",
+            "/workx/a",
+            "/work/../etc/x",
+            "",
+        ] {
+            assert!(in_root("/work", bad).is_err(), "{bad}");
+        }
     }
 }

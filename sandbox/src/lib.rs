@@ -99,6 +99,7 @@ mod microvm;
 pub mod mounts;
 pub mod publish;
 mod ready;
+pub mod request;
 pub mod rundir;
 mod running;
 mod select;
@@ -113,6 +114,7 @@ pub use microvm::{MicroVm, Options, preflight};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};
 pub use ready::{DEFAULT_READY_TIMEOUT, Probe, Readiness};
+pub use request::{DEFAULT_MEM_MIB, DEFAULT_PIDS, NoImage, Request, RequestError};
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{

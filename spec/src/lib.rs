@@ -45,6 +45,7 @@ mod model;
 pub mod paths;
 pub mod secrets;
 mod trust;
+pub mod units;
 mod validate;
 
 pub use env::{DEFAULT_GUEST_PATH, default_guest_env};

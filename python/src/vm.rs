@@ -1,0 +1,312 @@
+//! [`Vm`]: one booted guest ([`vm_sandbox::MicroVm`]) and the operations Python calls on it.
+//! [`boot`] builds the spec with [`vm_sandbox::Request`] and boots it with
+//! [`vm_sandbox::MicroVm::boot`]: validation, admission and driver selection happen there,
+//! before anything is created, so a refused spec boots nothing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use vm_sandbox::agent::{Command, Plain};
+use vm_sandbox::{DEFAULT_COPY_CAP, Guest, MicroVm, Options, Request, Run, confine};
+use vm_spec::{Mount, Policy, Trust};
+
+use crate::failure::{Failure, Kind};
+use crate::serve::Server;
+use crate::stream::Stream;
+use crate::{blocking, runtime};
+
+/// A trust level by name, as the CLI's `--trust` takes it.
+fn trust(name: &str) -> Result<Trust, Failure> {
+    match name {
+        "untrusted" => Ok(Trust::Untrusted),
+        "semi" => Ok(Trust::Semi),
+        "trusted" => Ok(Trust::Trusted),
+        other => Err(Failure::refused(
+            "trust",
+            format!("{other:?} is not one of untrusted, semi, trusted"),
+        )),
+    }
+}
+
+/// `HOST -> GUEST[:ro|:rw]` as a mount: read-only unless `:rw` is written out, which the
+/// spec's validation then refuses, naming the field (the CLI's `-v` rule).
+fn mount(host: String, guest: String) -> Mount {
+    let (guest, read_only) = match guest.rsplit_once(':') {
+        Some((g, "rw")) => (g.to_string(), false),
+        Some((g, "ro")) => (g.to_string(), true),
+        _ => (guest, true),
+    };
+    Mount {
+        host_path: PathBuf::from(host),
+        guest_path: guest,
+        read_only,
+    }
+}
+
+fn secs(field: &str, s: Option<f64>) -> Result<Option<Duration>, Failure> {
+    s.map(|s| {
+        Duration::try_from_secs_f64(s)
+            .map_err(|e| Failure::refused(field, format!("{s} seconds: {e}")))
+    })
+    .transpose()
+}
+
+/// Boots a VM. Every argument is the CLI's flag of the same name; `mounts` are
+/// `(host, guest)` pairs, `env` `(name, value)` pairs.
+#[pyfunction]
+#[pyo3(signature = (*, memory_mib=None, cpus=None, pids=None, timeout=None, mounts=vec![],
+    env=vec![], env_allow=vec![], mount_secret_allow=vec![], kernel=None, initrd=None,
+    rootfs=None, image=None, user=None, trust="untrusted", allow_emulation=false,
+    allow_weaker_jail=false, driver=None, name=None, run_dir=None, boot_timeout=300.0))]
+#[allow(clippy::too_many_arguments)]
+pub fn boot(
+    py: Python<'_>,
+    memory_mib: Option<i64>,
+    cpus: Option<i64>,
+    pids: Option<i64>,
+    timeout: Option<f64>,
+    mounts: Vec<(String, String)>,
+    env: Vec<(String, String)>,
+    env_allow: Vec<String>,
+    mount_secret_allow: Vec<PathBuf>,
+    kernel: Option<PathBuf>,
+    initrd: Option<PathBuf>,
+    rootfs: Option<PathBuf>,
+    image: Option<String>,
+    user: Option<String>,
+    trust: &str,
+    allow_emulation: bool,
+    allow_weaker_jail: bool,
+    driver: Option<String>,
+    name: Option<String>,
+    run_dir: Option<PathBuf>,
+    boot_timeout: f64,
+) -> PyResult<Vm> {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let request = Request {
+        memory_mib,
+        cpus,
+        pids,
+        timeout: secs("timeout", timeout)?,
+        mounts: mounts.into_iter().map(|(h, g)| mount(h, g)).collect(),
+        env,
+        env_allow,
+        mount_secret_allow,
+        kernel,
+        initrd,
+        rootfs,
+        image,
+        user,
+    };
+    let options = Options {
+        trust: self::trust(trust)?,
+        policy: Policy {
+            allow_emulation,
+            allow_weaker_jail,
+        },
+        driver,
+        name: name.unwrap_or_else(|| {
+            let n = COUNT.fetch_add(1, Ordering::Relaxed);
+            format!("sdk-{}-{n}", std::process::id())
+        }),
+        boot_timeout: secs("boot_timeout", Some(boot_timeout))?.unwrap_or_default(),
+        run_dir_parent: run_dir,
+        ..Options::default()
+    };
+    blocking(py, move || {
+        // What a killed Python process left (run directories whose owner is gone), as every
+        // `vm` invocation sweeps its own.
+        let parent = options.run_dir_parent.clone();
+        vm_sandbox::rundir::sweep(&parent.unwrap_or_else(std::env::temp_dir));
+        let rt = runtime();
+        let spec = rt.block_on(request.resolve())?;
+        let vm = rt.block_on(MicroVm::boot(spec, options))?;
+        Ok(Vm { vm: Arc::new(vm) })
+    })
+}
+
+/// A booted guest. Dropping it kills the VM and removes its run directory; `close` first
+/// asks the guest to power off.
+#[pyclass(module = "vm_sandbox._native", frozen)]
+pub struct Vm {
+    vm: Arc<MicroVm>,
+}
+
+impl Vm {
+    fn guest(&self) -> &Guest {
+        &self.vm
+    }
+}
+
+#[pymethods]
+impl Vm {
+    /// Starts `argv` (empty: the image's Entrypoint + Cmd) and returns its event stream.
+    #[pyo3(signature = (argv, *, stdin=None, cwd=None, timeout=None, env=vec![],
+        env_allow=vec![], user=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn exec_stream(
+        &self,
+        py: Python<'_>,
+        argv: Vec<String>,
+        stdin: Option<&Bound<'_, PyBytes>>,
+        cwd: Option<String>,
+        timeout: Option<f64>,
+        env: Vec<(String, String)>,
+        env_allow: Vec<String>,
+        user: Option<String>,
+    ) -> PyResult<Stream> {
+        let run = Run {
+            command: Command::Argv(argv),
+            stdin: stdin.map(|b| b.as_bytes().to_vec()).unwrap_or_default(),
+            cwd,
+            timeout: secs("timeout", timeout)?,
+            env,
+            env_allow,
+            user,
+        };
+        let vm = self.vm.clone();
+        blocking(py, move || Stream::start(&vm, run))
+    }
+
+    /// The bytes of the file at `path` (relative to the root, or absolute under it).
+    fn read_file<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyBytes>> {
+        let data = blocking(py, || {
+            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
+            Ok(runtime().block_on(self.guest().read_file(&rel))?)
+        })?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Writes `data` to `path` (relative to the root, or absolute under it; parents made).
+    fn write_file(&self, py: Python<'_>, path: String, data: &Bound<'_, PyBytes>) -> PyResult<()> {
+        let data = data.as_bytes().to_vec();
+        blocking(py, || {
+            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
+            Ok(runtime().block_on(self.guest().write_file(&rel, &data))?)
+        })
+    }
+
+    /// Streams the host file `src` into the guest file `path`, at most `max_size` bytes;
+    /// returns the bytes copied. Memory stays flat whatever the size.
+    #[pyo3(signature = (src, path, max_size=DEFAULT_COPY_CAP))]
+    fn upload(&self, py: Python<'_>, src: PathBuf, path: String, max_size: u64) -> PyResult<u64> {
+        blocking(py, || {
+            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
+            runtime().block_on(async {
+                let mut f = tokio::fs::File::open(&src)
+                    .await
+                    .map_err(|e| Failure::new(Kind::VmError, format!("{}: {e}", src.display())))?;
+                Ok(self.guest().write_file_from(&rel, max_size, &mut f).await?)
+            })
+        })
+    }
+
+    /// Streams the guest file `path` into the host file `dst`, at most `max_size` bytes;
+    /// returns the bytes copied.
+    #[pyo3(signature = (path, dst, max_size=DEFAULT_COPY_CAP))]
+    fn download(&self, py: Python<'_>, path: String, dst: PathBuf, max_size: u64) -> PyResult<u64> {
+        blocking(py, || {
+            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
+            runtime().block_on(async {
+                let f = tokio::fs::File::create(&dst)
+                    .await
+                    .map_err(|e| Failure::new(Kind::VmError, format!("{}: {e}", dst.display())))?;
+                let mut out = Plain(f);
+                let n = self.guest().read_file_to(&rel, max_size, &mut out).await?;
+                Ok(n)
+            })
+        })
+    }
+
+    /// Regular files under `dir` (relative to the root; `""` = the root), sorted, relative to
+    /// the root.
+    #[pyo3(signature = (dir=String::new()))]
+    fn list_files(&self, py: Python<'_>, dir: String) -> PyResult<Vec<String>> {
+        blocking(py, || {
+            let rel = match dir.as_str() {
+                "" | "." => String::new(),
+                d if d.trim_end_matches('/') == self.guest().root().trim_end_matches('/') => {
+                    String::new()
+                }
+                d => confine::in_root(self.guest().root(), d).map_err(path_refused)?,
+            };
+            Ok(runtime().block_on(self.guest().walk(&rel))?)
+        })
+    }
+
+    /// Starts a long-lived process with `ports` published on the host (`"0:8080"`: a free
+    /// loopback port to guest 8080) and waits until it is ready (every port accepts; with
+    /// `ready`, `GET ready` answers 2xx). Only loopback host addresses are accepted.
+    #[pyo3(signature = (argv, ports, ready=None, ready_timeout=300.0))]
+    fn serve(
+        &self,
+        py: Python<'_>,
+        argv: Vec<String>,
+        ports: Vec<String>,
+        ready: Option<String>,
+        ready_timeout: f64,
+    ) -> PyResult<Server> {
+        let ready_timeout = secs("ready_timeout", Some(ready_timeout))?.unwrap_or_default();
+        let vm = self.vm.clone();
+        blocking(py, move || {
+            Server::start(vm, argv, &ports, ready, ready_timeout)
+        })
+    }
+
+    /// Stops every host process of the VM until `resume`; guest calls fail meanwhile.
+    fn pause(&self, py: Python<'_>) -> PyResult<()> {
+        blocking(py, || Ok(self.vm.pause()?))
+    }
+
+    /// Lets a paused VM run again.
+    fn resume(&self, py: Python<'_>) -> PyResult<()> {
+        blocking(py, || Ok(self.vm.resume()?))
+    }
+
+    /// Powers the guest off, kills what is left and removes the run directory. Idempotent.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| runtime().block_on(self.vm.close()));
+    }
+
+    /// The driver that booted the guest (`tcg`, `kvm`).
+    #[getter]
+    fn driver(&self) -> &'static str {
+        self.vm.driver()
+    }
+
+    /// The containment the guest runs under (`microVM`, `user-kernel`).
+    #[getter]
+    fn containment(&self) -> String {
+        self.vm.containment().to_string()
+    }
+
+    /// The guest working root (`/work`).
+    #[getter]
+    fn root(&self) -> String {
+        self.guest().root().to_string()
+    }
+
+    /// The per-VM run directory (gone once closed).
+    #[getter]
+    fn run_dir(&self) -> PathBuf {
+        self.vm.run_dir().to_path_buf()
+    }
+
+    /// The VM's host processes (empty once it is gone).
+    fn host_pids(&self) -> Vec<u32> {
+        self.vm.machine().host_pids()
+    }
+
+    /// Whether the VM's wall lifetime expired (it was torn down).
+    fn wall_expired(&self) -> bool {
+        self.vm.machine().wall_expired()
+    }
+}
+
+fn path_refused(e: vm_sandbox::confine::PathError) -> Failure {
+    Failure::new(Kind::PathRefused, e.to_string())
+}

@@ -1,0 +1,62 @@
+"""vm_sandbox: run untrusted code in a microVM from Python.
+
+The Python face of the ``vm`` runtime's Rust API (``vm-sandbox``): the spec is built and
+validated exactly as the ``vm`` CLI builds it, so names, defaults and refusals are the CLI's.
+
+    from vm_sandbox import Sandbox
+
+    with Sandbox(memory="512M", timeout="10m", allow_emulation=True) as sb:
+        r = sb.exec(["sh", "-c", "echo $((6*7))"])
+        assert r.exit_code == 0 and r.stdout == b"42\\n"
+"""
+
+from . import images
+from ._async import AsyncFiles, AsyncSandbox
+from ._errors import (
+    BootFailed,
+    CommandFailed,
+    GuestError,
+    ImageError,
+    NoDriver,
+    PathRefused,
+    Paused,
+    ServeFailed,
+    SpecRefused,
+    VmError,
+    WallExpired,
+)
+from ._sandbox import ExecResult, Files, Sandbox, Server, Stream, StreamEvent, drivers
+
+
+class Trust:
+    """Trust levels (``Sandbox(trust=...)``), as the CLI's ``--trust``."""
+
+    UNTRUSTED = "untrusted"
+    SEMI = "semi"
+    TRUSTED = "trusted"
+
+
+__all__ = [
+    "AsyncFiles",
+    "AsyncSandbox",
+    "BootFailed",
+    "CommandFailed",
+    "ExecResult",
+    "Files",
+    "GuestError",
+    "ImageError",
+    "NoDriver",
+    "PathRefused",
+    "Paused",
+    "Sandbox",
+    "Server",
+    "ServeFailed",
+    "SpecRefused",
+    "Stream",
+    "StreamEvent",
+    "Trust",
+    "VmError",
+    "WallExpired",
+    "drivers",
+    "images",
+]

@@ -1,0 +1,425 @@
+"""``Sandbox``: one microVM, booted by vm-sandbox from a spec that vm-spec validated."""
+
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _native
+from ._errors import CommandFailed, VmError, WallExpired
+
+Argv = Union[str, Sequence[str]]
+#: How long one wait for a guest event lasts before Python gets control back (signals).
+_TICK = 0.2
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished command. ``exit_code`` is ``vm exec``'s: the command's code, 128+N for
+    signal N, 124 when its ``timeout`` killed it, 127/126 when it was not found / cannot be
+    executed (``stderr`` then says why)."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    signal: Optional[int] = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self, argv: Argv = ()) -> "ExecResult":
+        """Raise ``CommandFailed`` unless the exit code is 0; else return self."""
+        if self.exit_code != 0:
+            what = argv if isinstance(argv, str) else shlex.join(list(argv))
+            tail = self.stderr[-400:].decode("utf-8", "replace").strip()
+            raise CommandFailed(
+                f"command {what!r} exited {self.exit_code}" + (f": {tail}" if tail else ""),
+                None,
+                self,
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event of ``exec_stream``: ``kind`` is ``"stdout"`` or ``"stderr"`` (``data``
+    holds the chunk as it arrived) or ``"exit"`` (always last; ``exit_code`` as in
+    ``ExecResult``)."""
+
+    kind: str
+    data: bytes = b""
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    timed_out: bool = False
+
+
+def _exit_code(code: Optional[int], signal: Optional[int], timed_out: bool) -> int:
+    if timed_out:
+        return 124
+    if signal:
+        return 128 + signal
+    return code if code is not None else -1
+
+
+def _argv(argv: Argv) -> List[str]:
+    if isinstance(argv, str):
+        return ["/bin/sh", "-c", argv]
+    return [str(a) for a in argv]
+
+
+def _size(value: Union[int, str, None], field: str) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise _refused(field, f"{value!r} is not a size")
+    if isinstance(value, int):
+        return value
+    return _native.parse_mem_mib(field, str(value))
+
+
+def _seconds(value: Union[int, float, str, None], field: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return _native.parse_duration(field, str(value))
+
+
+def _refused(field: str, why: str) -> VmError:
+    from ._errors import SpecRefused
+
+    return SpecRefused(f"{field}: {why}", field)
+
+
+def _pairs(value: Union[Mapping[str, str], Iterable[Tuple[str, str]], None]) -> List[Tuple[str, str]]:
+    if value is None:
+        return []
+    items = value.items() if isinstance(value, Mapping) else value
+    return [(str(k), str(v)) for k, v in items]
+
+
+class Stream:
+    """The events of a running command; iterate it. Leaving the iteration early (``break``,
+    an exception, Ctrl-C) kills the command's whole process tree in the guest."""
+
+    def __init__(self, native: "_native.Stream") -> None:
+        self._native = native
+        self._done = False
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        try:
+            while True:
+                kind, payload = self._native.next(_TICK)
+                if kind == "wait":
+                    continue
+                if kind == "end":
+                    self._done = True
+                    return
+                if kind == "exit":
+                    code, sig, timed_out = payload
+                    self._done = True
+                    yield StreamEvent("exit", b"", _exit_code(code, sig, timed_out), sig, timed_out)
+                    return
+                yield StreamEvent(kind, payload)
+        finally:
+            if not self._done:
+                self.cancel()
+
+    def cancel(self) -> None:
+        """Kill the command's process tree (idempotent)."""
+        self._done = True
+        self._native.cancel()
+
+
+class Files:
+    """File operations confined to the sandbox's root (``/work``): paths are relative to it,
+    or absolute under it; ``..`` and any path outside are refused (``PathRefused``)."""
+
+    def __init__(self, vm: "_native.Vm") -> None:
+        self._vm = vm
+
+    def write(self, path: str, data: Union[bytes, bytearray, memoryview, str]) -> None:
+        """Write ``data`` (held in memory; ``upload`` streams) to ``path``, parents created."""
+        if isinstance(data, str):
+            data = data.encode()
+        self._vm.write_file(path, bytes(data))
+
+    def read(self, path: str) -> bytes:
+        """The bytes of ``path`` (at most 64 MiB; ``download`` streams any size)."""
+        return self._vm.read_file(path)
+
+    def list(self, dir: str = "") -> List[str]:
+        """Regular files under ``dir`` (recursively), sorted, relative to the root."""
+        return self._vm.list_files(dir)
+
+    def upload(self, src: Union[str, "os.PathLike[str]"], path: str, max_size: int = 1 << 30) -> int:
+        """Stream the host file ``src`` to ``path``; returns the bytes copied."""
+        return self._vm.upload(os.fspath(src), path, max_size)
+
+    def download(self, path: str, dst: Union[str, "os.PathLike[str]"], max_size: int = 1 << 30) -> int:
+        """Stream ``path`` to the host file ``dst``; returns the bytes copied."""
+        return self._vm.download(path, os.fspath(dst), max_size)
+
+
+class Server:
+    """A served process (``Sandbox.serve``): ``url`` (the first port's), ``urls``, ``stop()``;
+    a context manager."""
+
+    def __init__(self, native: "_native.Server") -> None:
+        self._native = native
+
+    @property
+    def url(self) -> str:
+        return self._native.urls[0]
+
+    @property
+    def urls(self) -> List[str]:
+        return list(self._native.urls)
+
+    @property
+    def ports(self) -> List[int]:
+        return list(self._native.host_ports)
+
+    @property
+    def running(self) -> bool:
+        return self._native.running
+
+    def output(self) -> str:
+        """The tail of the server's combined output."""
+        return self._native.output()
+
+    def stop(self) -> None:
+        """Stop the process and close its ports (idempotent)."""
+        self._native.stop()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Sandbox:
+    """A microVM for untrusted work, as ``vm exec``/``vm run`` make it.
+
+    Every argument is the CLI flag of the same name and takes the same values, and the
+    same spec is built and validated (vm-spec) before anything boots: ``memory`` ("512M",
+    or an int in MiB), ``cpus``, ``pids``, ``timeout`` (the VM's wall lifetime: "10m", or
+    seconds), ``mounts`` ({host: guest}, always read-only: ``"guest:rw"`` is refused),
+    ``env`` (exactly these variables over the image's; secret-looking names are refused
+    unless listed in ``env_allow``), ``image`` (an OCI reference, pulled when missing),
+    ``rootfs``, ``user``, ``trust`` and ``allow_emulation`` (accept QEMU emulation — a
+    weaker boundary — on a host without hardware virtualization). A refusal raises
+    ``SpecRefused`` naming the field; nothing has booted then.
+
+    >>> with Sandbox(memory="256M", allow_emulation=True) as sb:   # doctest: +SKIP
+    ...     sb.exec(["sh", "-c", "echo $((6*7))"]).stdout
+    b'42\\n'
+    """
+
+    def __init__(
+        self,
+        image: Optional[str] = None,
+        *,
+        memory: Union[int, str, None] = None,
+        cpus: Optional[int] = None,
+        pids: Optional[int] = None,
+        timeout: Union[int, float, str, None] = None,
+        mounts: Union[Mapping[str, str], Iterable[Tuple[str, str]], None] = None,
+        env: Union[Mapping[str, str], Iterable[Tuple[str, str]], None] = None,
+        env_allow: Sequence[str] = (),
+        allow_mount_secret: Sequence[str] = (),
+        rootfs: Optional[str] = None,
+        kernel: Optional[str] = None,
+        initrd: Optional[str] = None,
+        user: Optional[str] = None,
+        workdir: Optional[str] = None,
+        trust: str = "untrusted",
+        allow_emulation: bool = False,
+        allow_weaker_jail: bool = False,
+        driver: Optional[str] = None,
+        name: Optional[str] = None,
+        run_dir: Optional[str] = None,
+        boot_timeout: Union[int, float, str] = 300,
+    ) -> None:
+        self._vm = _native.boot(
+            memory_mib=_size(memory, "memory"),
+            cpus=cpus,
+            pids=pids,
+            timeout=_seconds(timeout, "timeout"),
+            mounts=_pairs(mounts),
+            env=_pairs(env),
+            env_allow=list(env_allow),
+            mount_secret_allow=[os.fspath(p) for p in allow_mount_secret],
+            kernel=kernel,
+            initrd=initrd,
+            rootfs=rootfs,
+            image=image,
+            user=user,
+            trust=trust,
+            allow_emulation=allow_emulation,
+            allow_weaker_jail=allow_weaker_jail,
+            driver=driver,
+            name=name,
+            run_dir=run_dir,
+            boot_timeout=_seconds(boot_timeout, "boot_timeout"),
+        )
+        self._workdir = workdir
+        self.files = Files(self._vm)
+
+    @classmethod
+    def attach(cls, name: str) -> "Sandbox":
+        """A VM started by ``vm run -d --name NAME`` (not yet in this SDK: use the CLI)."""
+        raise NotImplementedError("Sandbox.attach: not implemented yet; use `vm exec NAME`")
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def exec_stream(
+        self,
+        argv: Argv,
+        *,
+        stdin: Optional[bytes] = None,
+        timeout: Union[int, float, str, None] = None,
+        cwd: Optional[str] = None,
+        env: Union[Mapping[str, str], Iterable[Tuple[str, str]], None] = None,
+        env_allow: Sequence[str] = (),
+        user: Optional[str] = None,
+    ) -> Stream:
+        """Start ``argv`` (a list; a string runs under ``/bin/sh -c``) and stream its output:
+        iterate the result for ``StreamEvent``s as chunks arrive, then its exit."""
+        native = self._guest_call(
+            self._vm.exec_stream,
+            _argv(argv),
+            stdin=None if stdin is None else bytes(stdin),
+            cwd=cwd if cwd is not None else self._workdir,
+            timeout=_seconds(timeout, "timeout"),
+            env=_pairs(env),
+            env_allow=list(env_allow),
+            user=user,
+        )
+        return Stream(native)
+
+    def exec(
+        self,
+        argv: Argv,
+        *,
+        check: bool = False,
+        stdin: Optional[bytes] = None,
+        timeout: Union[int, float, str, None] = None,
+        cwd: Optional[str] = None,
+        env: Union[Mapping[str, str], Iterable[Tuple[str, str]], None] = None,
+        env_allow: Sequence[str] = (),
+        user: Optional[str] = None,
+    ) -> ExecResult:
+        """Run ``argv`` to its end: ``ExecResult(exit_code, stdout, stderr)``. A non-zero
+        exit is a result; ``check=True`` raises ``CommandFailed`` instead. ``timeout`` kills
+        the command's process tree (exit 124). Ctrl-C kills it too, then raises
+        ``KeyboardInterrupt``."""
+        out: List[bytes] = []
+        err: List[bytes] = []
+        stream = self.exec_stream(
+            argv, stdin=stdin, timeout=timeout, cwd=cwd, env=env, env_allow=env_allow, user=user
+        )
+        result = None
+        try:
+            for ev in stream:
+                if ev.kind == "stdout":
+                    out.append(ev.data)
+                elif ev.kind == "stderr":
+                    err.append(ev.data)
+                else:
+                    result = ExecResult(
+                        ev.exit_code if ev.exit_code is not None else -1,
+                        b"".join(out),
+                        b"".join(err),
+                        ev.signal,
+                        ev.timed_out,
+                    )
+        except VmError as e:
+            self._raise_expired(e)
+            raise
+        if result is None:
+            raise VmError("the guest closed the command's stream without an exit status")
+        return result.check(argv) if check else result
+
+    def _guest_call(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args, **kwargs)
+        except VmError as e:
+            self._raise_expired(e)
+            raise
+
+    def _raise_expired(self, e: VmError) -> None:
+        if not isinstance(e, WallExpired) and self._vm.wall_expired():
+            raise WallExpired(f"the VM's wall lifetime expired: {e}") from e
+
+    # -- serving, lifetime ------------------------------------------------------------------
+
+    def serve(
+        self,
+        argv: Argv = (),
+        ports: Sequence[str] = ("0:8080",),
+        ready: Optional[str] = None,
+        ready_timeout: Union[int, float, str] = 300,
+    ) -> Server:
+        """Start a long-lived process (empty ``argv``: the image's Entrypoint + Cmd) with
+        ``ports`` published on host loopback (``"0:8080"``: a free port to guest 8080;
+        ``"8000"``, ``"9000-9001:9000-9001"`` as ``vm serve -p``) and wait until every port
+        accepts connections and, with ``ready``, ``GET ready`` answers 2xx. ``.url`` is
+        ``http://127.0.0.1:PORT``."""
+        secs = _seconds(ready_timeout, "ready_timeout")
+        return Server(
+            self._guest_call(self._vm.serve, [] if argv == () else _argv(argv), list(ports), ready, secs)
+        )
+
+    def pause(self) -> None:
+        """Freeze every host process of the VM (guest calls raise ``Paused`` meanwhile)."""
+        self._vm.pause()
+
+    def resume(self) -> None:
+        """Thaw a paused VM."""
+        self._vm.resume()
+
+    def close(self) -> None:
+        """Power the guest off, kill what is left, remove its run directory. Idempotent."""
+        self._vm.close()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- facts ------------------------------------------------------------------------------
+
+    @property
+    def driver(self) -> str:
+        """The driver that booted it (``kvm``, ``tcg``)."""
+        return self._vm.driver
+
+    @property
+    def containment(self) -> str:
+        """``microVM`` (kvm) or ``user-kernel`` (emulation)."""
+        return self._vm.containment
+
+    @property
+    def root(self) -> str:
+        """The guest working root (``/work``)."""
+        return self._vm.root
+
+    @property
+    def run_dir(self) -> str:
+        """The host directory holding the VM's sockets (removed by ``close``)."""
+        return os.fspath(self._vm.run_dir)
+
+    def host_pids(self) -> List[int]:
+        """The VM's host processes (empty once it is closed)."""
+        return list(self._vm.host_pids())
+
+
+def drivers() -> List[Dict[str, object]]:
+    """The driver registry with each driver's verdict here, in preference order: dicts with
+    ``name``, ``available``, ``containment``, ``jail``, ``reason``."""
+    return _native.drivers()
