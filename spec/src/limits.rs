@@ -199,7 +199,10 @@ mod tests {
         }
         // The floor is what a guest kernel plus agent boots in: 64 MiB passes, 63 does not.
         assert_eq!(MIN_MEM_MIB, 64);
-        assert_eq!(lim(1, MIN_MEM_MIB, 1, None).normalize().unwrap().mem_mib, 64);
+        assert_eq!(
+            lim(1, MIN_MEM_MIB, 1, None).normalize().unwrap().mem_mib,
+            64
+        );
     }
 
     #[test]
