@@ -16,6 +16,9 @@
 #                    end in a diagnosed failure (console tail and the vCPU's registers)
 #   ci/kvm-nested.sh --print-l1          build (cached) the L1 and print its directory
 #   --cli-only   (debugging the runner) only the L1's CLI checks, not the pack's run.sh
+#   --qemu PATH  another qemu-system-x86_64 for the L1 (e.g. QEMU 10 extracted from
+#                bookworm-backports into its own prefix; its firmware from PREFIX/share/qemu)
+#   --smp N      L1 vCPUs (default 1; see below)
 #
 # Exit: 0 every case passed; 1 a case failed, the L1 failed or the run timed out (with the
 # L1's console tail and, on a timeout, where its vCPU was, from the QEMU monitor).
@@ -37,7 +40,7 @@ modules=(virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio virtio_p
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/vm/kvm-nested
 l1_mem=6G
 
-pack= out= full=0 timeout= mode=run append_extra=
+pack= out= full=0 timeout= mode=run append_extra= qemu=qemu-system-x86_64 smp=1
 while (($#)); do
     case $1 in
     --pack) pack=${2:?--pack DIR}; shift ;;
@@ -46,6 +49,8 @@ while (($#)); do
     --timeout) timeout=${2:?--timeout SECONDS}; shift ;;
     --self-test-hang) mode=hang ;;
     --cli-only) append_extra=" l1.cli-only=1" ;;
+    --qemu) qemu=${2:?--qemu PATH}; shift ;;
+    --smp) smp=${2:?--smp N}; shift ;;
     --print-l1) mode=print ;;
     *) die "unknown argument $1 (see the header of ci/kvm-nested.sh)" ;;
     esac
@@ -196,7 +201,11 @@ if [[ $mode == print ]]; then
     echo "$l1"
     exit 0
 fi
-command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
+command -v "$qemu" >/dev/null || die "$qemu not found (apt-get install qemu-system-x86)"
+[[ $smp =~ ^[1-9]$ ]] || die "--smp: 1 to 9 vCPUs, not $smp"
+qemu_data=()
+prefix=$(dirname "$(dirname "$(command -v "$qemu")")")
+[[ $prefix == /usr ]] || qemu_data=(-L "$prefix/share/qemu" -L "$prefix/share/seabios")
 command -v python3 >/dev/null || die "python3 not found (the QEMU monitor client)"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vm-kvm-nested.XXXXXX")
@@ -243,10 +252,10 @@ share() { # share TAG DIR [ro]
     [[ ${3:-} == rw ]] && opt=
     echo "-virtfs" "local,path=$2,mount_tag=$1,security_model=none,id=$1$opt"
 }
-say "L1: $(cat "$l1/KERNEL"), 1 vCPU, $l1_mem; pack $pack; output $out; bound ${timeout}s"
+say "L1: $(cat "$l1/KERNEL"), $smp vCPU, $l1_mem, $("$qemu" --version | head -n1); pack $pack; output $out; bound ${timeout}s"
 start=$(date +%s)
 # shellcheck disable=SC2046 # share prints separate words on purpose
-qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 1 -m "$l1_mem" \
+"$qemu" "${qemu_data[@]}" -accel tcg,thread=multi -cpu max -smp "$smp" -m "$l1_mem" \
     -display none -no-reboot -nic none -nodefaults -no-user-config \
     -serial "file:$work/console.log" \
     -chardev "socket,id=mon,path=$work/monitor.sock,server=on,wait=off" -mon chardev=mon \
