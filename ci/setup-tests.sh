@@ -159,6 +159,15 @@ if ! "$sdk_venv/bin/python" -c 'import maturin, pytest' 2>/dev/null ||
     echo "$sdk_pins" >"$sdk_venv/.pins"
 fi
 say "building the Python SDK wheel (maturin build --release)"
+# The wheel carries the VM processes the drivers start (vm-vmm for kvm, vm-vsock for tcg's
+# QEMU): a pip-installed SDK finds them in its package (vm_sandbox/bin, git-ignored).
+cargo build --release --locked -p vmm --bin vm-vmm --bin vm-vsock >&2 ||
+    die "cargo build --release of vm-vmm and vm-vsock failed"
+mkdir -p python/vm_sandbox/bin
+for b in vm-vmm vm-vsock; do
+    install -m 0755 "${CARGO_TARGET_DIR:-target}/release/$b" "python/vm_sandbox/bin/$b" ||
+        die "copying $b into python/vm_sandbox/bin failed"
+done
 rm -rf "$sdk_venv/wheels"
 "$sdk_venv/bin/maturin" build --release --quiet -m python/Cargo.toml -i "$sdk_venv/bin/python" \
     --out "$sdk_venv/wheels" >&2 || die "maturin build of python/ failed"

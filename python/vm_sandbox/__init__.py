@@ -10,7 +10,16 @@ validated exactly as the ``vm`` CLI builds it, so names, defaults and refusals a
         assert r.exit_code == 0 and r.stdout == b"42\\n"
 """
 
-from . import images
+import os as _os
+
+# The VM processes the drivers start, shipped in the wheel (vm_sandbox/bin): found through the
+# variables the drivers read, unless the caller names others.
+for _var, _name in (("VM_VMM_BIN", "vm-vmm"), ("VM_VSOCK_BIN", "vm-vsock")):
+    _path = _os.path.join(_os.path.dirname(__file__), "bin", _name)
+    if _os.access(_path, _os.X_OK):
+        _os.environ.setdefault(_var, _path)
+
+from . import images  # noqa: E402
 from ._async import AsyncFiles, AsyncSandbox
 from ._errors import (
     BootFailed,

@@ -66,9 +66,16 @@ async fn agent_is_pid1(vm: &MicroVm) -> Result<(), String> {
     Ok(())
 }
 
-/// The guest is offered no nested virtualization (attack surface an untrusted guest has no use
-/// for) on any driver, and on kvm it sees our brand string, not the host's.
+/// On kvm the guest is offered no nested virtualization and no PMU (attack surface on the
+/// host's KVM an untrusted guest has no use for: `vmm::cpuid`) and sees our brand string, not
+/// the host's. Under tcg the CPU is QEMU's emulated `max`, whose SVM is QEMU's own emulation
+/// inside its jailed process, not the host's KVM (and QEMU 7.2's `max,-svm` breaks guest user
+/// space: every static binary's start-up aborts reading `/proc/self/exe`), so tcg is not held
+/// to it.
 async fn no_nested_virtualization(vm: &MicroVm, driver: &str) -> Result<(), String> {
+    if driver != "kvm" {
+        return Ok(());
+    }
     let cpuinfo = exec_ok(vm, "cat /proc/cpuinfo").await?;
     let flags: Vec<&str> = cpuinfo
         .lines()
@@ -87,16 +94,14 @@ async fn no_nested_virtualization(vm: &MicroVm, driver: &str) -> Result<(), Stri
         offered.is_empty(),
         "the guest is offered {offered:?} (nested virtualization / the PMU)"
     );
-    if driver == "kvm" {
-        let brand = cpuinfo
-            .lines()
-            .find_map(|l| l.strip_prefix("model name"))
-            .map(|v| v.trim_start_matches([' ', '\t', ':']).trim());
-        ensure!(
-            brand == Some("vm microVM vCPU"),
-            "model name {brand:?}, expected our brand string"
-        );
-    }
+    let brand = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|v| v.trim_start_matches([' ', '\t', ':']).trim());
+    ensure!(
+        brand == Some("vm microVM vCPU"),
+        "model name {brand:?}, expected our brand string"
+    );
     Ok(())
 }
 

@@ -68,7 +68,7 @@ pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
     push("-accel");
     push("tcg");
     push("-cpu");
-    push("max,-vmx,-svm");
+    push("max");
     push("-m");
     push(&cfg.mem_mib.to_string());
     push("-smp");
