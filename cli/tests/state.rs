@@ -102,12 +102,15 @@ fn stale_records_are_exited_and_removable() {
 }
 
 /// A VM that cannot boot leaves nothing behind: no record, no process.
+/// A `run -d` whose boot failed keeps its record (state exited, the error, the console) for
+/// `vm logs --console`, as docker keeps a container that failed to start; `vm rm` removes all of
+/// it, and nothing else is left.
 #[test]
-fn failed_start_leaves_no_state() {
+fn failed_start_keeps_its_record_until_rm() {
     let env = Env::new();
     if !common::tcg_available(&env) {
         return vm_test_support::no_guest_driver(
-            "failed_start_leaves_no_state",
+            "failed_start_keeps_its_record_until_rm",
             "the tcg driver is not available",
         );
     }
@@ -128,6 +131,10 @@ fn failed_start_leaves_no_state() {
         "{}",
         out.stderr
     );
+    assert!(out.stderr.contains("vm rm broken"), "{}", out.stderr);
+    let logs = env.run(&["logs", "--console", "broken"]);
+    assert_eq!(logs.code, 0, "{}", logs.stderr);
+    assert_eq!(env.run(&["rm", "broken"]).code, 0);
     assert!(
         common::files_under(&env.runtime()).is_empty(),
         "{:?}",

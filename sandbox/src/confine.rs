@@ -22,6 +22,8 @@ pub enum PathError {
     Empty(String),
     #[error("path {0:?}: a guest path must be absolute")]
     NotAbsolute(String),
+    #[error("path {0:?}: outside the root {1:?} (file operations stay under it)")]
+    OutsideRoot(String, String),
 }
 
 impl PathError {
@@ -35,6 +37,7 @@ impl PathError {
             PathError::TooLong(_) => PathError::TooLong(p),
             PathError::Empty(_) => PathError::Empty(p),
             PathError::NotAbsolute(_) => PathError::NotAbsolute(p),
+            PathError::OutsideRoot(_, root) => PathError::OutsideRoot(p, root),
         }
     }
 }
@@ -97,9 +100,14 @@ pub fn in_root(root: &str, path: &str) -> Result<String, PathError> {
     if !path.starts_with('/') {
         return relative(path, false);
     }
-    let abs = workdir(root, path)?;
-    let rel = abs[root.trim_end_matches('/').len()..].trim_start_matches('/');
-    relative(rel, false)
+    // Normalized first (`..`, NUL and length refused), then it must lie strictly under the
+    // root: `/work/a` is `a`; `/work`, `/workx/a` and `/etc/passwd` are not file paths in it.
+    let abs = workdir("/", path)?;
+    let prefix = format!("{}/", root.trim_end_matches('/'));
+    match abs.strip_prefix(&prefix) {
+        Some(rel) => relative(rel, false).map_err(|e| e.naming(path)),
+        None => Err(PathError::OutsideRoot(path.to_string(), root.to_string())),
+    }
 }
 
 /// `root` joined with a normalized relative path (`""` = the root itself).

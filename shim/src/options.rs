@@ -305,10 +305,10 @@ mod tests {
             let e = resolve(Some(&p)).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
-        let good = "default_memory_mib = 16\nwall_seconds = 1\nrun_dir = \"/run/x\"\n\
+        let good = "default_memory_mib = 64\nwall_seconds = 1\nrun_dir = \"/run/x\"\n\
                     images_dir = \"/var/lib/vm\"\nenv_allow = [\"API_TOKEN\"]\n";
         std::fs::write(&p, good).unwrap();
         let c = resolve(Some(&p)).unwrap();
-        assert_eq!(c.default_memory_mib(), 16);
+        assert_eq!(c.default_memory_mib(), 64);
     }
 }
