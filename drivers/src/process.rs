@@ -114,6 +114,18 @@ pub(crate) fn spawn_jailed(
 const OUTPUT_SETTLE: Duration = Duration::from_secs(1);
 /// Lines of output [`Supervised::ended_detail`] quotes.
 const ENDED_LINES: usize = 3;
+/// Most bytes of guest-written text one error message quotes (a console line can be as long
+/// as the whole ring).
+pub(crate) const QUOTE_MAX: usize = 512;
+
+/// `text` cut to at most [`QUOTE_MAX`] bytes, on a character boundary.
+pub(crate) fn clip(text: &str) -> &str {
+    let mut end = text.len().min(QUOTE_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
 
 /// Copies a child's pipe into a bounded ring until EOF (the child exiting closes it), as one
 /// counted writer of the ring.
@@ -190,7 +202,7 @@ impl Supervised {
         Some(format!(
             "{program} ended ({}); its last lines: {:?}",
             how(status),
-            last.join(" | ")
+            clip(&last.join(" | "))
         ))
     }
 
@@ -371,6 +383,9 @@ mod tests {
         );
         let running = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
         assert_eq!(running.ended_detail("sleep", |_| String::new()), None);
+        let long = "é".repeat(QUOTE_MAX);
+        assert_eq!(clip(&long).len(), QUOTE_MAX);
+        assert_eq!(clip("short"), "short");
     }
 
     #[test]

@@ -84,11 +84,11 @@ fn stopped_reason(handle: &dyn VmHandle) -> String {
     why
 }
 
-/// The agent's last fatal line in a console tail (bounded by the tail itself).
+/// The agent's last fatal line in a console tail, clipped: the guest writes the console.
 fn agent_fatal_line(console: &str) -> Option<&str> {
     console.lines().rev().find_map(|l| {
         l.find(guest_agent::FATAL_PREFIX)
-            .map(|at| l[at..].trim_end())
+            .map(|at| crate::process::clip(l[at..].trim_end()))
     })
 }
 
@@ -314,5 +314,10 @@ mod tests {
             "{reason}"
         );
         assert_eq!(agent_fatal_line("no agent here\n"), None);
+        let flood = format!("vm-agent: fatal: {}\n", "x".repeat(100_000));
+        assert_eq!(
+            agent_fatal_line(&flood).map(str::len),
+            Some(crate::process::QUOTE_MAX)
+        );
     }
 }
