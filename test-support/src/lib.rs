@@ -29,6 +29,7 @@
 
 use std::io::Write;
 
+pub mod capture;
 pub mod data;
 pub mod hybrid;
 pub mod procfs;

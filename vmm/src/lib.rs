@@ -18,6 +18,10 @@
 //!   signal whose handler sets `immediate_exit`. [`exit`] maps every vCPU exit to an action in a
 //!   plain function; faults become a typed [`control::GuestFault`] with the RIP, never a panic.
 //!
+//! - [`logger`]: the process's log on stderr (one bounded line per event, write errors
+//!   ignored) and the one rate limiter of every line a guest can trigger; [`metrics`]: the
+//!   per-device counters `vm-vmm` reports to its launcher.
+//!
 //! # API
 //! [`Vm`] (`create`, `start`) and [`RunningVm`] (`stop`, `wait`, `wait_timeout`, `console`); see
 //! their docs.
@@ -31,7 +35,9 @@ pub mod exit;
 pub mod i8042;
 pub mod layout;
 pub mod legacy;
+pub mod logger;
 pub mod memory;
+pub mod metrics;
 pub mod msr;
 pub mod process;
 pub mod seccomp;

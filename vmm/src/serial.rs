@@ -138,7 +138,7 @@ impl Serial {
             if let Some(irq) = &self.irq
                 && let Err(e) = irq.write(1)
             {
-                tracing::warn!(error = %e, "serial: cannot signal interrupt");
+                crate::warn_limited!(None, error = %e, "serial: cannot signal interrupt");
             }
         }
     }

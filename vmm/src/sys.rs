@@ -81,6 +81,14 @@ pub fn current_thread() -> libc::pthread_t {
     unsafe { libc::pthread_self() }
 }
 
+/// Ignores `SIGXFSZ` for the whole process, so a write past `RLIMIT_FSIZE` (the jail's is 0:
+/// a log on a regular file) fails with `EFBIG` instead of killing the process.
+pub fn ignore_file_size_signal() -> Result<(), nix::Error> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: `SIG_IGN` installs no handler, so no code of ours runs in signal context.
+    unsafe { signal(Signal::SIGXFSZ, SigHandler::SigIgn) }.map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

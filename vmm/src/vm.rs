@@ -27,6 +27,7 @@ use crate::layout::{
 };
 use crate::legacy::{ABSORBED_PORTS, Sink};
 use crate::memory::{self, GuestMemoryMmap};
+use crate::metrics::{DeviceMetrics, MetricsReport};
 use crate::serial::{COM1_IRQ, COM1_PORT, ConsoleRing, Serial, SharedConsole};
 use crate::sys::{GuestVm, KickableVcpu};
 use crate::vcpu::{self, VcpuSetup, VcpuThread};
@@ -238,6 +239,8 @@ pub struct Vm {
     guest: GuestVm,
     _kvm: Kvm,
     cmdline: String,
+    /// The virtio devices' counters, in device order.
+    metrics: Vec<Arc<DeviceMetrics>>,
 }
 
 impl std::fmt::Debug for Vm {
@@ -282,6 +285,10 @@ impl Vm {
         let mut irq_events = Vec::new();
         let pio = legacy_devices(vm, &control, &console, &mut cfg, &mut irq_events)?;
         let (mmio, virtio) = virtio_devices(vm, mem, &cfg, &mut irq_events)?;
+        let metrics = virtio
+            .iter()
+            .map(|d| d.lock().unwrap_or_else(|p| p.into_inner()).metrics())
+            .collect();
 
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -305,6 +312,7 @@ impl Vm {
             guest,
             _kvm: kvm,
             cmdline,
+            metrics,
         })
     }
 
@@ -441,6 +449,12 @@ impl RunningVm {
                     .snapshot()
             })
             .unwrap_or_default()
+    }
+
+    /// The virtio devices' counters now (no devices once waited for).
+    pub fn metrics(&self) -> MetricsReport {
+        let devices = self.vm.as_ref().map_or(&[][..], |v| &v.metrics[..]);
+        MetricsReport::collect(devices.iter().map(|m| &**m))
     }
 
     /// Names of the vCPU threads (see [`Vm::vcpu_thread_names`]); empty once waited for.

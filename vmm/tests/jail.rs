@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use proc_harness::VmProc;
-use tiny_harness::skip_without_kvm;
+use tiny_harness::{mmio, skip_without_kvm};
 use vm_test_support::procfs::{children, namespace as ns, status_field, thread_states};
 use vmm::process::{ExitKind, JailConfig, ProcessConfig, ProcessExit};
 use vmm::virtio::DeviceConfig;
@@ -270,11 +270,6 @@ fn store(addr: u32, v: u32) -> Vec<u8> {
         &v.to_le_bytes(),
     ]
     .concat()
-}
-
-/// `mov dword [rbx + off], v`.
-fn mmio(off: u32, v: u32) -> Vec<u8> {
-    [&[0xc7, 0x83][..], &off.to_le_bytes(), &v.to_le_bytes()].concat()
 }
 
 /// A guest that drives the virtio-rng device at `base` as a driver does: one request of

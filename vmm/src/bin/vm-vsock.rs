@@ -55,17 +55,18 @@ fn fd_limit() -> Result<usize, String> {
 }
 
 fn main() -> ExitCode {
+    vmm::logger::init();
     let (guest_cid, socket, uds_path) = match parse(std::env::args_os().skip(1).collect()) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("vm-vsock: {e}\n{USAGE}");
+            tracing::error!("{e}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
     let max_connections = match fd_limit() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("vm-vsock: {e}");
+            tracing::error!("{e}");
             return ExitCode::from(1);
         }
     };
@@ -78,7 +79,7 @@ fn main() -> ExitCode {
     match vhost_user::run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vm-vsock: {}", vm_error_chain::error_chain(&e));
+            tracing::error!("{}", vm_error_chain::error_chain(&e));
             ExitCode::from(1)
         }
     }

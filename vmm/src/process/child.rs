@@ -1,6 +1,8 @@
 //! The `vm-vmm` process itself: read the configuration from the control channel, make sure the
 //! launcher is alive (and arm the parent-death signal), run the VM with the console on stdout,
-//! stop it on [`STOP`](super::STOP) or end of file, and exit with an [`ExitKind`].
+//! stop it on [`STOP`](super::STOP) or end of file, answer [`METRICS`](super::METRICS) on the
+//! log stream, and exit with an [`ExitKind`]. Everything it says goes through the log
+//! ([`crate::logger`], installed by the binary's `main`), never a std print macro.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use std::time::Duration;
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
 
-use super::{ExitKind, MAX_CONFIG_BYTES, ProcessConfig, STOP, jail};
+use super::{ExitKind, MAX_CONFIG_BYTES, METRICS, ProcessConfig, STOP, jail};
 use crate::config::ConsoleConfig;
 use crate::control::GuestFault;
 use crate::exit::VmExit;
@@ -75,12 +77,12 @@ pub fn main() -> u8 {
     let kind = match run() {
         Ok(kind) => kind,
         Err(e) => {
-            eprintln!("vm-vmm: {}", vm_error_chain::error_chain(&e));
+            tracing::error!("{}", vm_error_chain::error_chain(&e));
             e.exit_kind()
         }
     };
     let _ = io::stdout().flush();
-    eprintln!("vm-vmm: exit {kind:?}");
+    tracing::info!("exit {kind:?}");
     kind.code()
 }
 
@@ -161,6 +163,9 @@ fn obey(mut control: impl BufRead, vm: &RunningVm) {
         {
             Ok(0) | Err(_) => break,
             Ok(_) if line.trim_ascii() == STOP.as_bytes() => break,
+            Ok(_) if line.trim_ascii() == METRICS.as_bytes() => {
+                crate::logger::write_metrics(&vm.metrics());
+            }
             #[cfg(feature = "test-hooks")]
             Ok(_) if line.trim_ascii() == super::TEST_FORBIDDEN_SYSCALL.as_bytes() => {
                 // The control thread's filter kills the process here.
@@ -173,7 +178,7 @@ fn obey(mut control: impl BufRead, vm: &RunningVm) {
             }
             Ok(_) => {
                 if !warned {
-                    eprintln!("vm-vmm: ignoring unknown control commands");
+                    tracing::warn!("ignoring unknown control commands");
                     warned = true;
                 }
             }
@@ -188,7 +193,7 @@ fn classify(outcome: Result<VmExit, GuestFault>) -> ExitKind {
         Ok(VmExit::TripleFault) => ExitKind::TripleFault,
         Ok(VmExit::Halted) => ExitKind::Halted,
         Err(fault) => {
-            eprintln!("vm-vmm: {fault}");
+            tracing::error!("{fault}");
             ExitKind::GuestFault
         }
     }

@@ -6,11 +6,16 @@
 //!
 //! - **stdin, the control channel (launcher → VMM).** The first line is the [`ProcessConfig`] as
 //!   one JSON object ([`write_config`]; at most [`MAX_CONFIG_BYTES`]). Every later line is a
-//!   command; the only one is [`STOP`]. End of file (the launcher closed it, or died) also stops
-//!   the VM, so a VMM never outlives the process that talks to it.
+//!   command: [`STOP`], or [`METRICS`] (the device counters, answered on stderr). End of file
+//!   (the launcher closed it, or died) also stops the VM, so a VMM never outlives the process
+//!   that talks to it.
 //! - **stdout: the guest console**, streamed as the guest writes it (flushed per line). The
 //!   launcher keeps the bounded tail, so the console survives the VMM process, crash included.
-//! - **stderr: diagnostics** (`vm-vmm: …` lines: setup errors, guest faults, how the VM ended).
+//! - **stderr: the log** ([`crate::logger`]: one line per event — setup errors, guest faults,
+//!   rate-limited device warnings, how the VM ended — and the replies to [`METRICS`], lines
+//!   that start with [`crate::logger::METRICS_PREFIX`]). The kvm driver keeps it apart from
+//!   the console, in the run directory's `vmm.log`. A log that cannot be written (a closed
+//!   pipe, a file under the jail's `RLIMIT_FSIZE` of 0) loses lines, never the VM.
 //! - **The exit status** says how the VM ended ([`ProcessExit::from_status`]): a code from
 //!   [`ExitKind`], or the signal that killed the process (`SIGSYS` when a seccomp filter did).
 //!
@@ -39,6 +44,10 @@ pub use jail::JailConfig;
 
 /// The control-channel line that asks the VMM to stop the VM.
 pub const STOP: &str = "stop";
+
+/// The control-channel line that asks for the device counters: the VMM answers with one
+/// [`crate::logger::metrics_line`] on stderr.
+pub const METRICS: &str = "metrics";
 
 /// A control-channel line that makes the control thread call `getppid`, which its seccomp
 /// filter does not allow (builds with the `test-hooks` feature only: the tests' way to prove a
@@ -112,6 +121,12 @@ pub fn write_config(control: &mut impl Write, cfg: &ProcessConfig) -> io::Result
 /// Asks the VMM to stop the VM (it then exits with [`ExitKind::Ended`]).
 pub fn send_stop(control: &mut impl Write) -> io::Result<()> {
     control.write_all(format!("{STOP}\n").as_bytes())?;
+    control.flush()
+}
+
+/// Asks the VMM for its device counters (the reply comes on its stderr).
+pub fn send_metrics_query(control: &mut impl Write) -> io::Result<()> {
+    control.write_all(format!("{METRICS}\n").as_bytes())?;
     control.flush()
 }
 

@@ -142,7 +142,7 @@ fn refusals(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
 /// must not run, so the process ends.
 pub fn apply_or_exit(kind: ThreadKind) {
     if let Err(e) = apply(kind) {
-        eprintln!("vm-vmm: {e}: {}", vm_error_chain::error_chain(&e));
+        tracing::error!("{e}: {}", vm_error_chain::error_chain(&e));
         std::process::exit(1);
     }
 }

@@ -17,6 +17,7 @@ use super::queue::{clone_queue, queue_usable};
 use super::worker::{Interrupt, Worker, WorkerSetup};
 use super::{DeviceConfig, GuestMemoryMmap, VirtioDevice, VirtioError};
 use crate::bus::BusDevice;
+use crate::metrics::DeviceMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK,
@@ -56,18 +57,21 @@ pub struct MmioDevice {
     request: EventFd,
     worker: Mutex<Option<Worker>>,
     name: String,
+    metrics: Arc<DeviceMetrics>,
 }
 
 impl MmioDevice {
     /// Build the device described by `cfg` over guest memory `mem`.
     pub fn new(cfg: &DeviceConfig, mem: GuestMemoryMmap) -> Result<MmioDevice, VirtioError> {
         let device = super::build_device(cfg)?;
-        Self::with_device(device, mem)
+        Self::with_device(device, mem, cfg.name())
     }
 
+    /// `device` named `name` (in its log lines and counters).
     pub(crate) fn with_device(
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
+        name: String,
     ) -> Result<Self, VirtioError> {
         let sizes = device.queue_max_sizes().to_vec();
         let queues = sizes
@@ -78,7 +82,6 @@ impl MmioDevice {
             .iter()
             .map(|_| EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("notify eventfd")))
             .collect::<Result<Vec<_>, _>>()?;
-        let name = format!("virtio-{}", device.device_type());
         Ok(MmioDevice {
             requested_sizes: sizes,
             device,
@@ -94,8 +97,14 @@ impl MmioDevice {
             notify,
             request: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("request eventfd"))?,
             worker: Mutex::new(None),
+            metrics: Arc::new(DeviceMetrics::new(&name)),
             name,
         })
+    }
+
+    /// The device's counters (shared with its worker thread).
+    pub fn metrics(&self) -> Arc<DeviceMetrics> {
+        self.metrics.clone()
     }
 
     /// One event per queue; the VMM registers each as an ioeventfd at `base + 0x50` with
@@ -229,14 +238,20 @@ impl MmioDevice {
             .zip(&self.requested_sizes)
             .all(|(q, &s)| queue_usable(q, s, &self.mem));
         if !all_valid {
-            tracing::warn!("{}: DRIVER_OK with an invalid queue", self.name);
+            self.metrics.error();
+            crate::warn_limited!(
+                Some(&self.metrics),
+                "{}: DRIVER_OK with an invalid queue",
+                self.name
+            );
             self.irq.set_needs_reset();
             return;
         }
         match self.start_worker() {
             Ok(w) => *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(w),
             Err(e) => {
-                tracing::error!("{}: activation failed: {e}", self.name);
+                self.metrics.error();
+                crate::error_limited!(Some(&self.metrics), "{}: activation failed: {e}", self.name);
                 self.irq.set_needs_reset();
             }
         }
@@ -272,9 +287,11 @@ impl MmioDevice {
                 .try_clone()
                 .map_err(VirtioError::os("request eventfd"))?,
             irq: self.irq.clone(),
+            metrics: self.metrics.clone(),
             handler,
         };
-        Worker::spawn(setup, self.name.clone())
+        // The thread is named after the device type (`virtio-2`: thread names are short).
+        Worker::spawn(setup, format!("virtio-{}", self.device.device_type()))
     }
 
     fn read_u32(&self, offset: u32) -> u32 {

@@ -71,6 +71,18 @@ pub enum DeviceConfig {
     Rng,
 }
 
+impl DeviceConfig {
+    /// The device's name in log lines and counters: `virtio-blk:<id>`, `virtio-vsock`,
+    /// `virtio-rng`.
+    pub fn name(&self) -> String {
+        match self {
+            DeviceConfig::Block { id, .. } => format!("virtio-blk:{id}"),
+            DeviceConfig::Vsock { .. } => "virtio-vsock".into(),
+            DeviceConfig::Rng => "virtio-rng".into(),
+        }
+    }
+}
+
 /// Errors of building or running a virtio device.
 #[derive(Debug, thiserror::Error)]
 pub enum VirtioError {

@@ -57,7 +57,7 @@ fn fill(mem: &GuestMemoryMmap, addr: GuestAddress, len: u32) -> u32 {
         let got = match crate::sys::getrandom(&mut chunk[..n]) {
             Ok(got) => got,
             Err(e) => {
-                tracing::warn!("virtio-rng: getrandom failed: {e}");
+                crate::warn_limited!(None, "virtio-rng: getrandom failed: {e}");
                 break;
             }
         };
@@ -103,6 +103,6 @@ fn serve(bufs: &[Buf], mem: &GuestMemoryMmap) -> u32 {
 
 impl Handler for RngHandler {
     fn queue_notify(&mut self, _index: usize, ctx: &mut Ctx<'_>) {
-        ctx.serve_requests(0, "virtio-rng", serve);
+        ctx.serve_requests(0, "virtio-rng", |bufs, mem, _| serve(bufs, mem));
     }
 }

@@ -14,6 +14,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::queue::{self, Buf};
 use super::{GuestMemoryMmap, VirtioError};
+use crate::metrics::DeviceMetrics;
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 
 /// Token of the stop event.
@@ -43,7 +44,7 @@ impl Interrupt {
     pub fn raise(&self, bits: u32) {
         self.status.fetch_or(bits, Ordering::SeqCst);
         if let Err(e) = self.evt.write(1) {
-            tracing::warn!("virtio: cannot signal irqfd: {e}");
+            crate::warn_limited!(None, "virtio: cannot signal irqfd: {e}");
         }
     }
 
@@ -55,7 +56,7 @@ impl Interrupt {
     /// Enter DEVICE_NEEDS_RESET (the guest drove the device wrongly) and tell the driver.
     pub fn set_needs_reset(&self) {
         if !self.needs_reset.swap(true, Ordering::SeqCst) {
-            tracing::warn!("virtio: device needs reset (invalid guest input)");
+            crate::warn_limited!(None, "virtio: device needs reset (invalid guest input)");
             self.raise(VIRTIO_MMIO_INT_CONFIG);
         }
     }
@@ -93,18 +94,22 @@ pub struct Ctx<'a> {
     /// The worker's epoll set, for the handler's own descriptors (tokens from
     /// [`HANDLER_TOKEN_BASE`]).
     pub epoll: &'a Epoll,
+    /// The device's counters.
+    pub metrics: &'a DeviceMetrics,
 }
 
 impl Ctx<'_> {
     /// Serves every available request on the request/response queue `index`: pops each chain,
-    /// answers it with `serve` (which gets the chain's buffers and returns the bytes written; a
-    /// malformed chain is answered with length 0), puts it on the used ring, and raises one
-    /// interrupt if the driver wants it. A broken queue sets DEVICE_NEEDS_RESET.
+    /// answers it with `serve` (which gets the chain's buffers and the device's counters and
+    /// returns the bytes written; a malformed chain is answered with length 0), puts it on the
+    /// used ring, and raises one interrupt if the driver wants it. A broken queue sets
+    /// DEVICE_NEEDS_RESET. Each chain counts as a request (with the bytes written), a
+    /// malformed one or a broken queue as an error; their warnings are rate-limited.
     pub fn serve_requests(
         &mut self,
         index: usize,
         device: &str,
-        mut serve: impl FnMut(&[Buf], &GuestMemoryMmap) -> u32,
+        mut serve: impl FnMut(&[Buf], &GuestMemoryMmap, &DeviceMetrics) -> u32,
     ) {
         let Some(q) = self.queues.get_mut(index) else {
             return;
@@ -115,18 +120,21 @@ impl Ctx<'_> {
                 Ok(Some(c)) => c,
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::warn!("{device}: {e}");
+                    self.metrics.error();
+                    crate::warn_limited!(Some(self.metrics), "{device}: {e}");
                     self.irq.set_needs_reset();
                     return;
                 }
             };
             let len = match &chain.bufs {
-                Ok(bufs) => serve(bufs, self.mem),
+                Ok(bufs) => serve(bufs, self.mem, self.metrics),
                 Err(e) => {
-                    tracing::debug!("{device}: {e}");
+                    self.metrics.error();
+                    crate::warn_limited!(Some(self.metrics), "{device}: malformed request: {e}");
                     0
                 }
             };
+            self.metrics.request(u64::from(len));
             if queue::add_used(q, self.mem, chain.head, len).is_err() {
                 self.irq.set_needs_reset();
                 return;
@@ -177,6 +185,7 @@ pub(crate) struct WorkerSetup {
     pub notify: Vec<EventFd>,
     pub request: EventFd,
     pub irq: Arc<Interrupt>,
+    pub metrics: Arc<DeviceMetrics>,
     pub handler: Box<dyn Handler>,
 }
 
@@ -215,7 +224,7 @@ impl Worker {
         if let Some(t) = self.thread.take()
             && t.join().is_err()
         {
-            tracing::error!("virtio: worker thread panicked");
+            crate::error_limited!(None, "virtio: worker thread panicked");
         }
     }
 }
@@ -235,6 +244,7 @@ fn run(mut s: WorkerSetup, epoll: Epoll, stop: EventFd) {
             queues: &mut s.queues,
             irq: &s.irq,
             epoll: &epoll,
+            metrics: &s.metrics,
         };
         s.handler.start(&mut ctx);
     }
@@ -260,6 +270,7 @@ fn run(mut s: WorkerSetup, epoll: Epoll, stop: EventFd) {
             queues: &mut s.queues,
             irq: &s.irq,
             epoll: &epoll,
+            metrics: &s.metrics,
         };
         for ev in &events[..n] {
             match ev.data() {

@@ -196,3 +196,8 @@ pub fn thread_cpu_ticks(name: &str) -> Option<u64> {
     }
     None
 }
+
+/// `mov dword [rbx + off], v` (a register of the MMIO window whose base is in `rbx`).
+pub fn mmio(off: u32, v: u32) -> Vec<u8> {
+    [&[0xc7, 0x83][..], &off.to_le_bytes(), &v.to_le_bytes()].concat()
+}

@@ -220,7 +220,7 @@ pub fn close_inherited_fds(keep: Option<i32>) {
     // after the configuration is read).
     for (first, last) in ranges.into_iter().filter(|(f, l)| f <= l) {
         if let Err(e) = sys::close_range(first, last) {
-            eprintln!("vm-vmm: close_range: {}", e.desc());
+            tracing::warn!("close_range: {}", e.desc());
         }
     }
 }

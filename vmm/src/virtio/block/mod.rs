@@ -17,6 +17,7 @@ use vm_memory::{Bytes, GuestAddress};
 use super::queue::Buf;
 use super::worker::{Ctx, Handler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError, read_config_bytes};
+use crate::metrics::DeviceMetrics;
 use request::{DiskInfo, HEADER_SIZE, ID_BYTES, Op, Request, parse_request, status};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
@@ -121,7 +122,8 @@ struct BlockHandler {
 
 impl BlockHandler {
     /// Run one chain; returns the number of bytes written into guest memory.
-    fn process(&mut self, bufs: &[Buf], mem: &GuestMemoryMmap) -> u32 {
+    /// A refused request or a failed operation counts as an error in `metrics`.
+    fn process(&mut self, bufs: &[Buf], mem: &GuestMemoryMmap, metrics: &DeviceMetrics) -> u32 {
         let mut header = [0u8; HEADER_SIZE];
         if let Some(first) = bufs
             .first()
@@ -133,17 +135,23 @@ impl BlockHandler {
         match parse_request(&header, bufs, self.disk) {
             Ok(req) => {
                 let (st, written) = self.execute(&req, mem);
+                if st != status::OK {
+                    metrics.error();
+                }
                 write_status(mem, req.status, st);
                 // Bytes written to the guest: data for reads/GET_ID, plus the status byte.
                 u32::try_from(written).unwrap_or(u32::MAX).saturating_add(1)
             }
-            Err(refused) => match refused.status_buf {
-                Some(b) => {
-                    write_status(mem, b, refused.status);
-                    1
+            Err(refused) => {
+                metrics.error();
+                match refused.status_buf {
+                    Some(b) => {
+                        write_status(mem, b, refused.status);
+                        1
+                    }
+                    None => 0,
                 }
-                None => 0,
-            },
+            }
         }
     }
 
@@ -152,14 +160,14 @@ impl BlockHandler {
             Op::Read { offset } => match self.transfer(req.data, offset, mem, true) {
                 Ok(()) => (status::OK, req.data_len),
                 Err(e) => {
-                    tracing::warn!("virtio-blk: read failed: {e}");
+                    crate::warn_limited!(None, "virtio-blk: read failed: {e}");
                     (status::IOERR, 0)
                 }
             },
             Op::Write { offset } => match self.transfer(req.data, offset, mem, false) {
                 Ok(()) => (status::OK, 0),
                 Err(e) => {
-                    tracing::warn!("virtio-blk: write failed: {e}");
+                    crate::warn_limited!(None, "virtio-blk: write failed: {e}");
                     (status::IOERR, 0)
                 }
             },
@@ -224,6 +232,6 @@ fn write_status(mem: &GuestMemoryMmap, b: Buf, st: u8) {
 
 impl Handler for BlockHandler {
     fn queue_notify(&mut self, _index: usize, ctx: &mut Ctx<'_>) {
-        ctx.serve_requests(0, "virtio-blk", |bufs, mem| self.process(bufs, mem));
+        ctx.serve_requests(0, "virtio-blk", |bufs, mem, m| self.process(bufs, mem, m));
     }
 }

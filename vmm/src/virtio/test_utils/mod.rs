@@ -121,6 +121,11 @@ impl Driver {
         })
     }
 
+    /// The device's counters now.
+    pub fn metrics(&self) -> crate::metrics::DeviceSnapshot {
+        self.dev.metrics().snapshot()
+    }
+
     /// Read a 32-bit register.
     pub fn read_reg(&mut self, offset: u32) -> u32 {
         let mut b = [0u8; 4];

@@ -249,7 +249,7 @@ impl Muxer {
 
     fn check(r: Result<(), QueueError>, ctx: &dyn VsockQueues) {
         if let Err(e) = r {
-            tracing::warn!("vsock: {e}");
+            crate::warn_limited!(ctx.metrics(), "vsock: {e}");
             ctx.set_needs_reset();
         }
     }

@@ -11,6 +11,7 @@ use std::os::fd::RawFd;
 
 use vmm_sys_util::epoll::{ControlOperation, EventSet};
 
+use crate::metrics::DeviceMetrics;
 use crate::virtio::GuestMemoryMmap;
 use crate::virtio::queue::{self, Chain, QueueError};
 use crate::virtio::worker::Ctx;
@@ -33,6 +34,10 @@ pub trait VsockQueues {
     fn set_needs_reset(&self);
     /// Add, modify or remove one of the muxer's descriptors in its epoll set.
     fn epoll_ctl(&self, op: ControlOperation, fd: RawFd, events: EventSet, token: u64);
+    /// The device's counters, where the transport keeps them (the in-process device).
+    fn metrics(&self) -> Option<&DeviceMetrics> {
+        None
+    }
 }
 
 impl VsockQueues for Ctx<'_> {
@@ -55,7 +60,10 @@ impl VsockQueues for Ctx<'_> {
 
     fn add_used(&mut self, q: usize, head: u16, len: u32) -> Result<(), QueueError> {
         match self.queues.get_mut(q) {
-            Some(queue) => queue::add_used(queue, self.mem, head, len),
+            Some(queue) => {
+                self.metrics.request(u64::from(len));
+                queue::add_used(queue, self.mem, head, len)
+            }
             None => Err(QueueError::UsedRing),
         }
     }
@@ -71,10 +79,15 @@ impl VsockQueues for Ctx<'_> {
     }
 
     fn set_needs_reset(&self) {
+        self.metrics.error();
         self.irq.set_needs_reset();
     }
 
     fn epoll_ctl(&self, op: ControlOperation, fd: RawFd, events: EventSet, token: u64) {
         Ctx::epoll_ctl(self, op, fd, events, token);
+    }
+
+    fn metrics(&self) -> Option<&DeviceMetrics> {
+        Some(self.metrics)
     }
 }

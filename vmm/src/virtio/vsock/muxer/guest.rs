@@ -109,21 +109,20 @@ impl Muxer {
     }
 
     /// A guest `REQUEST`: refused with RST (a request reusing a live key also resets that
-    /// connection). Counted; logged only for the first and then every 4096th, as the guest
-    /// controls the rate.
+    /// connection). Counted; logged through the rate limiter, as the guest controls the rate.
     pub(super) fn guest_connect(&mut self, key: ConnKey) {
         if self.conns.contains_key(&key) {
             self.remove(key, true);
             return;
         }
         let n = GUEST_CONNECTS_REFUSED.fetch_add(1, Ordering::Relaxed);
-        if n.is_multiple_of(4096) {
-            tracing::info!(
-                host_port = key.0,
-                refused = n + 1,
-                "vsock: guest-initiated connection refused"
-            );
-        }
+        crate::log_limited!(
+            info,
+            None,
+            host_port = key.0,
+            refused = n + 1,
+            "vsock: guest-initiated connection refused"
+        );
         self.queue_rst(key);
     }
 }

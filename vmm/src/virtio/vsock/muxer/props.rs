@@ -217,11 +217,13 @@ fn run(ops: Vec<Op>) -> Ran {
     let mut ring = RxRing::default();
     let irq = Interrupt::new().unwrap();
     let epoll = Epoll::new().unwrap();
+    let metrics = crate::metrics::DeviceMetrics::new("virtio-vsock");
     let mut ctx = Ctx {
         mem: &mem,
         queues: &mut queues,
         irq: &irq,
         epoll: &epoll,
+        metrics: &metrics,
     };
     m.start(&mut ctx);
     let mut clients: Vec<UnixStream> = Vec::new();

@@ -380,7 +380,10 @@ impl VsockQueues for VringIo<'_> {
 
     fn set_needs_reset(&self) {
         if !self.broken.swap(true, Ordering::SeqCst) {
-            tracing::warn!("vm-vsock: the guest broke a queue; serving none until a reset");
+            crate::warn_limited!(
+                None,
+                "vm-vsock: the guest broke a queue; serving none until a reset"
+            );
         }
     }
 
