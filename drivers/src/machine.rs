@@ -55,6 +55,16 @@ pub trait VmHandle: Send + Sync {
     fn stop_detail(&self) -> String {
         String::new()
     }
+    /// The tail of the VMM's own log (bounded): `None` where the driver runs no VMM of ours
+    /// (tcg: QEMU's output is its console tail).
+    fn vmm_log_tail(&self) -> Option<String> {
+        None
+    }
+    /// The VMM's per-device counters: `None` where the driver has none (tcg) or the VMM did
+    /// not answer in time.
+    fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+        None
+    }
 }
 
 /// Errors of guest operations on a [`Machine`].
@@ -285,6 +295,17 @@ impl Machine {
     /// The tail of the guest console (bounded).
     pub fn console_tail(&self) -> String {
         self.shared.handle.console_tail()
+    }
+
+    /// The tail of the VMM's own log (kvm: `vm-vmm`'s); `None` on drivers without one.
+    pub fn vmm_log_tail(&self) -> Option<String> {
+        self.shared.handle.vmm_log_tail()
+    }
+
+    /// The VMM's per-device counters (kvm); `None` on drivers without them (tcg) or when
+    /// the VMM did not answer in time.
+    pub fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+        self.shared.handle.device_metrics()
     }
 
     /// The host processes that make up this VM.

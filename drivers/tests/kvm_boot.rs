@@ -69,6 +69,15 @@ fn kvm_boot_reports_the_truth() {
                 .block_on(machine.exec(ExecRequest::argv(["uname", "-r"])))
                 .expect("exec");
             assert!(out.status.success());
+            // The VMM's counters: the agent's traffic went through the vsock device.
+            let report = machine.device_metrics().expect("vm-vmm answers metrics");
+            let vsock = report
+                .devices
+                .iter()
+                .find(|d| d.name == "virtio-vsock")
+                .unwrap_or_else(|| panic!("no vsock device: {report:?}"));
+            assert!(vsock.requests > 0 && vsock.bytes > 0, "{report:?}");
+            assert!(machine.vmm_log_tail().is_some());
             rt.block_on(machine.close());
         }
         Err(DriverError::AgentNotReady { console_tail, .. }) if !available => {

@@ -10,10 +10,12 @@
 //! archive, see `boot::boot_secret` —, one read-only virtio-blk per disk with
 //! serial `disk<N>`, a hybrid vsock at `<run_dir>/vsock.sock` for guest CID 3, and an rng),
 //! starts the VM in its own `vm-vmm` process (found by [`locate`]: `$VM_VMM_BIN`, next to the
-//! running executable, or one directory up) and waits for the agent.
+//! running executable, or one directory up) and waits for the agent. The process's log goes
+//! to `<run_dir>/vmm.log` ([`log`]), apart from the console.
 
 pub mod detect;
 pub(crate) mod locate;
+pub(crate) mod log;
 pub(crate) mod vm;
 
 use vm_spec::Containment;

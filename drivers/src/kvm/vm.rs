@@ -2,8 +2,9 @@
 //!
 //! The process is started through the driver's long-lived spawner thread (its own process
 //! group, `PR_SET_PDEATHSIG(SIGKILL)` armed before `exec`); the configuration is the first line
-//! of its control channel (stdin), its console and diagnostics stream into one bounded ring,
-//! and its exit status says how the VM ended (`vmm::process`).
+//! of its control channel (stdin), its console streams into a bounded ring, its log (stderr)
+//! into the run directory's `vmm.log` ([`super::log`]), and its exit status says how the VM
+//! ended (`vmm::process`).
 
 use std::time::Duration;
 
@@ -20,8 +21,12 @@ use crate::process::{Supervised, spawn_supervised};
 use crate::{BootPlan, DriverError, Machine};
 
 use super::locate;
+use super::log::{VMM_LOG, VmmLog};
 
-/// The bounded tail of console and diagnostics kept per VM.
+/// How long a metrics query waits for the VMM's reply.
+const METRICS_WAIT: Duration = Duration::from_millis(500);
+
+/// The bounded tail of the console kept per VM.
 const CONSOLE_RING_BYTES: usize = 64 * 1024;
 
 /// The directory in the run dir the VM's jail root is mounted on (only in its own mount
@@ -86,33 +91,40 @@ pub(crate) fn shared_netns() -> Result<i32, DriverError> {
     })
 }
 
-/// Starts `vm-vmm` and hands it `cfg`.
-fn spawn_vmm(cfg: &ProcessConfig) -> Result<Supervised, DriverError> {
+/// Starts `vm-vmm` with its log going to `log_path`, and hands it `cfg`.
+fn spawn_vmm(
+    cfg: &ProcessConfig,
+    log_path: &std::path::Path,
+) -> Result<(Supervised, VmmLog), DriverError> {
     let bin = locate::vmm_binary()?;
     let program = vmm::process::BINARY;
+    let spawn_err = |source| DriverError::Spawn {
+        program: bin.display().to_string(),
+        source,
+    };
     let mut cmd = vmm::process::command(&bin);
     if let Some(fd) = cfg.jail.as_ref().and_then(|j| j.netns_fd) {
         vmm::process::jail::pass_fd(&mut cmd, fd);
     }
-    let child = spawn_supervised(program, cmd, CONSOLE_RING_BYTES).map_err(|source| {
-        DriverError::Spawn {
-            program: bin.display().to_string(),
-            source,
-        }
+    // Our own pipe for stderr, so the supervisor's output ring gets the console only. The
+    // write end in `cmd` is closed once the spawner has started the child.
+    let (log_rx, log_tx) = std::io::pipe().map_err(spawn_err)?;
+    cmd.stderr(log_tx);
+    let log = VmmLog::to_file(log_rx, log_path).map_err(|source| DriverError::Io {
+        what: "creating",
+        path: log_path.to_path_buf(),
+        source,
     })?;
-    let sent = child.with_stdin(|w| vmm::process::write_config(w, cfg));
-    match sent {
-        Some(Ok(())) => Ok(child),
-        Some(Err(e)) => Err(DriverError::Helper {
-            program: program.into(),
-            reason: format!("cannot send the configuration: {e}"),
-            output: child.output_tail(),
-        }),
-        None => Err(DriverError::Helper {
-            program: program.into(),
-            reason: "no control channel".into(),
-            output: child.output_tail(),
-        }),
+    let child = spawn_supervised(program, cmd, CONSOLE_RING_BYTES).map_err(spawn_err)?;
+    let failed = |reason: String| DriverError::Helper {
+        program: program.into(),
+        reason,
+        output: log.tail(!child.is_running()),
+    };
+    match child.with_stdin(|w| vmm::process::write_config(w, cfg)) {
+        Some(Ok(())) => Ok((child, log)),
+        Some(Err(e)) => Err(failed(format!("cannot send the configuration: {e}"))),
+        None => Err(failed("no control channel".into())),
     }
 }
 
@@ -120,7 +132,7 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     let cmdline = boot::agent_cmdline(&plan)?;
-    let mut files = vec![VSOCK_SOCKET];
+    let mut files = vec![VSOCK_SOCKET, VMM_LOG];
     files.extend(boot::RUN_FILES);
     let mut run = RunDir::prepare(&plan.run_dir, &files)?;
     let uds = run.path(VSOCK_SOCKET);
@@ -136,10 +148,11 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         cfg.jail = Some(jail_config(&mut run)?);
     }
     cfg.seccomp = true;
-    let child = spawn_vmm(&cfg)?;
+    let (child, log) = spawn_vmm(&cfg, &run.path(VMM_LOG))?;
     tracing::info!(name = %plan.name, pid = child.pid(), "kvm vm process started");
     let handle = KvmHandle {
         child,
+        log,
         run: std::sync::Mutex::new(run),
     };
     let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
@@ -172,9 +185,26 @@ fn seccomp_killed(console_tail: String) -> DriverError {
     }
 }
 
+/// Lines of the VMM's log a stop detail quotes.
+const LOG_LINES: usize = 3;
+
+/// `detail` followed by the last [`LOG_LINES`] lines of the VMM's log (why it gave up).
+fn with_log_lines(detail: String, log: &str) -> String {
+    let mut last: Vec<&str> = log.trim_end().lines().rev().take(LOG_LINES).collect();
+    if last.is_empty() {
+        return detail;
+    }
+    last.reverse();
+    format!(
+        "{detail}; its log ends: {:?}",
+        crate::process::clip(&last.join(" | "))
+    )
+}
+
 /// One VM in its own `vm-vmm` process.
 struct KvmHandle {
     child: Supervised,
+    log: VmmLog,
     run: std::sync::Mutex<RunDir>,
 }
 
@@ -208,11 +238,24 @@ impl VmHandle for KvmHandle {
     }
 
     fn stop_detail(&self) -> String {
+        let Some(ended) = self.child.ended_detail(vmm::process::BINARY, |st| {
+            ProcessExit::from_status(st).to_string()
+        }) else {
+            return String::new();
+        };
+        with_log_lines(ended, &self.log.tail(true))
+    }
+
+    fn vmm_log_tail(&self) -> Option<String> {
+        Some(self.log.tail(!self.child.is_running()))
+    }
+
+    fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+        let seen = self.log.replies();
         self.child
-            .ended_detail(vmm::process::BINARY, |st| {
-                ProcessExit::from_status(st).to_string()
-            })
-            .unwrap_or_default()
+            .with_stdin(vmm::process::send_metrics_query)?
+            .ok()?;
+        self.log.report_after(seen, METRICS_WAIT)
     }
 }
 
@@ -289,6 +332,85 @@ mod tests {
         );
         plan.vcpus = 1000;
         assert!(vm_config(&plan, String::new(), "/x".into(), initrd).is_err());
+    }
+
+    /// `vm-vmm` as the driver starts it, for a tiny guest (`cli; hlt`) with a virtio-rng:
+    /// its log goes to the run directory's `vmm.log`, never to the console; it answers the
+    /// metrics query with its device's counters; and the stop detail quotes its log's end.
+    #[test]
+    fn the_vm_process_logs_to_its_file_and_answers_metrics() {
+        let test = "the_vm_process_logs_to_its_file_and_answers_metrics";
+        if let Err(e) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+        {
+            vm_test_support::skip_line(&format!("SKIP {test}: /dev/kvm unavailable: {e}"));
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let kernel = tmp.path().join("guest.bin");
+        std::fs::write(&kernel, [0xfa, 0xf4]).unwrap();
+        let run = RunDir::prepare(&tmp.path().join("run"), &[VMM_LOG]).unwrap();
+        let log_path = run.path(VMM_LOG);
+        let mut cfg = ProcessConfig::new(VmConfig {
+            mem_mib: 64,
+            kernel,
+            kernel_format: KernelFormat::Raw,
+            devices: vec![DeviceConfig::Rng],
+            ..VmConfig::default()
+        });
+        cfg.seccomp = true;
+        let (child, log) = spawn_vmm(&cfg, &log_path).expect("vm-vmm (built with the workspace)");
+        let handle = KvmHandle {
+            child,
+            log,
+            run: std::sync::Mutex::new(run),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let report = loop {
+            if let Some(r) = handle.device_metrics() {
+                break r;
+            }
+            assert!(
+                std::time::Instant::now() < deadline && handle.is_running(),
+                "no metrics reply; log: {:?}",
+                handle.vmm_log_tail()
+            );
+        };
+        assert_eq!(report.devices.len(), 1, "{report:?}");
+        assert_eq!(report.devices[0].name, "virtio-rng");
+        assert_eq!(report.devices[0].errors, 0);
+        handle
+            .child
+            .with_stdin(vmm::process::send_stop)
+            .unwrap()
+            .unwrap();
+        assert!(handle.wait(Duration::from_secs(30)));
+        let file = std::fs::read_to_string(&log_path).unwrap();
+        assert!(file.contains("exit Ended"), "{file:?}");
+        assert!(
+            !file.contains('\u{1e}'),
+            "a metrics reply in the log: {file:?}"
+        );
+        assert_eq!(handle.vmm_log_tail().as_deref(), Some(file.as_str()));
+        assert!(!handle.console_tail().contains("exit Ended"));
+        assert!(
+            handle.stop_detail().contains("exit Ended"),
+            "{}",
+            handle.stop_detail()
+        );
+        drop(handle);
+        assert!(!log_path.exists(), "the run dir's log outlived the VM");
+    }
+
+    #[test]
+    fn a_stop_detail_quotes_the_end_of_the_log() {
+        assert_eq!(with_log_lines("ended".into(), ""), "ended");
+        let d = with_log_lines("ended".into(), "a\nb\nc\nd\n");
+        assert_eq!(d, r#"ended; its log ends: "b | c | d""#);
+        let long = format!("{}\n", "x".repeat(10_000));
+        assert!(with_log_lines(String::new(), &long).len() < 600);
     }
 
     #[test]

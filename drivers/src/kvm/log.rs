@@ -1,0 +1,217 @@
+//! The `vm-vmm` log, kept apart from the guest console: its stderr, read line by line into
+//! the run directory's [`VMM_LOG`] (at most [`VMM_LOG_MAX_BYTES`], then one line saying so
+//! and nothing more, so a guest that makes the VMM log cannot fill the host disk) and a
+//! bounded in-memory tail; the VMM's replies to the `metrics` control command
+//! (`vmm::logger::METRICS_PREFIX` lines) are taken out of the stream and kept as the latest
+//! [`MetricsReport`].
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use vmm::logger::parse_metrics_line;
+use vmm::metrics::MetricsReport;
+
+use crate::ring::SharedRing;
+
+/// The log file in the run directory.
+pub(crate) const VMM_LOG: &str = "vmm.log";
+/// The most bytes of log lines [`VMM_LOG`] takes.
+pub(crate) const VMM_LOG_MAX_BYTES: u64 = 4 << 20;
+/// The log tail kept in memory (for errors and `vm logs --vmm`).
+const TAIL_BYTES: usize = 64 * 1024;
+/// The longest line read at once (a VMM record is at most 2 KiB; longer text is split).
+const MAX_LINE: u64 = 8 * 1024;
+
+/// A file that takes lines until `cap` bytes, then one notice, then nothing.
+#[derive(Debug)]
+pub(crate) struct CappedFile<W: Write> {
+    out: W,
+    written: u64,
+    cap: u64,
+    full: bool,
+}
+
+impl<W: Write> CappedFile<W> {
+    pub(crate) fn new(out: W, cap: u64) -> Self {
+        CappedFile {
+            out,
+            written: 0,
+            cap,
+            full: false,
+        }
+    }
+
+    /// Appends `line` if it fits under the cap; the first line that does not is replaced by
+    /// the notice. Write errors are ignored (the tail in memory still has the line).
+    pub(crate) fn push(&mut self, line: &[u8]) {
+        if self.full {
+            return;
+        }
+        if self.written + line.len() as u64 > self.cap {
+            self.full = true;
+            let notice = format!(
+                "vm: {VMM_LOG} reached its cap of {} bytes; later lines are not kept here\n",
+                self.cap
+            );
+            let _ = self.out.write_all(notice.as_bytes());
+            return;
+        }
+        if self.out.write_all(line).is_ok() {
+            self.written += line.len() as u64;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Latest {
+    /// Replies seen so far.
+    seq: u64,
+    report: Option<MetricsReport>,
+}
+
+/// The reader side of a VMM's log stream.
+#[derive(Debug, Clone)]
+pub(crate) struct VmmLog {
+    tail: SharedRing,
+    latest: Arc<(Mutex<Latest>, Condvar)>,
+}
+
+impl VmmLog {
+    /// Starts a thread that reads `src` to its end: metrics replies to the latest report,
+    /// every other line to `file` and the tail.
+    pub(crate) fn start(
+        src: impl Read + Send + 'static,
+        file: impl Write + Send + 'static,
+    ) -> Self {
+        let log = VmmLog {
+            tail: SharedRing::new(TAIL_BYTES),
+            latest: Arc::default(),
+        };
+        let reader = log.clone();
+        let tail = log.tail.writer();
+        let mut file = CappedFile::new(file, VMM_LOG_MAX_BYTES);
+        let spawned = std::thread::Builder::new()
+            .name("vm-vmm-log".into())
+            .spawn(move || {
+                let mut src = BufReader::new(src);
+                let mut line = Vec::new();
+                loop {
+                    line.clear();
+                    match src.by_ref().take(MAX_LINE).read_until(b'\n', &mut line) {
+                        Ok(0) => break,
+                        Ok(_) => match parse_metrics_line(&line) {
+                            Some(report) => reader.store(report),
+                            None => {
+                                file.push(&line);
+                                tail.push(&line);
+                            }
+                        },
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the vm-vmm log reader; its log is dropped");
+        }
+        log
+    }
+
+    /// Opens `path` (created, truncated) and [`Self::start`]s on it.
+    pub(crate) fn to_file(
+        src: impl Read + Send + 'static,
+        path: &std::path::Path,
+    ) -> io::Result<Self> {
+        Ok(Self::start(src, File::create(path)?))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Latest> {
+        self.latest.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn store(&self, report: MetricsReport) {
+        let mut l = self.lock();
+        l.seq += 1;
+        l.report = Some(report);
+        self.latest.1.notify_all();
+    }
+
+    /// How many metrics replies have arrived.
+    pub(crate) fn replies(&self) -> u64 {
+        self.lock().seq
+    }
+
+    /// The first report newer than reply number `seen`, waiting at most `timeout`.
+    pub(crate) fn report_after(&self, seen: u64, timeout: Duration) -> Option<MetricsReport> {
+        let deadline = Instant::now() + timeout;
+        let mut l = self.lock();
+        while l.seq <= seen {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            l = self
+                .latest
+                .1
+                .wait_timeout(l, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        l.report.clone()
+    }
+
+    /// The log's tail (bounded); once the VMM has exited, waits briefly for its last lines.
+    pub(crate) fn tail(&self, exited: bool) -> String {
+        if exited {
+            self.tail.wait_writers_done(Duration::from_secs(1));
+        }
+        self.tail.tail_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_test_support::capture::Captured;
+    use vmm::metrics::DeviceMetrics;
+
+    #[test]
+    fn the_file_stops_at_its_cap_and_says_so() {
+        let mut f = CappedFile::new(Vec::new(), 10);
+        f.push(b"12345\n");
+        f.push(b"abcd\n");
+        f.push(b"x\n");
+        f.push(b"y\n");
+        let text = String::from_utf8(f.out).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("12345"));
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .contains("reached its cap of 10 bytes")
+        );
+        assert_eq!(lines.next(), None);
+    }
+
+    #[test]
+    fn metrics_replies_are_taken_out_of_the_log() {
+        let m = DeviceMetrics::new("virtio-rng");
+        m.request(64);
+        let report = MetricsReport::collect([&m]);
+        let mut stream = b"2026-12-01T00:00:00Z  WARN vmm: one\n".to_vec();
+        stream.extend(vmm::logger::metrics_line(&report));
+        stream.extend_from_slice(b"2026-12-01T00:00:01Z  INFO vmm: exit Ended\n");
+        let file = Captured::default();
+        let log = VmmLog::start(io::Cursor::new(stream), file.clone());
+        assert_eq!(log.report_after(0, Duration::from_secs(5)), Some(report));
+        assert_eq!(log.replies(), 1);
+        assert_eq!(log.report_after(1, Duration::from_millis(20)), None);
+        let tail = log.tail(true);
+        assert_eq!(tail.lines().count(), 2, "{tail:?}");
+        assert!(!tail.contains("metrics"), "{tail:?}");
+        assert_eq!(file.text(), tail);
+    }
+}
