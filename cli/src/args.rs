@@ -362,16 +362,21 @@ pub struct RmArgs {
   vm logs box
   vm logs -f box           # keep following until the VM exits
   vm logs --console web    # a served VM's console instead of its server's output
+  vm logs --vmm box        # the log of the VM's own VMM process (kvm driver only)
 
-Both are bounded tails (the last 64 KiB of the server's output, the console ring),
-refreshed every second while the VM runs.")]
+All are bounded tails (the last 64 KiB of the server's output, the console ring, the
+VMM's log), refreshed every second while the VM runs.")]
 pub struct LogsArgs {
     /// Keep printing new output until the VM exits
     #[arg(short, long)]
     pub follow: bool,
     /// For a `vm serve` VM: show the VM's console, not the server's output
-    #[arg(long)]
+    #[arg(long, conflicts_with = "vmm")]
     pub console: bool,
+    /// Show the log of the VM's `vm-vmm` process (warnings, device errors, how it ended),
+    /// not the console; kvm driver only
+    #[arg(long)]
+    pub vmm: bool,
     /// VM name
     #[arg(value_parser = parse::vm_name)]
     pub name: String,

@@ -8,7 +8,9 @@
 //!    directory, creates the guest root, and records the agent socket, the VM's host
 //!    processes, the driver and labels, then marks the record `running` (which is what
 //!    `vm run -d` waits for);
-//! 3. holds the VM, refreshing `console.log` (the bounded console tail) every second, until
+//! 3. holds the VM, refreshing `console.log` (the bounded console tail) every second — and,
+//!    for a VM on our own VMM (kvm), `vmm.log` (its log's tail) and `metrics.json` (its
+//!    device counters, for `vm stats --json`) —, until
 //!    SIGTERM/SIGINT (`vm stop`), the VM's wall lifetime, or the VM exiting by itself;
 //!    meanwhile `SIGUSR1` pauses the VM and `SIGUSR2` resumes it (`vm pause`/`vm unpause`),
 //!    the record saying `paused` only once every VM process is stopped;
@@ -33,6 +35,10 @@ use crate::stream::{PauseSignals, Signals};
 
 /// The console snapshot file in a VM's state directory.
 pub const CONSOLE_LOG: &str = "console.log";
+/// The VMM's log snapshot (kvm) in a VM's state directory.
+pub const VMM_LOG: &str = "vmm.log";
+/// The VMM's device counters (kvm; one JSON object) in a VM's state directory.
+pub const METRICS_JSON: &str = "metrics.json";
 /// The supervisor's own stdout/stderr.
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
 /// How long the guest agent may take to answer after the VM starts.
@@ -67,8 +73,30 @@ pub fn write_snapshot(dir: &Path, file: &str, text: String, last: &mut String) {
     }
 }
 
-fn write_console(dir: &Path, vm: &MicroVm, last: &mut String) {
-    write_snapshot(dir, CONSOLE_LOG, vm.machine().console_tail(), last);
+/// The snapshot files of one VM, each with the text last written.
+#[derive(Debug, Default)]
+pub struct Snapshots {
+    console: String,
+    vmm_log: String,
+    metrics: String,
+}
+
+impl Snapshots {
+    /// Refreshes [`CONSOLE_LOG`], and where the VM runs on our VMM, [`VMM_LOG`] and
+    /// [`METRICS_JSON`] (kept as they were when the VMM no longer answers).
+    pub fn refresh(&mut self, dir: &Path, vm: &MicroVm) {
+        let m = vm.machine();
+        write_snapshot(dir, CONSOLE_LOG, m.console_tail(), &mut self.console);
+        if let Some(log) = m.vmm_log_tail() {
+            write_snapshot(dir, VMM_LOG, log, &mut self.vmm_log);
+        }
+        if let Some(json) = m
+            .device_metrics()
+            .and_then(|r| serde_json::to_string(&r).ok())
+        {
+            write_snapshot(dir, METRICS_JSON, json, &mut self.metrics);
+        }
+    }
 }
 
 /// Records a booted VM as running: driver, containment, agent socket, host processes and
@@ -190,9 +218,9 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
     mark_running(rt, record, &vm, req.trust)?;
     tracing::info!(name = %record.name, driver = vm.driver(), "VM running");
 
-    let mut last = String::new();
+    let mut snaps = Snapshots::default();
     let reason = loop {
-        write_console(&dir, &vm, &mut last);
+        snaps.refresh(&dir, &vm);
         if !vm.machine().is_running() {
             break if vm.machine().wall_expired() {
                 "wall lifetime expired".to_string()
@@ -210,7 +238,7 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
     record.state = VmState::Stopping;
     rt.save(record)?;
     vm.close().await;
-    write_console(&dir, &vm, &mut last);
+    snaps.refresh(&dir, &vm);
     record.state = VmState::Exited;
     record.exited_unix = Some(now_unix());
     record.exit_reason = Some(reason);

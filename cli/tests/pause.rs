@@ -2,7 +2,8 @@
 //! stopped (each thread `T` in `/proc`), `vm ps` says `paused`, `vm exec`/`vm cp` are refused
 //! (125, naming `vm unpause`), a second pause is refused; after `vm unpause` a command runs
 //! again; `vm stop` of a paused VM leaves nothing behind. `vm stats` counts every VM process and
-//! its memory, and shows a paused VM using no CPU. A ready `vm serve` pauses too: its
+//! its memory, and shows a paused VM using no CPU (and, tcg running no VMM of ours, no device
+//! counters and no `vm logs --vmm`). A ready `vm serve` pauses too: its
 //! published port drops new connections until `vm unpause`, then answers again.
 
 mod common;
@@ -44,6 +45,11 @@ fn pause_freezes_a_named_vm_until_unpause() {
         "every VM process counted: {stats}"
     );
     assert_eq!(stats[0]["guest_mem_mib"], 256, "{stats}");
+    // tcg runs no VMM of ours: no device counters (null, not zeros), no VMM log.
+    assert!(stats[0]["vmm_devices"].is_null(), "{stats}");
+    let logs = env.run(&["logs", "--vmm", "frozen"]);
+    assert_eq!(logs.code, 125, "{}", logs.stderr);
+    assert!(logs.stderr.contains("tcg driver"), "{}", logs.stderr);
 
     let out = env.run(&["unpause", "frozen"]);
     assert_eq!(out.code, 125, "unpause of a running VM: {}", out.stderr);

@@ -20,7 +20,7 @@ use crate::output::{errln, outln};
 use crate::resolve;
 use crate::state::{ProcId, Record, Runtime, VmState, labels, now_unix};
 use crate::stream::{self, PauseSignals, Signals};
-use crate::supervisor::{self, CONSOLE_LOG, SERVER_LOG, StartRequest};
+use crate::supervisor::{self, SERVER_LOG, StartRequest};
 
 /// Lines of the console and of the server output shown when the server is not ready.
 const FAILURE_TAIL_LINES: usize = 20;
@@ -157,8 +157,7 @@ impl Session<'_> {
         let dir = self.rt.dir(&self.record.name);
         supervisor::write_snapshot(&dir, SERVER_LOG, serving.output(), &mut String::new());
         vm.close().await;
-        let console = vm.machine().console_tail();
-        supervisor::write_snapshot(&dir, CONSOLE_LOG, console, &mut String::new());
+        supervisor::Snapshots::default().refresh(&dir, &vm);
         outcome
     }
 
@@ -176,12 +175,11 @@ impl Session<'_> {
             .insert(labels::SERVE.into(), urls.join(" "));
         self.rt.save(&self.record)?;
         let dir = self.rt.dir(&name);
-        let (mut console, mut output) = (String::new(), String::new());
+        let (mut snaps, mut output) = (supervisor::Snapshots::default(), String::new());
         let waiting = serving.wait_ready(&ready);
         tokio::pin!(waiting);
         let waited = loop {
-            let tail = vm.machine().console_tail();
-            supervisor::write_snapshot(&dir, CONSOLE_LOG, tail, &mut console);
+            snaps.refresh(&dir, vm);
             supervisor::write_snapshot(&dir, SERVER_LOG, serving.output(), &mut output);
             tokio::select! {
                 r = &mut waiting => break r,
@@ -210,8 +208,7 @@ impl Session<'_> {
             vm.driver(),
         );
         loop {
-            let tail = vm.machine().console_tail();
-            supervisor::write_snapshot(&dir, CONSOLE_LOG, tail, &mut console);
+            snaps.refresh(&dir, vm);
             supervisor::write_snapshot(&dir, SERVER_LOG, serving.output(), &mut output);
             tokio::select! {
                 sig = self.signals.recv() => {
