@@ -302,9 +302,15 @@ impl Machine {
         self.shared.handle.vmm_log_tail()
     }
 
-    /// The VMM's per-device counters (kvm); `None` on drivers without them (tcg) or when
-    /// the VMM did not answer in time.
+    /// The VMM's per-device counters (kvm); `None` on drivers without them (tcg), when the
+    /// VMM did not answer in time, and while the machine is paused or closed (a stopped VMM
+    /// reads no query: none is sent, so none piles up in its control channel).
     pub fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+        // Held across the query, so a pause waits for it instead of stopping the VMM mid-way.
+        let paused = self.shared.paused();
+        if *paused || self.shared.state() != State::Running {
+            return None;
+        }
         self.shared.handle.device_metrics()
     }
 

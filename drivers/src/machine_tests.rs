@@ -14,6 +14,7 @@ use super::*;
 struct FakeState {
     killed: AtomicBool,
     kills: AtomicUsize,
+    metrics_queries: AtomicUsize,
 }
 
 struct FakeHandle(Arc<FakeState>);
@@ -34,6 +35,10 @@ impl VmHandle for FakeHandle {
     }
     fn host_pids(&self) -> Vec<u32> {
         vec![4242]
+    }
+    fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+        self.0.metrics_queries.fetch_add(1, Ordering::SeqCst);
+        Some(vmm::metrics::MetricsReport::collect([]))
     }
 }
 
@@ -106,6 +111,17 @@ fn wall_expiry_interrupts_a_call_in_flight() {
         start.elapsed()
     );
     accepted.join().unwrap();
+}
+
+#[test]
+fn device_metrics_are_asked_only_while_the_machine_runs() {
+    let (m, state) = machine(None, nowhere());
+    assert!(m.device_metrics().is_some());
+    assert_eq!(state.metrics_queries.load(Ordering::SeqCst), 1);
+    assert_eq!(m.vmm_log_tail(), None, "the fake has no VMM log");
+    m.close_now();
+    assert_eq!(m.device_metrics(), None);
+    assert_eq!(state.metrics_queries.load(Ordering::SeqCst), 1);
 }
 
 #[test]

@@ -95,6 +95,7 @@ fn run(mut a: Args) -> Result<VmExit, String> {
 }
 
 fn main() -> ExitCode {
+    vmm::logger::init();
     let args = match parse(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {

@@ -188,7 +188,7 @@ impl VsockBackend {
         };
         match r {
             Ok(()) => self.timer_at = next,
-            Err(e) => tracing::warn!("vm-vsock: cannot arm the deadline timer: {e}"),
+            Err(e) => crate::warn_limited!(None, "vm-vsock: cannot arm the deadline timer: {e}"),
         }
     }
 }
@@ -200,7 +200,7 @@ fn dispatch(muxer: &mut Muxer, epoll: &Epoll, io: &mut VringIo<'_>, timer_fired:
         Ok(n) => n,
         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
         Err(e) => {
-            tracing::warn!("vm-vsock: epoll_wait: {e}");
+            crate::warn_limited!(None, "vm-vsock: epoll_wait: {e}");
             0
         }
     };
