@@ -1,9 +1,8 @@
 //! vCPU exit handling as a plain function over [`Exit`], so it is testable without KVM.
 //!
 //! The vCPU loop maps `kvm_ioctls::VcpuExit` into [`Exit`] ([`from_kvm`]), calls [`handle`], and
-//! acts on the returned [`Action`]. Guest-triggerable logging (unhandled ports) is rate-limited.
-
-use std::time::{Duration, Instant};
+//! acts on the returned [`Action`]. Guest-triggerable logging (unhandled ports) goes through the one rate limiter
+//! ([`crate::logger::rate_limited`]).
 
 use kvm_ioctls::VcpuExit;
 
@@ -113,58 +112,6 @@ pub const SYSTEM_EVENT_RESET: u32 = 2;
 /// KVM_SYSTEM_EVENT_CRASH.
 pub const SYSTEM_EVENT_CRASH: u32 = 3;
 
-/// Logs at most `burst` messages per `window`, then counts the rest silently.
-#[derive(Debug)]
-pub struct RateLimit {
-    window: Duration,
-    burst: u32,
-    start: Option<Instant>,
-    count: u32,
-    suppressed: u64,
-}
-
-impl RateLimit {
-    /// A limiter allowing `burst` events per `window`.
-    pub fn new(burst: u32, window: Duration) -> Self {
-        Self {
-            window,
-            burst,
-            start: None,
-            count: 0,
-            suppressed: 0,
-        }
-    }
-
-    /// Whether to log this event; `now` is injected for tests.
-    pub fn allow(&mut self, now: Instant) -> bool {
-        match self.start {
-            Some(s) if now.duration_since(s) < self.window => {}
-            _ => {
-                self.start = Some(now);
-                self.count = 0;
-            }
-        }
-        self.count += 1;
-        if self.count <= self.burst {
-            true
-        } else {
-            self.suppressed += 1;
-            false
-        }
-    }
-
-    /// Events not logged so far.
-    pub fn suppressed(&self) -> u64 {
-        self.suppressed
-    }
-}
-
-impl Default for RateLimit {
-    fn default() -> Self {
-        Self::new(5, Duration::from_secs(1))
-    }
-}
-
 /// What [`handle`] works with.
 #[derive(Debug)]
 pub struct ExitContext<'a> {
@@ -172,19 +119,17 @@ pub struct ExitContext<'a> {
     pub pio: &'a Bus,
     /// MMIO devices.
     pub mmio: &'a Bus,
-    /// Limiter for "unhandled access" logs.
-    pub log_limit: &'a mut RateLimit,
 }
 
-fn unhandled(ctx: &mut ExitContext<'_>, kind: &str, addr: u64, len: usize) {
-    if ctx.log_limit.allow(Instant::now()) {
-        tracing::debug!(
-            kind,
-            addr = format_args!("{addr:#x}"),
-            len,
-            "unhandled guest access"
-        );
-    }
+fn unhandled(kind: &str, addr: u64, len: usize) {
+    crate::log_limited!(
+        DEBUG,
+        None,
+        kind,
+        addr = format_args!("{addr:#x}"),
+        len,
+        "unhandled guest access"
+    );
 }
 
 /// Decide what to do about one exit.
@@ -193,26 +138,26 @@ pub fn handle(exit: Exit<'_>, ctx: &mut ExitContext<'_>) -> Action {
         Exit::IoIn { port, data } => {
             if !ctx.pio.read(u64::from(port), data) {
                 data.fill(0xff);
-                unhandled(ctx, "pio read", u64::from(port), data.len());
+                unhandled("pio read", u64::from(port), data.len());
             }
             Action::Continue
         }
         Exit::IoOut { port, data } => {
             if !ctx.pio.write(u64::from(port), data) {
-                unhandled(ctx, "pio write", u64::from(port), data.len());
+                unhandled("pio write", u64::from(port), data.len());
             }
             Action::Continue
         }
         Exit::MmioRead { addr, data } => {
             if !ctx.mmio.read(addr, data) {
                 data.fill(0xff);
-                unhandled(ctx, "mmio read", addr, data.len());
+                unhandled("mmio read", addr, data.len());
             }
             Action::Continue
         }
         Exit::MmioWrite { addr, data } => {
             if !ctx.mmio.write(addr, data) {
-                unhandled(ctx, "mmio write", addr, data.len());
+                unhandled("mmio write", addr, data.len());
             }
             Action::Continue
         }
@@ -277,11 +222,9 @@ mod tests {
         pio.insert(rec.clone(), 0x3f8, 8).unwrap();
         let mut mmio = Bus::new();
         mmio.insert(rec.clone(), 0xd000_0000, 0x1000).unwrap();
-        let mut lim = RateLimit::default();
         let mut ctx = ExitContext {
             pio: &pio,
             mmio: &mmio,
-            log_limit: &mut lim,
         };
 
         assert_eq!(
@@ -336,11 +279,9 @@ mod tests {
     #[test]
     fn maps_terminal_exits() {
         let pio = Bus::new();
-        let mut lim = RateLimit::default();
         let mut ctx = ExitContext {
             pio: &pio,
             mmio: &pio,
-            log_limit: &mut lim,
         };
         assert_eq!(handle(Exit::Hlt, &mut ctx), Action::Exit(VmExit::Halted));
         assert_eq!(
@@ -372,15 +313,5 @@ mod tests {
             handle(Exit::Other("nmi"), &mut ctx),
             Action::Fault(FaultKind::Unexpected(_))
         ));
-    }
-
-    #[test]
-    fn rate_limit_bounds_logs_per_window() {
-        let mut l = RateLimit::new(3, Duration::from_secs(1));
-        let t0 = Instant::now();
-        let allowed = (0..100).filter(|_| l.allow(t0)).count();
-        assert_eq!(allowed, 3);
-        assert_eq!(l.suppressed(), 97);
-        assert!(l.allow(t0 + Duration::from_secs(2)));
     }
 }

@@ -9,7 +9,7 @@ use crate::boot::{LoadedKernel, regs};
 use crate::bus::Bus;
 use crate::control::{Control, GuestFault};
 use crate::cpuid::{CpuidParams, normalize};
-use crate::exit::{Action, ExitContext, FaultKind, RateLimit, from_kvm, handle};
+use crate::exit::{Action, ExitContext, FaultKind, from_kvm, handle};
 use crate::msr;
 use crate::sys::KickableVcpu;
 
@@ -134,7 +134,6 @@ impl VcpuThread {
 
     /// Returns `None` when stopped from outside, the VM outcome otherwise.
     fn run_loop(&mut self) -> Option<crate::control::Outcome> {
-        let mut limit = RateLimit::default();
         loop {
             let control = &self.control;
             let action = match self.fd.run_unless(|| control.stop_requested()) {
@@ -143,7 +142,6 @@ impl VcpuThread {
                     let mut ctx = ExitContext {
                         pio: &self.pio,
                         mmio: &self.mmio,
-                        log_limit: &mut limit,
                     };
                     handle(from_kvm(exit), &mut ctx)
                 }

@@ -93,17 +93,21 @@ impl RateLimit {
     }
 }
 
-/// Logs at `level` through the call site's own [`RateLimit`]; a dropped line is counted in
-/// `$metrics` (an `Option<&DeviceMetrics>`). Used by the `*_limited!` macros.
-#[doc(hidden)]
+/// Logs at `tracing::Level::$level` (`WARN`, `DEBUG`, ...) through the call site's own
+/// [`RateLimit`]; a dropped line is counted in `$metrics` (an `Option<&DeviceMetrics>`). A
+/// level the subscriber does not record costs one check: no token, no lock, no count.
 #[macro_export]
 macro_rules! log_limited {
     ($level:ident, $metrics:expr, $($arg:tt)+) => {{
-        static LIMIT: $crate::logger::RateLimit = $crate::logger::RateLimit::new();
-        match LIMIT.admit() {
-            Some(0) => ::tracing::$level!($($arg)+),
-            Some(suppressed) => ::tracing::$level!(suppressed, $($arg)+),
-            None => $crate::metrics::DeviceMetrics::count_log_drop($metrics),
+        if ::tracing::enabled!(::tracing::Level::$level) {
+            static LIMIT: $crate::logger::RateLimit = $crate::logger::RateLimit::new();
+            match LIMIT.admit() {
+                Some(0) => ::tracing::event!(::tracing::Level::$level, $($arg)+),
+                Some(suppressed) => {
+                    ::tracing::event!(::tracing::Level::$level, suppressed, $($arg)+)
+                }
+                None => $crate::metrics::DeviceMetrics::count_log_drop($metrics),
+            }
         }
     }};
 }
@@ -112,14 +116,14 @@ macro_rules! log_limited {
 /// argument is the device's `Option<&DeviceMetrics>` (its `rate_limited` counter).
 #[macro_export]
 macro_rules! warn_limited {
-    ($metrics:expr, $($arg:tt)+) => { $crate::log_limited!(warn, $metrics, $($arg)+) };
+    ($metrics:expr, $($arg:tt)+) => { $crate::log_limited!(WARN, $metrics, $($arg)+) };
 }
 
 /// `tracing::error!` for a line a guest can trigger: rate-limited per call site, as
 /// [`warn_limited!`](crate::warn_limited).
 #[macro_export]
 macro_rules! error_limited {
-    ($metrics:expr, $($arg:tt)+) => { $crate::log_limited!(error, $metrics, $($arg)+) };
+    ($metrics:expr, $($arg:tt)+) => { $crate::log_limited!(ERROR, $metrics, $($arg)+) };
 }
 
 #[cfg(test)]

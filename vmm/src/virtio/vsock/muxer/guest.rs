@@ -117,7 +117,7 @@ impl Muxer {
         }
         let n = GUEST_CONNECTS_REFUSED.fetch_add(1, Ordering::Relaxed);
         crate::log_limited!(
-            info,
+            INFO,
             None,
             host_port = key.0,
             refused = n + 1,
