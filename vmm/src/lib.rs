@@ -34,7 +34,6 @@ pub mod legacy;
 pub mod memory;
 pub mod msr;
 pub mod process;
-pub mod seccomp;
 pub mod serial;
 pub mod sys;
 pub mod vcpu;

@@ -1,4 +1,4 @@
-//! The jail `vm-vmm` builds around a VM (`vmm::process::jail`), seen from the host through
+//! The jail `vm-vmm` builds around a VM (`vm_jail`), seen from the host through
 //! `/proc` while a tiny guest sleeps in `cli; hlt`: every thread of both VM processes (the
 //! reaper and PID 1 of the VM's PID namespace) has a seccomp filter, no capabilities and
 //! `no_new_privs`, runs as the VM's own uid, has namespaces of its own, and sees a root holding
@@ -181,7 +181,7 @@ fn every_vm_thread_is_jailed() {
         Some("1")
     );
     let limits = std::fs::read_to_string(format!("/proc/{inner}/limits")).unwrap();
-    let data = vmm::process::jail::data_limit(64).to_string();
+    let data = vm_jail::data_limit(64).to_string();
     for (what, value) in [
         ("Max data size", data.as_str()),
         ("Max file size", "0"),

@@ -227,7 +227,7 @@ impl Drop for Worker {
 }
 
 fn run(mut s: WorkerSetup, epoll: Epoll, stop: EventFd) {
-    crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Device);
+    vm_jail::seccomp::apply_or_exit(vm_jail::seccomp::ThreadKind::Device);
     let mut events = vec![EpollEvent::default(); 64];
     {
         let mut ctx = Ctx {

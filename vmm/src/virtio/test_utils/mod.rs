@@ -105,10 +105,10 @@ pub fn guest_memory() -> GuestMemoryMmap {
 
 impl Driver {
     /// Build the device for `cfg` over fresh memory. Its worker runs under the production
-    /// device seccomp filter (`crate::seccomp`), as in `vm-vmm`: a device making a system call
+    /// device seccomp filter (`vm_jail::seccomp`), as in `vm-vmm`: a device making a system call
     /// outside its allowlist kills the test process with `SIGSYS`.
     pub fn new(cfg: &DeviceConfig) -> Result<Driver, VirtioError> {
-        crate::seccomp::enable();
+        vm_jail::seccomp::enable();
         let mem = guest_memory();
         let dev = MmioDevice::new(cfg, mem.clone())?;
         let irq = dev.interrupt_event()?;
