@@ -341,6 +341,41 @@ fn a_device_threads_forbidden_system_call_kills_the_vm_process_with_sigsys() {
     );
 }
 
+/// `mov al, 1; out port, al`, then sleep.
+fn port_write_guest(port: u8) -> Vec<u8> {
+    [&[0xb0, 0x01, 0xe6, port][..], SLEEP_FOREVER].concat()
+}
+
+#[test]
+fn a_vcpu_threads_socket_call_kills_the_vm_process_with_sigsys() {
+    let test = "a_vcpu_threads_socket_call_kills_the_vm_process_with_sigsys";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let start = |port: u8| {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = jailed_config(tmp.path());
+        std::fs::write(&cfg.vm.kernel, port_write_guest(port)).unwrap();
+        (tmp, VmProc::start_process(&cfg))
+    };
+    // First a write to the POST-code port: absorbed, the VM runs on.
+    let (_tmp, mut vm) = start(0x80);
+    wait_for_thread(&mut vm, "vmm-control");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(vm.try_exit(), None, "{}", vm.console());
+    vm.stop();
+    // Then the test hook's port: the vCPU thread calls socket(2), which is the device control
+    // thread's alone (Firecracker's vCPU filter allows no socket either).
+    let port = u8::try_from(vmm::legacy::TEST_FORBIDDEN_SYSCALL_PORT).unwrap();
+    let (_tmp, mut vm) = start(port);
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(60)),
+        Some(ProcessExit::Seccomp),
+        "output:\n{}",
+        vm.console()
+    );
+}
+
 /// A jailed VM whose guest makes one virtio-rng request of `len` bytes.
 fn start_rng_guest(len: u32) -> (tempfile::TempDir, VmProc) {
     let tmp = tempfile::tempdir().unwrap();
