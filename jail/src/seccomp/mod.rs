@@ -3,7 +3,8 @@
 //! Off unless the process turns them on ([`enable`]: `vm-vmm` does, a library user running a
 //! VM on its own threads does not). Each thread installs its filter itself ([`apply`]) before
 //! it touches guest data: the main thread once the vCPU and control threads exist, a vCPU
-//! thread first thing, a device worker first thing, the reaper once it is jailed. A
+//! thread first thing, the device control thread and a device worker first thing, the
+//! reaper once it is jailed. A
 //! non-allowlisted system call kills the whole process (`SECCOMP_RET_KILL_PROCESS`), which the
 //! launcher sees as death by `SIGSYS`.
 //!
