@@ -53,7 +53,7 @@ pub enum DriverError {
         program: String,
         /// The cause.
         #[source]
-        source: vmm::process::jail::JailError,
+        source: vm_jail::JailError,
     },
     /// A VM process was killed by its seccomp filter (`SIGSYS`) before the agent answered.
     #[error("{program} was killed by SIGSYS: it made a system call outside its seccomp allowlist")]

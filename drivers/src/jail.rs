@@ -73,13 +73,13 @@ fn detail(granted: &Result<(), String>) -> String {
     }
 }
 
-/// The kvm driver's jail (`vmm::process::jail` and `vmm::seccomp`).
+/// The kvm driver's jail (`vm_jail` and `vm_jail::seccomp`).
 pub fn kvm_report() -> JailReport {
     let granted = host_grants();
     JailReport {
         granted: granted.is_ok(),
         detail: detail(&granted),
-        namespaces: vmm::process::jail::NAMESPACES.to_vec(),
+        namespaces: vm_jail::NAMESPACES.to_vec(),
         root: "read-only tmpfs holding only the run directory (images and /dev/kvm are opened before pivot_root)",
         uid: "per VM: 1000000000 + pid, no supplementary groups",
         capabilities: "none (bounding set empty)",
@@ -95,7 +95,7 @@ pub fn tcg_report() -> JailReport {
     JailReport {
         granted: granted.is_ok(),
         detail: detail(&granted),
-        namespaces: vmm::process::jail::NAMESPACES.to_vec(),
+        namespaces: vm_jail::NAMESPACES.to_vec(),
         root: "read-only tmpfs per process: the program, the shared-library directories, the run \
                directory; QEMU also its firmware directory and the kernel (disks are passed as \
                descriptors)",

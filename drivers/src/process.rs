@@ -77,7 +77,7 @@ pub(crate) fn spawn_jailed(
     program: &str,
     mut cmd: Command,
     ring_bytes: usize,
-    jail: Option<vmm::process::jail::exec::ExecJail>,
+    jail: Option<vm_jail::exec::ExecJail>,
 ) -> io::Result<Supervised> {
     arm(&mut cmd);
     if let Some(j) = jail {

@@ -193,14 +193,15 @@ fn a_vsock_backend_killed_by_its_filter_is_a_typed_error() {
     let Some((driver, images)) = tcg_and_images(test) else {
         return;
     };
-    vmm::seccomp::vhost::TEST_DENY.store(libc::SYS_accept4, std::sync::atomic::Ordering::SeqCst);
+    vm_jail::seccomp::vhost::TEST_DENY
+        .store(libc::SYS_accept4, std::sync::atomic::Ordering::SeqCst);
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     let err = match driver.boot(plan("sigsys", images, run_dir.clone())) {
         Ok(_) => panic!("the boot succeeded with accept4 forbidden to vm-vsock"),
         Err(e) => e,
     };
-    vmm::seccomp::vhost::TEST_DENY.store(-1, std::sync::atomic::Ordering::SeqCst);
+    vm_jail::seccomp::vhost::TEST_DENY.store(-1, std::sync::atomic::Ordering::SeqCst);
     match &err {
         vm_drivers::DriverError::SeccompKilled { program, .. } => {
             assert_eq!(program, VM_VSOCK, "{err}")

@@ -39,7 +39,7 @@ use crate::link::Link;
 use crate::publish::PublishSpec;
 
 /// How often the monitor asks the agent about the process.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// Concurrent forwarded connections per published port (half the agent's data slots, so
 /// two busy ports fit beside each other; see the module docs for what waits and where).
 pub const MAX_CONNECTIONS: usize = 32;

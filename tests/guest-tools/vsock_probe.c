@@ -6,6 +6,10 @@
  *                                     "connected" (exit 0) or "failed: <errno text>" (exit 1)
  *   vsock-probe hold CID PORT N SECS  N non-blocking connects held open for SECS seconds;
  *                                     prints "held N connected C" (C = how many completed)
+ *   vsock-probe sink PORT N SECS      listens on PORT, accepts up to N connections within SECS
+ *                                     seconds and never reads from them; prints
+ *                                     "sink accepted A" once it has N (or SECS ran out), then
+ *                                     keeps them open until SECS have passed (the stall test)
  */
 #include <errno.h>
 #include <linux/vm_sockets.h>
@@ -15,6 +19,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 static int open_conn(unsigned cid, unsigned port, int nonblock) {
@@ -48,6 +53,32 @@ static int connected(int s) {
            !(p.revents & (POLLERR | POLLHUP));
 }
 
+/* Accepts up to n connections on port within secs seconds, never reading any of them. */
+static int sink(unsigned port, int n, int secs) {
+    int l = socket(AF_VSOCK, SOCK_STREAM, 0);
+    struct sockaddr_vm a;
+    memset(&a, 0, sizeof a);
+    a.svm_family = AF_VSOCK;
+    a.svm_cid = VMADDR_CID_ANY;
+    a.svm_port = port;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, n) != 0) {
+        printf("failed: %s\n", strerror(errno));
+        return 1;
+    }
+    time_t end = time(0) + secs;
+    int accepted = 0;
+    while (accepted < n && time(0) < end) {
+        struct pollfd p = {l, POLLIN, 0};
+        if (poll(&p, 1, 200) == 1 && accept(l, 0, 0) >= 0)
+            accepted++;
+    }
+    printf("sink accepted %d\n", accepted);
+    fflush(stdout);
+    while (time(0) < end)
+        sleep(1);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "connect") == 0) {
         int s = open_conn(strtoul(argv[2], 0, 10), strtoul(argv[3], 0, 10), 0);
@@ -73,6 +104,8 @@ int main(int argc, char **argv) {
         printf("held %d connected %d\n", held, ok);
         return 0;
     }
-    fprintf(stderr, "usage: vsock-probe connect CID PORT | hold CID PORT N SECS\n");
+    if (argc == 5 && strcmp(argv[1], "sink") == 0)
+        return sink(strtoul(argv[2], 0, 10), atoi(argv[3]), atoi(argv[4]));
+    fprintf(stderr, "usage: vsock-probe connect CID PORT | hold CID PORT N SECS | sink PORT N SECS\n");
     return 2;
 }

@@ -38,6 +38,8 @@ mod rootfs;
 mod rootfs_debian;
 #[path = "../tests/serve.rs"]
 mod serve;
+#[path = "../tests/stalled.rs"]
+mod stalled;
 #[path = "../tests/vsock_host.rs"]
 mod vsock_host;
 #[path = "../tests/wall.rs"]

@@ -15,8 +15,8 @@
 //!   `boot+agent ready in X s [driver]`; [`Cases`] runs the named cases of a scenario against
 //!   one guest, each under a timeout, and reports every failure (not only the first).
 //! - `tests/*.rs`: one file per scenario (boot, exec, env, files, mounts, egress, memory,
-//!   pids, cancel, wall, serve, refusal). Each file is one test binary with one `#[test]`
-//!   per scenario that boots one guest per driver and runs its cases in it, because nextest
+//!   pids, cancel, wall, serve, refusal, stalled, vsock_host, ...). Each file is one test
+//!   binary with one `#[test]` per scenario that boots one guest per driver and runs its cases in it, because nextest
 //!   runs every test in its own process (a guest cannot be shared between tests there).
 //!
 //! # Running
@@ -34,6 +34,8 @@ mod cases;
 mod guest;
 pub mod host;
 pub mod interactive;
+pub mod probe;
+pub mod procs;
 pub mod proof;
 pub mod rootfs;
 

@@ -2,60 +2,14 @@
 //! plane and the host. It cannot connect to the agent (no vsock loopback, host peers only, a
 //! per-boot token it cannot read), holding many vsock connections does not slow the host's
 //! requests, a connection out to a host listener delivers nothing, and UDP/ICMP egress fails
-//! (TCP and DNS: `egress.rs`). The vsock attempts use `tests/guest-tools/vsock_probe.c`,
-//! built here with `cc -static` (or taken prebuilt from `VM_TEST_VSOCK_PROBE`, as the kvm proof
-//! pack does) and copied into the guest.
+//! (TCP and DNS: `egress.rs`). The vsock attempts use the guest probe
+//! ([`vm_tests::probe`], `tests/guest-tools/vsock_probe.c`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use vm_tests::probe::{PROBE, install_probe};
 use vm_tests::{Cases, GuestSpec, MicroVm, boot, ensure, exec_ok, sh};
-
-const PROBE: &str = "vsock-probe";
-
-/// The probe's source, embedded so the suite binary needs only a C compiler where it runs.
-const PROBE_SOURCE: &str = include_str!("../guest-tools/vsock_probe.c");
-
-/// Builds the probe for the guest (static: the guest has no libc).
-fn build_probe(dir: &Path) -> Result<Vec<u8>, String> {
-    let src = dir.join("vsock_probe.c");
-    std::fs::write(&src, PROBE_SOURCE).map_err(|e| format!("writing {}: {e}", src.display()))?;
-    let out = dir.join(PROBE);
-    let r = std::process::Command::new("cc")
-        .args(["-static", "-O2", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("running cc (build-essential, installed by ci/setup.sh): {e}"))?;
-    ensure!(
-        r.status.success(),
-        "cc -static {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&r.stderr)
-    );
-    std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display()))
-}
-
-/// The probe: the prebuilt static binary `VM_TEST_VSOCK_PROBE` names (the kvm proof pack
-/// carries one, for hosts without a C compiler), else built here.
-fn probe() -> Result<Vec<u8>, String> {
-    if let Some(path) = std::env::var_os("VM_TEST_VSOCK_PROBE") {
-        let path = Path::new(&path);
-        return std::fs::read(path)
-            .map_err(|e| format!("reading VM_TEST_VSOCK_PROBE {}: {e}", path.display()));
-    }
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    build_probe(dir.path())
-}
-
-async fn install_probe(vm: &MicroVm) -> Result<(), String> {
-    let bin = probe()?;
-    vm.write_file(PROBE, &bin)
-        .await
-        .map_err(|e| format!("copying the probe in: {e}"))?;
-    exec_ok(vm, &format!("chmod 755 {PROBE}")).await?;
-    Ok(())
-}
 
 /// `vsock-probe connect CID PORT` must fail; returns its output.
 async fn connect_fails(vm: &MicroVm, cid: u32, port: u32) -> Result<String, String> {

@@ -105,7 +105,7 @@ fn start_vm_vmm(cfg: &vmm::process::ProcessConfig) -> std::process::Child {
     let bin = env!("CARGO_BIN_EXE_vm-vmm");
     let mut cmd = vmm::process::command(bin.as_ref());
     if let Some(fd) = cfg.jail.as_ref().and_then(|j| j.netns_fd) {
-        vmm::process::jail::pass_fd(&mut cmd, fd);
+        vm_jail::pass_fd(&mut cmd, fd);
     }
     let mut child = cmd
         .stdout(Stdio::null())
@@ -158,7 +158,7 @@ fn main() {
         root: run.join("root"),
         binds: vec![run.clone()],
         // As the kvm driver does: one empty network namespace for every VM of this process.
-        netns_fd: Some(vmm::process::jail::shared_netns().expect("network namespace")),
+        netns_fd: Some(vm_jail::shared_netns().expect("network namespace")),
         ..vmm::process::JailConfig::default()
     });
     jailed.seccomp = true;

@@ -32,6 +32,29 @@ impl BusDevice for Sink {
     fn write(&mut self, _offset: u64, _data: &[u8]) {}
 }
 
+/// A port whose write makes the vCPU thread that took the exit call `socket`, which its
+/// seccomp filter does not allow (builds with the `test-hooks` feature only: the tests' way to
+/// prove a vCPU thread's forbidden system call kills the VM process).
+#[cfg(feature = "test-hooks")]
+pub const TEST_FORBIDDEN_SYSCALL_PORT: u64 = 0x81;
+
+/// The device at [`TEST_FORBIDDEN_SYSCALL_PORT`] (`test-hooks` only).
+#[cfg(feature = "test-hooks")]
+#[derive(Debug)]
+pub struct ForbiddenSyscall;
+
+#[cfg(feature = "test-hooks")]
+impl BusDevice for ForbiddenSyscall {
+    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn write(&mut self, _offset: u64, _data: &[u8]) {
+        // The vCPU filter kills the process here (socket(2) is the device control thread's).
+        let _ = std::os::unix::net::UnixDatagram::unbound();
+    }
+}
+
 /// (base, len, read value) of every absorbed port range.
 pub const ABSORBED_PORTS: &[(u64, u64, ReadValue)] = &[
     (0x80, 1, ReadValue::Zeros),

@@ -13,7 +13,8 @@
 //! - Devices: [`serial`] (COM1 into a bounded ring), [`i8042`] (reset ends the VM), [`legacy`]
 //!   (absorbed ports), and `virtio` (virtio-mmio block/vsock/rng, owned separately) at
 //!   0xd000_0000 + i*0x1000, GSI 5+i, with ioeventfds and irqfds. Dispatch goes through [`bus`].
-//! - [`vm`]: [`Vm::create`] does all setup, [`Vm::start`] spawns one thread per vCPU;
+//! - [`vm`]: [`Vm::create`] does all setup, [`Vm::start`] spawns the device control thread (which
+//!   starts device workers: `virtio::starter`) and one thread per vCPU;
 //!   [`control`] holds the stop flag and kicks vCPU threads out of KVM_RUN with a real-time
 //!   signal whose handler sets `immediate_exit`. [`exit`] maps every vCPU exit to an action in a
 //!   plain function; faults become a typed [`control::GuestFault`] with the RIP, never a panic.
@@ -40,7 +41,6 @@ pub mod memory;
 pub mod metrics;
 pub mod msr;
 pub mod process;
-pub mod seccomp;
 pub mod serial;
 pub mod sys;
 pub mod vcpu;

@@ -1,17 +1,17 @@
 //! Safe wrappers over the host system calls the VMM makes outside KVM's own safe ioctls:
-//! each `unsafe` block of the VMM is here (or in [`kick`], [`guest_memory`] and [`process`]),
+//! each `unsafe` block of the VMM is here (or in [`kick`] and [`guest_memory`]),
 //! behind a function or type whose doc states its contract.
 //!
 //! - [`kick`]: the vCPU kick — the signal handler's store into the running vCPU's `kvm_run`,
 //!   and signalling registered vCPU threads.
 //! - [`guest_memory`]: guest RAM registered with KVM, owned so it outlives the VM and its
 //!   vCPUs.
-//! - [`process`]: the jail's process-level calls (descriptors, the reaper's pidfd, the
-//!   capability bounding set, `_exit`, `fork` and `pre_exec` hooks).
+//!
+//! The jail's process-level calls (descriptors, the reaper's pidfd, the capability bounding
+//! set, `_exit`, `fork` and `pre_exec` hooks) are shared with other host crates: `vm-sys`.
 
 pub mod guest_memory;
 pub mod kick;
-pub mod process;
 
 pub use guest_memory::{GuestMemoryMmap, GuestVm, SlotError};
 pub use kick::{KickableThreads, KickableVcpu, install_kick_handler};

@@ -114,7 +114,7 @@ pub struct VcpuThread {
 impl VcpuThread {
     /// Thread body: run until the VM stops, record the outcome, deregister.
     pub fn run(mut self) {
-        crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Vcpu);
+        vm_jail::seccomp::apply_or_exit(vm_jail::seccomp::ThreadKind::Vcpu);
         let control = self.control.clone();
         let outcome = control.run_registered(usize::from(self.index), || self.run_loop());
         if let Some(outcome) = outcome {

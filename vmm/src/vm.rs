@@ -1,7 +1,9 @@
 //! [`Vm`]: build a VM from a [`VmConfig`]; [`RunningVm`]: its vCPU threads and lifecycle.
 //!
 //! `Vm::create` does all fallible setup (KVM VM, irqchip, PIT, memory, kernel, devices, vCPUs)
-//! without running anything; `Vm::start` spawns one thread per vCPU. The VM ends when the guest
+//! without running anything; `Vm::start` spawns the device control thread (`vm<N>-devctl`,
+//! which starts device workers when the guest activates a device: `virtio::starter`) and one
+//! thread per vCPU. The VM ends when the guest
 //! resets (i8042), a vCPU faults, or the host calls [`RunningVm::stop`]; [`RunningVm::wait`]
 //! joins every thread and then drops the VM (memory, KVM fds, device workers).
 
@@ -31,7 +33,7 @@ use crate::metrics::{DeviceMetrics, MetricsReport};
 use crate::serial::{COM1_IRQ, COM1_PORT, ConsoleRing, Serial, SharedConsole};
 use crate::sys::{GuestVm, KickableVcpu};
 use crate::vcpu::{self, VcpuSetup, VcpuThread};
-use crate::virtio::{MmioDevice, VirtioError};
+use crate::virtio::{MmioDevice, Starter, StarterThread, VirtioError};
 
 /// Errors of creating or running a VM.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,9 @@ pub enum VmmError {
         #[source]
         source: VirtioError,
     },
+    /// The device control thread (or its eventfd) could not be created.
+    #[error("device control thread")]
+    DeviceControl(#[source] VirtioError),
     /// Host resource (eventfd, signal handler, thread).
     #[error("{what} failed")]
     Host {
@@ -167,6 +172,13 @@ fn legacy_devices(
         pio.insert(Arc::new(Mutex::new(Sink(*value))), *base, *len)
             .map_err(VmmError::Bus)?;
     }
+    #[cfg(feature = "test-hooks")]
+    pio.insert(
+        Arc::new(Mutex::new(crate::legacy::ForbiddenSyscall)),
+        crate::legacy::TEST_FORBIDDEN_SYSCALL_PORT,
+        1,
+    )
+    .map_err(VmmError::Bus)?;
     Ok(pio)
 }
 
@@ -176,12 +188,13 @@ fn virtio_devices(
     vm: &VmFd,
     mem: &GuestMemoryMmap,
     cfg: &VmConfig,
+    starter: &Starter,
     irq_events: &mut Vec<EventFd>,
 ) -> Result<(Bus, Vec<SharedMmio>), VmmError> {
     let mut mmio = Bus::new();
     let mut virtio = Vec::new();
     for (index, dev_cfg) in cfg.devices.iter().enumerate() {
-        let dev = MmioDevice::new(dev_cfg, mem.clone())
+        let dev = MmioDevice::new(dev_cfg, mem.clone(), starter)
             .map_err(|source| VmmError::Virtio { index, source })?;
         let base = virtio_mmio_base(index);
         for (queue, evt) in dev.queue_notify_events() {
@@ -231,6 +244,7 @@ pub struct Vm {
     // Field order is drop order: vCPUs and devices before the VM fd and memory.
     vcpus: Vec<KickableVcpu>,
     virtio: Vec<SharedMmio>,
+    starter: Starter,
     pio: Bus,
     mmio: Bus,
     console: SharedConsole,
@@ -284,7 +298,8 @@ impl Vm {
         let console: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(cfg.console.ring_bytes)));
         let mut irq_events = Vec::new();
         let pio = legacy_devices(vm, &control, &console, &mut cfg, &mut irq_events)?;
-        let (mmio, virtio) = virtio_devices(vm, mem, &cfg, &mut irq_events)?;
+        let starter = Starter::new().map_err(VmmError::DeviceControl)?;
+        let (mmio, virtio) = virtio_devices(vm, mem, &cfg, &starter, &mut irq_events)?;
         let metrics = virtio
             .iter()
             .map(|d| d.lock().unwrap_or_else(|p| p.into_inner()).metrics())
@@ -304,6 +319,7 @@ impl Vm {
             seq: VM_SEQ.fetch_add(1, Ordering::Relaxed),
             vcpus,
             virtio,
+            starter,
             pio,
             mmio,
             console,
@@ -355,8 +371,12 @@ impl Vm {
         (0..n).map(|i| thread_name(self.seq, i)).collect()
     }
 
-    /// Spawn the vCPU threads.
+    /// Spawn the device control thread, then the vCPU threads.
     pub fn start(mut self) -> Result<RunningVm, VmmError> {
+        let devctl = self
+            .starter
+            .spawn(format!("vm{}-devctl", self.seq))
+            .map_err(VmmError::DeviceControl)?;
         let pio = Arc::new(std::mem::take(&mut self.pio));
         let mmio = Arc::new(std::mem::take(&mut self.mmio));
         let names = self.vcpu_thread_names();
@@ -381,6 +401,7 @@ impl Vm {
                     let running = RunningVm {
                         vm: Some(self),
                         threads,
+                        devctl: Some(devctl),
                     };
                     running.stop();
                     drop(running);
@@ -394,6 +415,7 @@ impl Vm {
         Ok(RunningVm {
             vm: Some(self),
             threads,
+            devctl: Some(devctl),
         })
     }
 }
@@ -406,6 +428,7 @@ fn thread_name(seq: u64, index: usize) -> String {
 pub struct RunningVm {
     vm: Option<Vm>,
     threads: Vec<JoinHandle<()>>,
+    devctl: Option<StarterThread>,
 }
 
 impl std::fmt::Debug for RunningVm {
@@ -490,6 +513,10 @@ impl RunningVm {
             if t.join().is_err() {
                 tracing::error!("a vCPU thread panicked");
             }
+        }
+        // No worker starts once the vCPUs are gone; then every worker is stopped.
+        if let Some(mut devctl) = self.devctl.take() {
+            devctl.stop();
         }
         if let Some(vm) = self.vm.take() {
             for dev in &vm.virtio {

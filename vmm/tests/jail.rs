@@ -1,4 +1,4 @@
-//! The jail `vm-vmm` builds around a VM (`vmm::process::jail`), seen from the host through
+//! The jail `vm-vmm` builds around a VM (`vm_jail`), seen from the host through
 //! `/proc` while a tiny guest sleeps in `cli; hlt`: every thread of both VM processes (the
 //! reaper and PID 1 of the VM's PID namespace) has a seccomp filter, no capabilities and
 //! `no_new_privs`, runs as the VM's own uid, has namespaces of its own, and sees a root holding
@@ -181,7 +181,7 @@ fn every_vm_thread_is_jailed() {
         Some("1")
     );
     let limits = std::fs::read_to_string(format!("/proc/{inner}/limits")).unwrap();
-    let data = vmm::process::jail::data_limit(64).to_string();
+    let data = vm_jail::data_limit(64).to_string();
     for (what, value) in [
         ("Max data size", data.as_str()),
         ("Max file size", "0"),
@@ -328,6 +328,41 @@ fn a_device_threads_forbidden_system_call_kills_the_vm_process_with_sigsys() {
     vm.stop();
     // Then the test hook's length: the worker calls getppid, outside its allowlist.
     let (_tmp, mut vm) = start_rng_guest(vmm::virtio::rng::TEST_FORBIDDEN_SYSCALL_LEN);
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(60)),
+        Some(ProcessExit::Seccomp),
+        "output:\n{}",
+        vm.console()
+    );
+}
+
+/// `mov al, 1; out port, al`, then sleep.
+fn port_write_guest(port: u8) -> Vec<u8> {
+    [&[0xb0, 0x01, 0xe6, port][..], SLEEP_FOREVER].concat()
+}
+
+#[test]
+fn a_vcpu_threads_socket_call_kills_the_vm_process_with_sigsys() {
+    let test = "a_vcpu_threads_socket_call_kills_the_vm_process_with_sigsys";
+    if skip_without_kvm(test) {
+        return;
+    }
+    let start = |port: u8| {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = jailed_config(tmp.path());
+        std::fs::write(&cfg.vm.kernel, port_write_guest(port)).unwrap();
+        (tmp, VmProc::start_process(&cfg))
+    };
+    // First a write to the POST-code port: absorbed, the VM runs on.
+    let (_tmp, mut vm) = start(0x80);
+    wait_for_thread(&mut vm, "vmm-control");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(vm.try_exit(), None, "{}", vm.console());
+    vm.stop();
+    // Then the test hook's port: the vCPU thread calls socket(2), which is the device control
+    // thread's alone (Firecracker's vCPU filter allows no socket either).
+    let port = u8::try_from(vmm::legacy::TEST_FORBIDDEN_SYSCALL_PORT).unwrap();
+    let (_tmp, mut vm) = start(port);
     assert_eq!(
         vm.wait_timeout(Duration::from_secs(60)),
         Some(ProcessExit::Seccomp),

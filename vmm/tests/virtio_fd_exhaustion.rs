@@ -3,11 +3,12 @@
 //! descriptor limit.
 
 use vmm::virtio::test_utils::guest_memory;
-use vmm::virtio::{DeviceConfig, MmioDevice};
+use vmm::virtio::{DeviceConfig, MmioDevice, Starter};
 
 #[test]
 fn interrupt_event_without_free_fds_is_an_error_not_a_panic() {
-    let dev = MmioDevice::new(&DeviceConfig::Rng, guest_memory()).unwrap();
+    let dev =
+        MmioDevice::new(&DeviceConfig::Rng, guest_memory(), &Starter::new().unwrap()).unwrap();
     let mut old = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -85,7 +85,7 @@ fn jail_config(run: &mut RunDir) -> Result<JailConfig, DriverError> {
 
 /// This process's empty network namespace, which every VM process it starts joins.
 pub(crate) fn shared_netns() -> Result<i32, DriverError> {
-    vmm::process::jail::shared_netns().map_err(|source| DriverError::Spawn {
+    vm_jail::shared_netns().map_err(|source| DriverError::Spawn {
         program: "an empty network namespace for the jail".into(),
         source,
     })
@@ -104,7 +104,7 @@ fn spawn_vmm(
     };
     let mut cmd = vmm::process::command(&bin);
     if let Some(fd) = cfg.jail.as_ref().and_then(|j| j.netns_fd) {
-        vmm::process::jail::pass_fd(&mut cmd, fd);
+        vm_jail::pass_fd(&mut cmd, fd);
     }
     // Our own pipe for stderr, so the supervisor's output ring gets the console only. The
     // write end in `cmd` is closed once the spawner has started the child.

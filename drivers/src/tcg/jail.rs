@@ -1,5 +1,5 @@
 //! The jails of the tcg driver's two processes, built by the kvm driver's builder
-//! (`vmm::process::jail::exec`): new mount, PID, IPC, UTS and network namespaces, a read-only
+//! (`vm_jail::exec`): new mount, PID, IPC, UTS and network namespaces, a read-only
 //! root, no capabilities, `no_new_privs`, rlimits with a memory cap sized from the plan, and an
 //! unprivileged uid per process.
 //!
@@ -7,7 +7,7 @@
 //!   root: the program, the system's shared libraries (read-only, exec) and the run directory
 //!   (read-write, `noexec`), which it gets as group with mode `01770` (sticky: it may remove
 //!   only the sockets it made; the agent token stays root's, mode `0600`). Its seccomp filter
-//!   (`vmm::seccomp::vhost`) is installed just before `exec`.
+//!   (`vm_jail::seccomp::vhost`) is installed just before `exec`.
 //! - **QEMU** runs as its own uid with the vsock backend's gid (so it can connect to the
 //!   vhost-user socket, which the backend creates with umask `007`). Its root: the program,
 //!   the libraries, QEMU's firmware directory, the kernel (read-only) and the run directory
@@ -28,8 +28,8 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use nix::sys::resource::Resource;
-use vmm::process::jail::exec::{ExecJail, ExecJailConfig, Group};
-use vmm::process::jail::{JAIL_ID_BASE, JailConfig, JailError, MemoryCap};
+use vm_jail::exec::{ExecJail, ExecJailConfig, Group};
+use vm_jail::{JAIL_ID_BASE, JailConfig, JailError, MemoryCap};
 
 use crate::DriverError;
 
@@ -96,8 +96,8 @@ pub(super) fn vhost(
     let program = super::VM_VSOCK;
     let (mut exec, links) = system_libraries();
     exec.push(bin.to_path_buf());
-    let seccomp =
-        vmm::seccomp::vhost::vm_vsock().map_err(|e| jail_err(program)(JailError::Seccomp(e)))?;
+    let seccomp = vm_jail::seccomp::vhost::vm_vsock()
+        .map_err(|e| jail_err(program)(JailError::Seccomp(e)))?;
     ExecJail::new(ExecJailConfig {
         jail: JailConfig {
             root: jail_root,

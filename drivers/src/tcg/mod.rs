@@ -278,7 +278,7 @@ impl Driver for TcgDriver {
 
 /// A spawn failure: the jail step that failed, when the jail's hook reported one.
 fn spawn_error(program: &str, source: std::io::Error) -> DriverError {
-    match vmm::process::jail::exec::spawn_error(&source) {
+    match vm_jail::exec::spawn_error(&source) {
         Some(step) => DriverError::Jail {
             program: program.into(),
             source: step.into(),
@@ -295,7 +295,7 @@ fn start_vsock(
     bin: &Path,
     vhost_sock: &Path,
     uds: &Path,
-    jail: Option<vmm::process::jail::exec::ExecJail>,
+    jail: Option<vm_jail::exec::ExecJail>,
 ) -> Result<Supervised, DriverError> {
     let mut cmd = Command::new(bin);
     cmd.args(vsock_args(GUEST_CID, vhost_sock, uds))

@@ -21,7 +21,6 @@ pub(crate) const CAP_CHOWN: u32 = 0;
 pub(crate) const CAP_DAC_OVERRIDE: u32 = 1;
 pub(crate) const CAP_DAC_READ_SEARCH: u32 = 2;
 pub(crate) const CAP_FOWNER: u32 = 3;
-const CAP_LAST: u32 = 63;
 
 #[repr(C)]
 struct Header {
@@ -65,25 +64,19 @@ pub(crate) fn restrict_thread(keep: &[u32]) -> io::Result<()> {
 /// Makes the child `cmd` spawns run under `no_new_privs` with a bounding set holding only
 /// `keep` (set between its `fork` and `exec`).
 pub(crate) fn bound_child(cmd: &mut std::process::Command, keep: u32) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the hook only calls prctl (async-signal-safe) and allocates nothing, as a
-    // forked child of a multi-threaded process must.
-    unsafe { cmd.pre_exec(move || child_bounding(keep)) };
+    // SAFETY: the hook only makes prctl calls through vm-sys (async-signal-safe) and
+    // allocates nothing, as a forked child of a multi-threaded process must.
+    unsafe { vm_sys::process::add_pre_exec(cmd, move || child_bounding(keep)) };
 }
 
 /// No new privileges, and a bounding set holding only `keep`. Only async-signal-safe calls
 /// (`prctl`); a bounding-set drop this process may not make (it lacks `CAP_SETPCAP`, so it
 /// holds nothing to drop) is ignored.
 fn child_bounding(keep: u32) -> io::Result<()> {
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
+    use vm_sys::process as sys;
+    sys::set_no_new_privs()?;
+    match sys::capbset_drop_all_but(Some(keep)) {
+        Ok(()) | Err(vm_sys::Errno::EPERM) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    for c in 0..=CAP_LAST {
-        if c != keep {
-            // SAFETY: prctl with integer arguments only; EINVAL past the last cap is fine.
-            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, c as libc::c_ulong, 0, 0, 0) };
-        }
-    }
-    Ok(())
 }

@@ -6,7 +6,7 @@
 //! both sockets, serves one QEMU connection and exits 0 when QEMU hangs up (1 on an error,
 //! 2 on bad arguments). It sets its soft `RLIMIT_NOFILE` so that the connection cap stays below
 //! it with room for its own descriptors (`vhost_user::fd_budget`). The launcher jails it and
-//! installs its seccomp filter (`vmm::seccomp::vhost`) before `exec`.
+//! installs its seccomp filter (`vm_jail::seccomp::vhost`) before `exec`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;

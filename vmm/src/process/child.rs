@@ -11,12 +11,13 @@ use std::time::Duration;
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
 
-use super::{ExitKind, MAX_CONFIG_BYTES, METRICS, ProcessConfig, STOP, jail};
+use super::{ExitKind, MAX_CONFIG_BYTES, METRICS, ProcessConfig, STOP};
 use crate::config::ConsoleConfig;
 use crate::control::GuestFault;
 use crate::exit::VmExit;
-use crate::seccomp::{self, ThreadKind};
 use crate::vm::{RunningVm, Vm, VmmError};
+use vm_jail as jail;
+use vm_jail::seccomp::{self, ThreadKind};
 
 /// The longest control line read at once; longer ones are unknown commands.
 const MAX_CONTROL_LINE: u64 = 256;
@@ -53,10 +54,10 @@ pub enum ChildError {
     Vmm(#[source] VmmError),
     /// The jail could not be built.
     #[error("jail")]
-    Jail(#[source] super::jail::JailError),
+    Jail(#[source] jail::JailError),
     /// A seccomp filter could not be installed.
     #[error("seccomp")]
-    Seccomp(#[source] crate::seccomp::SeccompError),
+    Seccomp(#[source] seccomp::SeccompError),
     /// The control thread could not be started.
     #[error("starting the control thread")]
     Thread(#[source] io::Error),
@@ -173,7 +174,7 @@ fn obey(mut control: impl BufRead, vm: &RunningVm) {
             }
             #[cfg(feature = "test-hooks")]
             Ok(_) if line.trim_ascii() == super::TEST_LEAK.as_bytes() => {
-                let leak = vec![1u8; ((super::jail::VMM_OVERHEAD_MIB + 16) << 20) as usize];
+                let leak = vec![1u8; ((jail::VMM_OVERHEAD_MIB + 16) << 20) as usize];
                 std::hint::black_box(&leak);
             }
             Ok(_) => {

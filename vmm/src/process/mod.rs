@@ -29,7 +29,6 @@
 //! test executables in `target/<profile>/deps`).
 
 pub mod child;
-pub mod jail;
 
 use std::io::{self, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -40,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConsoleConfig, VmConfig};
 
-pub use jail::JailConfig;
+pub use vm_jail::JailConfig;
 
 /// The control-channel line that asks the VMM to stop the VM.
 pub const STOP: &str = "stop";
@@ -56,7 +55,7 @@ pub const METRICS: &str = "metrics";
 pub const TEST_FORBIDDEN_SYSCALL: &str = "test-forbidden-syscall";
 
 /// A control-channel line that makes the control thread allocate and touch more than
-/// [`jail::VMM_OVERHEAD_MIB`] (builds with the `test-hooks` feature only: the tests' way to
+/// [`vm_jail::VMM_OVERHEAD_MIB`] (builds with the `test-hooks` feature only: the tests' way to
 /// prove the memory cap ends a leaking VMM).
 #[cfg(feature = "test-hooks")]
 pub const TEST_LEAK: &str = "test-leak";
@@ -75,10 +74,10 @@ pub struct ProcessConfig {
     pub vm: VmConfig,
     /// The launcher's pid: `vm-vmm` refuses to start when its parent is not this process.
     pub parent_pid: u32,
-    /// The jail to build around the VM ([`jail`]); `None` runs it bare (benchmarks, tests of
+    /// The jail to build around the VM ([`vm_jail`]); `None` runs it bare (benchmarks, tests of
     /// the bare path, hosts where the caller accepted a weaker jail).
     pub jail: Option<JailConfig>,
-    /// Install the seccomp filters of [`crate::seccomp`] on every thread.
+    /// Install the seccomp filters of [`vm_jail::seccomp`] on every thread.
     pub seccomp: bool,
 }
 

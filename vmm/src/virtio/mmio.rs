@@ -7,14 +7,18 @@
 //! DEVICE_NEEDS_RESET instead of starting it. Writing 0 to the status register stops the worker
 //! (dropping every connection and in-flight buffer) and returns all registers to their initial
 //! values.
+//!
+//! DRIVER_OK does not start the worker on the vCPU thread that wrote it: the worker is prepared
+//! there and started by the VM's device control thread ([`super::starter`]).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::queue::{clone_queue, queue_usable};
-use super::worker::{Interrupt, Worker, WorkerSetup};
+use super::starter::{self, SharedSlot, Starter};
+use super::worker::{Interrupt, WorkerSetup};
 use super::{DeviceConfig, GuestMemoryMmap, VirtioDevice, VirtioError};
 use crate::bus::BusDevice;
 use crate::metrics::DeviceMetrics;
@@ -55,16 +59,22 @@ pub struct MmioDevice {
     irq: Arc<Interrupt>,
     notify: Vec<EventFd>,
     request: EventFd,
-    worker: Mutex<Option<Worker>>,
+    slot: SharedSlot,
+    starter: Starter,
     name: String,
     metrics: Arc<DeviceMetrics>,
 }
 
 impl MmioDevice {
-    /// Build the device described by `cfg` over guest memory `mem`.
-    pub fn new(cfg: &DeviceConfig, mem: GuestMemoryMmap) -> Result<MmioDevice, VirtioError> {
+    /// Build the device described by `cfg` over guest memory `mem`; `starter` starts its
+    /// worker at DRIVER_OK.
+    pub fn new(
+        cfg: &DeviceConfig,
+        mem: GuestMemoryMmap,
+        starter: &Starter,
+    ) -> Result<MmioDevice, VirtioError> {
         let device = super::build_device(cfg)?;
-        Self::with_device(device, mem, cfg.name())
+        Self::with_device(device, mem, cfg.name(), starter)
     }
 
     /// `device` named `name` (in its log lines and counters).
@@ -72,6 +82,7 @@ impl MmioDevice {
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
         name: String,
+        starter: &Starter,
     ) -> Result<Self, VirtioError> {
         let sizes = device.queue_max_sizes().to_vec();
         let queues = sizes
@@ -96,7 +107,8 @@ impl MmioDevice {
             irq: Arc::new(Interrupt::new()?),
             notify,
             request: EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("request eventfd"))?,
-            worker: Mutex::new(None),
+            slot: starter.slot(),
+            starter: starter.clone(),
             metrics: Arc::new(DeviceMetrics::new(&name)),
             name,
         })
@@ -137,21 +149,21 @@ impl MmioDevice {
         }
     }
 
-    /// Stop the worker thread (idempotent; also done on drop). The device stops serving until
-    /// the guest resets it.
+    /// Stop the worker thread, or drop the one about to start (idempotent; also done on drop).
+    /// The device stops serving until the guest resets it.
     pub fn shutdown(&self) {
-        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(mut w) = worker {
-            w.stop();
-        }
+        starter::lock(&self.slot).clear();
     }
 
-    /// Whether the worker runs.
+    /// Whether the device is active: its worker runs, or the control thread is about to start
+    /// it.
     pub fn is_active(&self) -> bool {
-        self.worker
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+        starter::lock(&self.slot).active()
+    }
+
+    /// Whether the worker thread runs (the control thread has started it).
+    pub fn worker_running(&self) -> bool {
+        starter::lock(&self.slot).running()
     }
 
     /// The device status register as the guest reads it.
@@ -247,8 +259,14 @@ impl MmioDevice {
             self.irq.set_needs_reset();
             return;
         }
-        match self.start_worker() {
-            Ok(w) => *self.worker.lock().unwrap_or_else(|p| p.into_inner()) = Some(w),
+        match self.prepare_worker() {
+            Ok(setup) => {
+                // The thread is named after the device type (`virtio-2`: thread names are
+                // short).
+                let thread = format!("virtio-{}", self.device.device_type());
+                starter::lock(&self.slot).request(setup, thread);
+                self.starter.wake();
+            }
             Err(e) => {
                 self.metrics.error();
                 crate::error_limited!(Some(&self.metrics), "{}: activation failed: {e}", self.name);
@@ -257,7 +275,9 @@ impl MmioDevice {
         }
     }
 
-    fn start_worker(&mut self) -> Result<Worker, VirtioError> {
+    /// Everything the worker owns, made on the vCPU thread with allocation and descriptor
+    /// duplication only (the thread, its epoll set and stop event are the control thread's).
+    fn prepare_worker(&mut self) -> Result<WorkerSetup, VirtioError> {
         let handler = self.device.activate(self.acked_features)?;
         let queues = self
             .queues
@@ -278,7 +298,7 @@ impl MmioDevice {
         for n in &self.notify {
             let _ = n.write(1);
         }
-        let setup = WorkerSetup {
+        Ok(WorkerSetup {
             mem: self.mem.clone(),
             queues,
             notify,
@@ -289,9 +309,7 @@ impl MmioDevice {
             irq: self.irq.clone(),
             metrics: self.metrics.clone(),
             handler,
-        };
-        // The thread is named after the device type (`virtio-2`: thread names are short).
-        Worker::spawn(setup, format!("virtio-{}", self.device.device_type()))
+        })
     }
 
     fn read_u32(&self, offset: u32) -> u32 {

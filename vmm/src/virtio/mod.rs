@@ -9,7 +9,8 @@
 //! - [`mmio`]: [`MmioDevice`], the register window (implements [`crate::bus::BusDevice`]). It owns
 //!   the status handshake and feature negotiation, and the queue configuration. When the driver
 //!   sets DRIVER_OK and every queue is valid it *activates* the device: the device builds a
-//!   [`worker::Handler`] and one worker thread per device runs it.
+//!   [`worker::Handler`] and one worker thread per device runs it, started by the VM's device
+//!   control thread ([`starter`]), never by the vCPU thread that wrote DRIVER_OK.
 //! - [`worker`]: the per-device thread. It waits with epoll on the queue-notify `EventFd`s (the
 //!   VMM registers them as ioeventfds), a stop event, a request event and whatever file
 //!   descriptors the handler adds (vsock sockets). It never busy-loops: it only wakes on events
@@ -38,12 +39,14 @@ pub mod block;
 pub mod mmio;
 pub mod queue;
 pub mod rng;
+pub mod starter;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 pub mod vsock;
 pub mod worker;
 
 pub use mmio::MmioDevice;
+pub use starter::{Starter, StarterThread};
 
 /// The guest memory type devices use.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
@@ -143,8 +146,10 @@ pub(crate) trait VirtioDevice: Send {
     fn features(&self) -> u64;
     /// Read the device-specific configuration space.
     fn read_config(&self, offset: u64, data: &mut [u8]);
-    /// Build the handler that serves the queues; called on DRIVER_OK.
-    fn activate(&mut self, acked_features: u64) -> Result<Box<dyn worker::Handler>, VirtioError>;
+    /// What builds the handler that serves the queues; called on DRIVER_OK, on the vCPU
+    /// thread that wrote it, so it only duplicates descriptors: the handler itself (its tables,
+    /// whose hash seeds come from `getrandom`) is built on the device control thread.
+    fn activate(&mut self, acked_features: u64) -> Result<worker::MakeHandler, VirtioError>;
 }
 
 /// Copy `src[offset..]` into `data`, zero-filling what lies outside `src`.

@@ -4,7 +4,7 @@
 use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Buf;
-use super::worker::{Ctx, Handler};
+use super::worker::{Ctx, Handler, MakeHandler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError};
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 
@@ -41,8 +41,8 @@ impl VirtioDevice for Rng {
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-    fn activate(&mut self, _acked: u64) -> Result<Box<dyn Handler>, VirtioError> {
-        Ok(Box::new(RngHandler))
+    fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
+        Ok(Box::new(|| Box::new(RngHandler)))
     }
 }
 

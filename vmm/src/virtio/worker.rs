@@ -172,6 +172,9 @@ pub trait Handler: Send {
     fn request(&mut self, _ctx: &mut Ctx<'_>) {}
 }
 
+/// Builds a device's handler on the device control thread (see `VirtioDevice::activate`).
+pub type MakeHandler = Box<dyn FnOnce() -> Box<dyn Handler> + Send>;
+
 /// A running worker thread.
 pub(crate) struct Worker {
     stop: EventFd,
@@ -186,11 +189,31 @@ pub(crate) struct WorkerSetup {
     pub request: EventFd,
     pub irq: Arc<Interrupt>,
     pub metrics: Arc<DeviceMetrics>,
-    pub handler: Box<dyn Handler>,
+    pub handler: MakeHandler,
 }
 
 impl Worker {
+    /// Builds the handler of `setup` and starts its thread as `name` (on the device control
+    /// thread).
     pub(crate) fn spawn(setup: WorkerSetup, name: String) -> Result<Worker, VirtioError> {
+        let WorkerSetup {
+            mem,
+            queues,
+            notify,
+            request,
+            irq,
+            metrics,
+            handler,
+        } = setup;
+        let setup = Running {
+            mem,
+            queues,
+            notify,
+            request,
+            irq,
+            metrics,
+            handler: handler(),
+        };
         let stop = EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("stop eventfd"))?;
         let epoll = Epoll::new().map_err(VirtioError::os("epoll"))?;
         let add = |fd: RawFd, token: u64| {
@@ -221,11 +244,16 @@ impl Worker {
     /// Stop the thread and wait for it.
     pub(crate) fn stop(&mut self) {
         let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-        {
-            crate::error_limited!(None, "virtio: worker thread panicked");
-        }
+        join_logged(self.thread.take(), "worker thread");
+    }
+}
+
+/// Waits for `thread` (if any), logging a panic of `what`.
+pub(crate) fn join_logged(thread: Option<JoinHandle<()>>, what: &str) {
+    if let Some(t) = thread
+        && t.join().is_err()
+    {
+        crate::error_limited!(None, "virtio: {what} panicked");
     }
 }
 
@@ -235,8 +263,19 @@ impl Drop for Worker {
     }
 }
 
-fn run(mut s: WorkerSetup, epoll: Epoll, stop: EventFd) {
-    crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Device);
+/// What the worker loop runs on: the setup with its handler built.
+struct Running {
+    mem: GuestMemoryMmap,
+    queues: Vec<Queue>,
+    notify: Vec<EventFd>,
+    request: EventFd,
+    irq: Arc<Interrupt>,
+    metrics: Arc<DeviceMetrics>,
+    handler: Box<dyn Handler>,
+}
+
+fn run(mut s: Running, epoll: Epoll, stop: EventFd) {
+    vm_jail::seccomp::apply_or_exit(vm_jail::seccomp::ThreadKind::Device);
     let mut events = vec![EpollEvent::default(); 64];
     {
         let mut ctx = Ctx {

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::queue::Buf;
-use super::worker::{Ctx, Handler};
+use super::worker::{Ctx, Handler, MakeHandler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError, read_config_bytes};
 use crate::metrics::DeviceMetrics;
 use request::{DiskInfo, HEADER_SIZE, ID_BYTES, Op, Request, parse_request, status};
@@ -101,16 +101,13 @@ impl VirtioDevice for Block {
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
-    fn activate(&mut self, _acked: u64) -> Result<Box<dyn Handler>, VirtioError> {
+    fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
         let file = self
             .file
             .try_clone()
             .map_err(VirtioError::os("disk file handle"))?;
-        Ok(Box::new(BlockHandler {
-            file,
-            disk: self.disk,
-            id: self.id,
-        }))
+        let (disk, id) = (self.disk, self.id);
+        Ok(Box::new(move || Box::new(BlockHandler { file, disk, id })))
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{DeviceConfig, GuestMemoryMmap, MmioDevice, VirtioError};
+use super::{DeviceConfig, GuestMemoryMmap, MmioDevice, Starter, StarterThread, VirtioError};
 use crate::bus::BusDevice;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_config::{
@@ -96,6 +96,12 @@ pub struct Driver {
     /// Driver-side queues (after [`Driver::setup_queues`]).
     pub queues: Vec<DriverQueue>,
     next_alloc: u64,
+    /// Where the device asks for its worker.
+    pub starter: Starter,
+    /// The device control thread that starts the worker, as a VM's does (after `dev` in
+    /// drop order: the device stops its worker, then the thread ends); none for
+    /// [`Driver::unserved`].
+    _devctl: Option<StarterThread>,
 }
 
 /// Fresh guest memory for the harness.
@@ -104,13 +110,23 @@ pub fn guest_memory() -> GuestMemoryMmap {
 }
 
 impl Driver {
-    /// Build the device for `cfg` over fresh memory. Its worker runs under the production
-    /// device seccomp filter (`crate::seccomp`), as in `vm-vmm`: a device making a system call
-    /// outside its allowlist kills the test process with `SIGSYS`.
+    /// Build the device for `cfg` over fresh memory, with a device control thread of its own
+    /// that starts the worker at DRIVER_OK (as a VM's `vm<N>-devctl` does). Both run under the
+    /// production seccomp filters (`vm_jail::seccomp`), as in `vm-vmm`: a device making a system
+    /// call outside its allowlist kills the test process with `SIGSYS`.
     pub fn new(cfg: &DeviceConfig) -> Result<Driver, VirtioError> {
-        crate::seccomp::enable();
+        let mut d = Self::unserved(cfg)?;
+        d._devctl = Some(d.starter.spawn("test-devctl".into())?);
+        Ok(d)
+    }
+
+    /// Like [`Driver::new`] with no thread serving the starter: a worker the device asks for
+    /// starts only when the test calls `starter.start_pending()`.
+    pub fn unserved(cfg: &DeviceConfig) -> Result<Driver, VirtioError> {
+        vm_jail::seccomp::enable();
         let mem = guest_memory();
-        let dev = MmioDevice::new(cfg, mem.clone())?;
+        let starter = Starter::new()?;
+        let dev = MmioDevice::new(cfg, mem.clone(), &starter)?;
         let irq = dev.interrupt_event()?;
         Ok(Driver {
             mem,
@@ -118,12 +134,24 @@ impl Driver {
             irq,
             queues: Vec::new(),
             next_alloc: DATA_BASE,
+            starter,
+            _devctl: None,
         })
     }
 
     /// The device's counters now.
     pub fn metrics(&self) -> crate::metrics::DeviceSnapshot {
         self.dev.metrics().snapshot()
+    }
+
+    /// Waits (up to 5 s) until the control thread has started the worker the device asked
+    /// for, or the device gave up (DEVICE_NEEDS_RESET); whether a worker runs.
+    pub fn wait_worker(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.dev.is_active() && !self.dev.worker_running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.dev.worker_running()
     }
 
     /// Read a 32-bit register.
@@ -133,9 +161,25 @@ impl Driver {
         u32::from_le_bytes(b)
     }
 
-    /// Write a 32-bit register.
+    /// Write a 32-bit register. The status register is written as a vCPU thread writes it:
+    /// on a thread under the vCPU seccomp filter, so every activation and reset path is proven
+    /// to need nothing that filter lacks (a forbidden call kills the test process).
     pub fn write_reg(&mut self, offset: u32, v: u32) {
-        self.dev.write(u64::from(offset), &v.to_le_bytes());
+        if offset != VIRTIO_MMIO_STATUS {
+            self.dev.write(u64::from(offset), &v.to_le_bytes());
+            return;
+        }
+        let dev = &mut self.dev;
+        std::thread::scope(|s| {
+            let vcpu = std::thread::Builder::new()
+                .name("test-vcpu".into())
+                .spawn_scoped(s, || {
+                    vm_jail::seccomp::apply_or_exit(vm_jail::seccomp::ThreadKind::Vcpu);
+                    dev.write(u64::from(offset), &v.to_le_bytes());
+                })
+                .expect("a vCPU-like thread");
+            vcpu.join().expect("the status write panicked");
+        });
     }
 
     /// Read `len` bytes of device config space.
@@ -245,15 +289,26 @@ impl Driver {
         self.write_reg(VIRTIO_MMIO_STATUS, s | VIRTIO_CONFIG_S_DRIVER_OK);
     }
 
-    /// The usual bring-up: negotiate `VERSION_1 | extra`, set up all queues, DRIVER_OK.
+    /// The usual bring-up: negotiate `VERSION_1 | extra`, set up all queues, DRIVER_OK, and
+    /// wait for the control thread to start the worker.
     pub fn activate(&mut self, extra: u64) {
+        self.bring_up(extra);
+        assert!(self.wait_worker(), "device did not activate");
+    }
+
+    /// The bring-up of [`Driver::activate`] (no extra feature) without waiting for the
+    /// worker: DRIVER_OK returns before any thread starts it.
+    pub fn activate_unserved(&mut self) {
+        self.bring_up(0);
+    }
+
+    fn bring_up(&mut self, extra: u64) {
         assert!(
             self.negotiate((1u64 << VIRTIO_F_VERSION_1) | extra),
             "FEATURES_OK refused"
         );
         self.setup_queues();
         self.driver_ok();
-        assert!(self.dev.is_active(), "device did not activate");
     }
 
     /// Allocate `len` bytes of guest memory (16-byte aligned; never freed).

@@ -26,7 +26,7 @@ pub mod vhost_user;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
-use super::worker::Handler;
+use super::worker::MakeHandler;
 use super::{VirtioDevice, VirtioError, read_config_bytes};
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 
@@ -69,12 +69,13 @@ impl VirtioDevice for Vsock {
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
-    fn activate(&mut self, _acked: u64) -> Result<Box<dyn Handler>, VirtioError> {
+    fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
         let listener = self
             .listener
             .try_clone()
             .map_err(VirtioError::os("vsock listener handle"))?;
-        Ok(Box::new(muxer::Muxer::new(self.guest_cid, listener)))
+        let cid = self.guest_cid;
+        Ok(Box::new(move || Box::new(muxer::Muxer::new(cid, listener))))
     }
 }
 

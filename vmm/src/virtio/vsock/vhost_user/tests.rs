@@ -249,6 +249,45 @@ fn a_host_connect_reaches_the_guest_through_the_vrings() {
     assert_eq!((rst.op, rst.dst_port, rst.src_port), (op::RST, 40000, 5555));
 }
 
+/// Whether the backend's epoll set (what the library's event loop waits on) is ready within
+/// `ms` milliseconds.
+fn epoll_ready(rig: &Rig, ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: rig.backend.epoll_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) == 1 }
+}
+
+/// Once the last deadline has fired and been handled, the backend's epoll set is quiet: a
+/// fired timerfd left readable made the event loop spin (40 % of a core on an idle VM, for
+/// good, after its last host connection).
+#[test]
+fn the_timer_is_quiet_after_the_last_deadline() {
+    let mut rig = Rig::new();
+    let silent = UnixStream::connect(&rig.uds).unwrap();
+    assert!(
+        rig.pump_until(Duration::from_secs(1), |r| r.backend.muxer().connections()
+            == 1)
+    );
+    assert!(
+        epoll_ready(&rig, 5000),
+        "the deadline never woke the epoll set"
+    );
+    assert!(
+        rig.pump_until(Duration::from_secs(4), |r| r.backend.muxer().connections()
+            == 0),
+        "the silent client outlived its deadline"
+    );
+    assert!(
+        !epoll_ready(&rig, 300),
+        "the epoll set is still ready with no deadline left: the event loop would spin"
+    );
+    drop(silent);
+}
+
 /// Host clients that never finish `CONNECT` are closed after the 2 s deadline (not before),
 /// and meanwhile a real client still connects: the timerfd wakes the backend on its own.
 #[test]

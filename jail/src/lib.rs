@@ -1,4 +1,18 @@
-//! The jail `vm-vmm` builds around itself before any guest code runs.
+//! `vm-jail`: the jail around every VM process we start, and the seccomp filters, kept apart
+//! from the VMM (as Firecracker's `jailer` and crosvm's `jail/` stand apart from theirs) so the
+//! tcg driver jails QEMU and vm-vsock without importing the KVM VMM.
+//!
+//! What this crate owns:
+//! - this module: namespaces, the reaper, parent death, rlimits (the memory cap among them),
+//!   capabilities, uid/gid and `no_new_privs` ([`enter`], [`confine`], [`restrict`]);
+//! - [`root`]: the root (a read-only tmpfs of bind mounts) and `pivot_root` into it;
+//! - [`exec`]: the same steps between `fork` and `exec` of a separate program;
+//! - [`seccomp`]: every seccomp filter, one allowlist per kind of `vm-vmm` thread and one per
+//!   jailed program, each system call with the reason it is there.
+//!
+//! The raw system calls behind these steps are `vm-sys`'s.
+//!
+//! # The jail of `vm-vmm`, built around itself before any guest code runs
 //!
 //! In order ([`enter`] right after the configuration is read, [`confine`] after the VM is
 //! created — every file it needs is open by then — and before a vCPU starts):
@@ -28,6 +42,7 @@
 
 pub mod exec;
 pub mod root;
+pub mod seccomp;
 
 use std::path::PathBuf;
 
@@ -39,9 +54,9 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Uid, getpid, setgroups, setresgid, setresuid};
 use serde::{Deserialize, Serialize};
 
-use crate::sys::process as sys;
 use root::at;
 pub use root::{RootPlan, Step, StepError};
+use vm_sys::process as sys;
 
 /// The uid and gid of a jailed VM are this plus the host pid of its reaper (unique among live
 /// VMs, and far above the ids of real users).
@@ -381,17 +396,9 @@ pub fn restrict(who: Identity, memory: MemoryCap) -> Result<(), JailError> {
     Ok(())
 }
 
-/// Drops every capability from the bounding set, up to the first number the kernel does not
-/// know (`caps::all()` would allocate).
+/// Drops every capability from the bounding set (without allocating: `caps::all()` would).
 fn drop_bounding_set() -> Result<(), JailError> {
-    for cap in 0..64 {
-        match sys::capbset_drop(cap) {
-            Ok(()) => {}
-            Err(nix::errno::Errno::EINVAL) if cap > 0 => return Ok(()),
-            Err(e) => return Err(at(Step::Bounding)(e).into()),
-        }
-    }
-    Ok(())
+    sys::capbset_drop_all_but(None).map_err(|e| at(Step::Bounding)(e).into())
 }
 
 #[cfg(test)]

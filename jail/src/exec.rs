@@ -33,7 +33,7 @@ use super::{
     restrict,
 };
 use crate::seccomp::{self, Compiled, ThreadKind};
-use crate::sys::process as sys;
+use vm_sys::process as sys;
 
 /// A step error travels as one positive `i32`: `ERRNO_BASE | item << 17 | step << 12 | errno`
 /// (errnos are < 4096, steps < 32, items < 256).

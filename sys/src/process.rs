@@ -1,4 +1,4 @@
-//! Process-level system calls of the jail (`process::jail`): descriptors, the reaper's pidfd,
+//! Process-level system calls of the jail (`vm-jail`): descriptors, the reaper's pidfd,
 //! the capability bounding set, and leaving a forked process. Each wrapper is safe to call
 //! from a forked child of a multi-threaded parent: none allocates or takes a lock.
 //!
@@ -79,6 +79,29 @@ pub fn capbset_drop(cap: u32) -> Result<(), Errno> {
     // SAFETY: PR_CAPBSET_DROP takes a capability number and touches no memory of ours.
     let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) };
     Errno::result(rc).map(drop)
+}
+
+/// Drops every capability but `keep` (if any) from the bounding set, up to the first number
+/// the kernel does not know (`EINVAL`). Returns the first other error (`EPERM` without
+/// `CAP_SETPCAP`). Allocates nothing.
+pub fn capbset_drop_all_but(keep: Option<u32>) -> Result<(), Errno> {
+    for cap in 0..64 {
+        if Some(cap) == keep {
+            continue;
+        }
+        match capbset_drop(cap) {
+            Ok(()) => {}
+            Err(Errno::EINVAL) if cap > 0 => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sets `no_new_privs` on the calling thread (inherited by its children and kept across
+/// `exec`): `exec` can no longer grant privileges (set-uid bits, file capabilities).
+pub fn set_no_new_privs() -> Result<(), Errno> {
+    nix::sys::prctl::set_no_new_privs()
 }
 
 /// Ends the process now with `code` (`_exit(2)`): no destructors, no `atexit` handlers

@@ -3,19 +3,23 @@
 //! Off unless the process turns them on ([`enable`]: `vm-vmm` does, a library user running a
 //! VM on its own threads does not). Each thread installs its filter itself ([`apply`]) before
 //! it touches guest data: the main thread once the vCPU and control threads exist, a vCPU
-//! thread first thing, a device worker first thing, the reaper once it is jailed. A
+//! thread first thing, the device control thread and a device worker first thing, the
+//! reaper once it is jailed. A
 //! non-allowlisted system call kills the whole process (`SECCOMP_RET_KILL_PROCESS`), which the
 //! launcher sees as death by `SIGSYS`.
 //!
 //! Filters stack: a thread inherits the filter of the thread that created it. Device workers
-//! are started by a vCPU thread (when the guest activates the device), so the vCPU list also
-//! holds what a worker needs to start and run; the worker then adds its own, narrower list.
+//! are started by the VM's device control thread (when the guest activates a device, the vCPU
+//! thread only asks for it: `vmm::virtio::starter`), so the device control list also holds
+//! what a worker needs to start and run; the worker then adds its own, narrower list. A vCPU
+//! thread starts nothing: its list has no thread creation, no `seccomp`, and none of the
+//! devices' calls (no `socket`, `connect`, `accept4`), as Firecracker's vCPU filter.
 //! Every thread kind may use the syscalls of [`COMMON`] (memory, futexes, signals, exit), and
 //! gets `EACCES` for those of [`REFUSED`] (opening files: the C library tries on its own).
 //!
 //! `ioctl` is checked by request number (its second argument): a vCPU thread may issue
-//! `KVM_RUN` and `KVM_GET_REGS` (`VCPU_IOCTLS`) and what its workers need, a worker only the
-//! requests of `DEVICE_IOCTLS`. The fd itself cannot be checked (seccomp sees numbers only),
+//! `KVM_RUN` and `KVM_GET_REGS` (`VCPU_IOCTLS`) only, a worker (and the device control thread
+//! that starts it) only the requests of `DEVICE_IOCTLS`. The fd itself cannot be checked (seccomp sees numbers only),
 //! so a vCPU could issue `KVM_RUN` on another vCPU's fd: that only runs that vCPU.
 //!
 //! The device lists are exercised by every virtio test: the guest-driver harness
@@ -40,8 +44,10 @@ pub enum ThreadKind {
     Main,
     /// Reads the control channel and stops the VM.
     Control,
-    /// Runs one vCPU (and starts device workers).
+    /// Runs one vCPU.
     Vcpu,
+    /// The VM's device control thread: starts the device workers the vCPU threads ask for.
+    DeviceControl,
     /// A virtio device worker (block, vsock, rng).
     Device,
     /// The jail's reaper: waits for the VM process and exits the same way.
@@ -100,7 +106,7 @@ impl Compiled {
     }
 }
 
-static CACHE: [OnceLock<Compiled>; 5] = [const { OnceLock::new() }; 5];
+static CACHE: [OnceLock<Compiled>; 6] = [const { OnceLock::new() }; 6];
 
 /// The filters of `kind`, compiled on first use and kept: every vCPU and worker thread of a
 /// VM installs the same programs, and compiling them is the costly part.
@@ -154,10 +160,10 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
         .map(|(nr, _why)| (*nr, Vec::new()))
         .collect();
     // vCPUs and workers may issue only these ioctl requests (an empty rule list allows any).
-    // A worker inherits its vCPU's filter, so the vCPU list includes the worker's requests.
+    // A worker inherits the device control thread's filter, which allows the worker's requests.
     let requests: &[&[u64]] = match kind {
-        ThreadKind::Device => &[DEVICE_IOCTLS],
-        ThreadKind::Vcpu => &[VCPU_IOCTLS, DEVICE_IOCTLS],
+        ThreadKind::Device | ThreadKind::DeviceControl => &[DEVICE_IOCTLS],
+        ThreadKind::Vcpu => &[VCPU_IOCTLS],
         _ => &[],
     };
     if !requests.is_empty() {
@@ -238,24 +244,31 @@ const CONTROL: &[Entry] = &[
     ),
 ];
 
-/// A vCPU thread (and what a worker it starts needs to get going).
+/// A vCPU thread. Activating a device leaves the worker to the device control thread, so
+/// nothing here starts a thread or touches a host socket.
 const VCPU: &[Entry] = &[
     (
         libc::SYS_ioctl,
-        "KVM_RUN and KVM_GET_REGS on its vCPU fd only (VCPU_IOCTLS; plus a worker's)",
+        "KVM_RUN and KVM_GET_REGS on its vCPU fd only (VCPU_IOCTLS)",
     ),
     (
         libc::SYS_tgkill,
         "kicking the other vCPUs on reset or fault",
     ),
-    (libc::SYS_read, "eventfds"),
+    (libc::SYS_read, "draining eventfds on device reset"),
     (
         libc::SYS_close,
-        "dropping eventfds and worker fds on device reset",
+        "dropping a stopped worker's fds (or a pending one's) on device reset",
     ),
+];
+
+/// The device control thread (and what a worker it starts needs to get going).
+const DEVICE_CONTROL: &[Entry] = &[
+    (libc::SYS_read, "its wake eventfd"),
     (libc::SYS_eventfd2, "a worker's stop eventfd"),
     (libc::SYS_epoll_create1, "a worker's epoll"),
     (libc::SYS_epoll_ctl, "registering a worker's fds"),
+    (libc::SYS_close, "a worker's fds when its start fails"),
     (libc::SYS_clone3, "starting a device worker thread"),
     (
         libc::SYS_clone,
@@ -281,8 +294,7 @@ pub const KVM_RUN: u64 = 0xae80;
 /// `KVM_GET_REGS` (`_IOR(KVMIO, 0x81, struct kvm_regs)`).
 pub const KVM_GET_REGS: u64 = kvm_ior(0x81, std::mem::size_of::<kvm_bindings::kvm_regs>());
 
-/// The only `ioctl` requests a vCPU thread makes once filtered (plus [`DEVICE_IOCTLS`], for
-/// the workers it starts).
+/// The only `ioctl` requests a vCPU thread makes once filtered.
 const VCPU_IOCTLS: &[u64] = &[
     KVM_RUN,      // the vCPU loop
     KVM_GET_REGS, // the faulting instruction's address, when a vCPU faults
@@ -293,7 +305,7 @@ const DEVICE_IOCTLS: &[u64] = &[
     libc::FIONBIO, // vsock: set_nonblocking on accepted and connected host sockets
 ];
 
-/// A device worker (its filter stacks on its vCPU's, see the module docs).
+/// A device worker (its filter stacks on the device control thread's, see the module docs).
 const DEVICE: &[Entry] = &[
     (libc::SYS_ioctl, "vsock: FIONBIO only (DEVICE_IOCTLS)"),
     (libc::SYS_epoll_wait, "the worker loop"),
@@ -344,13 +356,16 @@ const REAPER: &[Entry] = &[
     (libc::SYS_tgkill, "re-raising the VM's fatal signal"),
 ];
 
-/// The allowlist of `kind`: [`COMMON`] plus its own (for a vCPU, plus [`DEVICE`]).
+/// The allowlist of `kind`: [`COMMON`] plus its own (for the device control thread, plus
+/// [`DEVICE`]).
 pub fn allowlist(kind: ThreadKind) -> Vec<Entry> {
     let own: &[&[Entry]] = match kind {
         ThreadKind::Main => &[MAIN],
         ThreadKind::Control => &[CONTROL],
-        // A worker inherits its vCPU's filter: the vCPU list must let the worker's calls pass.
-        ThreadKind::Vcpu => &[VCPU, DEVICE],
+        ThreadKind::Vcpu => &[VCPU],
+        // A worker inherits the device control thread's filter: that list must let the
+        // worker's calls pass.
+        ThreadKind::DeviceControl => &[DEVICE_CONTROL, DEVICE],
         ThreadKind::Device => &[DEVICE],
         ThreadKind::Reaper => &[REAPER],
     };
@@ -372,10 +387,11 @@ mod tests {
         assert_eq!(KVM_GET_REGS, 0x8090_ae81);
     }
 
-    const KINDS: [ThreadKind; 5] = [
+    const KINDS: [ThreadKind; 6] = [
         ThreadKind::Main,
         ThreadKind::Control,
         ThreadKind::Vcpu,
+        ThreadKind::DeviceControl,
         ThreadKind::Device,
         ThreadKind::Reaper,
     ];
@@ -405,20 +421,52 @@ mod tests {
                 assert!(list.iter().all(|(n, _)| *n != nr), "{kind:?} allows {nr}");
             }
         }
-        // A worker runs under its vCPU's filter too: everything it may do, the vCPU allows.
-        let vcpu = allowlist(ThreadKind::Vcpu);
+        // A worker runs under the device control thread's filter too: everything it may do,
+        // that filter allows.
+        let control = allowlist(ThreadKind::DeviceControl);
         for (nr, why) in allowlist(ThreadKind::Device) {
             assert!(
-                vcpu.iter().any(|(n, _)| *n == nr),
-                "vCPU filter blocks {nr} ({why})"
+                control.iter().any(|(n, _)| *n == nr),
+                "device control filter blocks {nr} ({why})"
             );
         }
-        // Only vCPU threads issue any ioctl (workers: FIONBIO only); only they start threads.
+        // Only vCPU threads and devices issue any ioctl (devices: FIONBIO only); only the
+        // device control thread starts threads or installs a filter.
         for kind in KINDS {
             let has = |nr| allowlist(kind).iter().any(|(n, _)| *n == nr);
-            let ioctl = matches!(kind, ThreadKind::Vcpu | ThreadKind::Device);
+            let ioctl = matches!(
+                kind,
+                ThreadKind::Vcpu | ThreadKind::Device | ThreadKind::DeviceControl
+            );
             assert_eq!(has(libc::SYS_ioctl), ioctl, "{kind:?}");
-            assert_eq!(has(libc::SYS_clone3), kind == ThreadKind::Vcpu, "{kind:?}");
+            for nr in [libc::SYS_clone3, libc::SYS_clone, libc::SYS_seccomp] {
+                assert_eq!(has(nr), kind == ThreadKind::DeviceControl, "{kind:?} {nr}");
+            }
+        }
+    }
+
+    /// A vCPU thread has Firecracker's narrowness: no thread creation, no filter changes, no
+    /// host sockets, no new descriptors of any kind.
+    #[test]
+    fn the_vcpu_list_starts_nothing_and_opens_nothing() {
+        let vcpu = allowlist(ThreadKind::Vcpu);
+        for nr in [
+            libc::SYS_clone3,
+            libc::SYS_clone,
+            libc::SYS_seccomp,
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_accept4,
+            libc::SYS_sendmsg,
+            libc::SYS_recvmsg,
+            libc::SYS_eventfd2,
+            libc::SYS_epoll_create1,
+            libc::SYS_epoll_ctl,
+            libc::SYS_prctl,
+            libc::SYS_getrandom,
+            libc::SYS_pread64,
+        ] {
+            assert!(vcpu.iter().all(|(n, _)| *n != nr), "vCPU allows {nr}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! The filter of `vm-vsock` (the tcg driver's vsock backend: our vsock device behind
-//! vhost-user, `crate::virtio::vsock::vhost_user`), installed by our launcher between `fork` and
-//! `exec` ([`crate::process::jail::exec`]).
+//! vhost-user, `vmm::virtio::vsock::vhost_user`), installed by our launcher between `fork` and
+//! `exec` ([`crate::exec`]).
 //!
 //! A filter survives `execve` (with `no_new_privs`, which the jail sets), so it covers the
 //! dynamic loader, the C library's start-up, the Rust runtime and the program itself: the
