@@ -161,6 +161,12 @@ pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
     if e.is::<crate::state::StateError>() {
         return Some(FAILED);
     }
+    // Attaching classifies by its cause (a refused spec, a missing token); the rest failed.
+    if let Some(n) = e.downcast_ref::<crate::state::named::NamedError>()
+        && !matches!(n, crate::state::named::NamedError::Attach { .. })
+    {
+        return Some(FAILED);
+    }
     None
 }
 

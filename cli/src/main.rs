@@ -3,13 +3,13 @@
 //! The CLI parses (clap derive, [`args`]), calls the library crates (`vm-sandbox` and
 //! `vm-spec`, nothing below them), prints, and maps errors to exit codes ([`exit`], the one
 //! table). Everything with a policy decision in it lives in the libraries: spec validation
-//! and admission in `vm-spec`; driver selection, booting, attaching to a named VM, the
+//! and admission in `vm-spec`; driver selection, booting, the records of named VMs and attaching to one, the
 //! rules of every guest operation, publish-spec normalization and the image cache in
 //! `vm-sandbox`. What the CLI owns itself:
 //! - flag value syntax ([`parse`]): sizes, durations, `-v`, `-e`, VM names; resolving the
 //!   flags into a spec, trust and policy ([`resolve`]);
-//! - the runtime state directory of named VMs ([`state`]): one record per VM, so a later
-//!   `vm` invocation can find, use, stop and remove what an earlier one started;
+//! - stopping and removing named VMs (their records and the runtime state directory are
+//!   `vm_sandbox::state`, shared with the Python SDK);
 //! - the detached supervisor ([`supervisor`]) that holds a `vm run -d` VM: `vm` re-executed
 //!   as the hidden `__supervise` subcommand in its own session, stdio to a log file;
 //! - streaming a guest command's output and forwarding Ctrl-C/SIGTERM as a cancel of the
@@ -34,13 +34,14 @@ mod interactive;
 mod output;
 mod parse;
 mod resolve;
-mod state;
 mod stream;
 mod supervisor;
 
 use std::io::Write;
 
 use clap::Parser;
+/// The state directory of named VMs: `vm_sandbox::state`, shared with the Python SDK.
+use vm_sandbox::state;
 
 use crate::args::{Cli, Command};
 use crate::output::errln;

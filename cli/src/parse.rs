@@ -144,15 +144,7 @@ pub fn resolve_env(
 
 /// Checks a VM name: `[a-z0-9][a-z0-9_.-]{0,62}`.
 pub fn vm_name(s: &str) -> Result<String, ParseError> {
-    let b = s.as_bytes();
-    let first_ok = b
-        .first()
-        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    let rest_ok = b
-        .iter()
-        .skip(1)
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'.' | b'-'));
-    if !first_ok || !rest_ok || b.len() > 63 {
+    if !crate::state::valid_name(s) {
         return Err(err(format!(
             "invalid VM name {s:?}: use 1-63 characters [a-z0-9_.-] starting with a letter or digit"
         )));

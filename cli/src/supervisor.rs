@@ -23,9 +23,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use vm_sandbox::state::named::StartRequest;
 use vm_sandbox::{MicroVm, Options};
-use vm_spec::{Policy, Spec, Trust};
+use vm_spec::Trust;
 
 use crate::args::SuperviseArgs;
 use crate::exit;
@@ -43,17 +43,6 @@ pub const METRICS_JSON: &str = "metrics.json";
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
 /// How long the guest agent may take to answer after the VM starts.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// What `vm run -d` asks the supervisor to boot (stored in the record).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StartRequest {
-    pub spec: Spec,
-    pub trust: Trust,
-    pub policy: Policy,
-    pub driver: Option<String>,
-    /// Default working directory for `vm exec NAME` (guest path).
-    pub workdir: Option<String>,
-}
 
 /// A `vm serve` VM's server output snapshot in its state directory.
 pub const SERVER_LOG: &str = "server.log";
@@ -223,7 +212,7 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
         snaps.refresh(&dir, &vm);
         if !vm.machine().is_running() {
             break if vm.machine().wall_expired() {
-                "wall lifetime expired".to_string()
+                crate::state::WALL_EXPIRED.to_string()
             } else {
                 "the VM exited by itself".to_string()
             };

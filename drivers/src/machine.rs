@@ -1,8 +1,9 @@
 //! The driver-neutral running guest.
 //!
 //! A [`Machine`] pairs a backend [`VmHandle`] with the [`AgentClient`] that talks to the guest
-//! agent over the VM's hybrid-vsock socket. Guest operations delegate to the client; lifetime
-//! (close, drop, wall expiry) is handled here, once, for every backend.
+//! agent over the VM's hybrid-vsock socket. Every guest operation is one [`Machine::call`] of
+//! a client method (`m.call(|c| c.exec(req))`), guarded here; lifetime (close, drop, wall
+//! expiry) is handled here, once, for every backend.
 //!
 //! State machine: `Running` -> `Closed` (by [`Machine::close`], [`Machine::close_now`] or drop)
 //! or `Running` -> `WallExpired` (by the watchdog). Both end states are final and make every
@@ -20,15 +21,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use guest_agent::client::{
-    AgentClient, ClientError, ClientLimits, ExecStream, ForwardStream, Interactive,
-};
-use guest_agent::protocol::{
-    ExecOutput, ExecRequest, FileEntry, InteractiveRequest, ServeId, ServeRequest, ServeStatus,
-};
-use guest_agent::sparse::ChunkSink;
+use guest_agent::client::{AgentClient, ClientError, ClientLimits};
 use thiserror::Error;
-use tokio::io::AsyncRead;
 use tokio::sync::watch;
 use vm_spec::Containment;
 
@@ -286,8 +280,8 @@ impl Machine {
         &self.info.agent_socket
     }
 
-    /// The agent client (for operations this type does not wrap). Prefer the methods here:
-    /// they fail fast once the machine is closed or expired.
+    /// The agent client, unguarded. Prefer [`Machine::call`]: it fails fast once the machine
+    /// is closed, expired or paused.
     pub fn agent(&self) -> &AgentClient {
         &self.agent
     }
@@ -388,9 +382,25 @@ impl Machine {
         crate::sys::group_usage(&self.shared.handle.host_pids())
     }
 
-    /// Runs one agent call, failing fast if the machine is (or becomes) closed or expired,
-    /// or is paused.
-    async fn call<T>(
+    /// Runs one agent call, `op(client)`, on this machine's client: `m.call(|c| c.exec(req))`.
+    /// It fails at once if the machine is closed, expired or paused, and is abandoned (its
+    /// future dropped) when the machine is closed or expires meanwhile or the VM stops by
+    /// itself, so nothing waits on a dead guest. Every guest operation goes through here: an
+    /// agent request needs no method of its own on `Machine`. A stream the call returns
+    /// ([`guest_agent::client::ExecStream`], a forward) is not cut by a later close or expiry,
+    /// but the VM behind it is, so it ends with an error.
+    pub async fn call<'a, T, Fut>(
+        &'a self,
+        op: impl FnOnce(&'a AgentClient) -> Fut,
+    ) -> Result<T, MachineError>
+    where
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        self.guard(op(&self.agent)).await
+    }
+
+    /// [`Machine::call`]'s guard around one agent call's future.
+    async fn guard<T>(
         &self,
         fut: impl Future<Output = Result<T, ClientError>>,
     ) -> Result<T, MachineError> {
@@ -437,98 +447,6 @@ impl Machine {
         while self.shared.handle.is_running() {
             tokio::time::sleep(VM_POLL).await;
         }
-    }
-
-    /// Runs a command to completion in the guest.
-    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, MachineError> {
-        self.call(self.agent.exec(req)).await
-    }
-
-    /// Starts a command and streams its output. The stream itself is not cut by close or
-    /// expiry, but the VM behind it is, so it ends with an error.
-    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, MachineError> {
-        self.call(self.agent.exec_stream(req)).await
-    }
-
-    /// Starts a command with stdin streamed from the host, optionally on a pseudo-terminal.
-    /// Like [`Machine::exec_stream`], the session is not cut by close or expiry, but the VM
-    /// behind it is, so it ends with an error.
-    pub async fn exec_interactive(
-        &self,
-        req: InteractiveRequest,
-    ) -> Result<Interactive, MachineError> {
-        self.call(self.agent.exec_interactive(req)).await
-    }
-
-    /// Reads `path` under the guest directory `root`.
-    pub async fn read_file(&self, root: &str, path: &str) -> Result<Vec<u8>, MachineError> {
-        self.call(self.agent.read_file(root, path)).await
-    }
-
-    /// Writes `data` to `path` under the guest directory `root`.
-    pub async fn write_file(
-        &self,
-        root: &str,
-        path: &str,
-        data: &[u8],
-    ) -> Result<(), MachineError> {
-        self.call(self.agent.write_file(root, path, data)).await
-    }
-
-    /// Creates the guest directory `path` (and parents), owned by `owner` when given.
-    pub async fn make_dirs(&self, path: &str, owner: Option<&str>) -> Result<(), MachineError> {
-        self.call(self.agent.make_dirs(path, owner)).await
-    }
-
-    /// Streams `path` under the guest directory `root` into `out`, at most `max` bytes
-    /// (see [`AgentClient::read_file_to`]).
-    pub async fn read_file_to<S: ChunkSink>(
-        &self,
-        root: &str,
-        path: &str,
-        max: u64,
-        out: &mut S,
-    ) -> Result<u64, MachineError> {
-        self.call(self.agent.read_file_to(root, path, max, out))
-            .await
-    }
-
-    /// Streams `src` to its end into `path` under the guest directory `root`, at most `max`
-    /// bytes (see [`AgentClient::write_file_from`]).
-    pub async fn write_file_from<R: AsyncRead + Unpin>(
-        &self,
-        root: &str,
-        path: &str,
-        max: u64,
-        src: &mut R,
-    ) -> Result<u64, MachineError> {
-        self.call(self.agent.write_file_from(root, path, max, src))
-            .await
-    }
-
-    /// Lists `path` under the guest directory `root`.
-    pub async fn list(&self, root: &str, path: &str) -> Result<Vec<FileEntry>, MachineError> {
-        self.call(self.agent.list(root, path)).await
-    }
-
-    /// Starts a long-lived process in the guest.
-    pub async fn serve_start(&self, req: ServeRequest) -> Result<ServeId, MachineError> {
-        self.call(self.agent.serve_start(req)).await
-    }
-
-    /// The state of a long-lived process.
-    pub async fn serve_status(&self, id: ServeId) -> Result<ServeStatus, MachineError> {
-        self.call(self.agent.serve_status(id)).await
-    }
-
-    /// Stops a long-lived process.
-    pub async fn serve_stop(&self, id: ServeId) -> Result<ServeStatus, MachineError> {
-        self.call(self.agent.serve_stop(id)).await
-    }
-
-    /// A byte stream to `127.0.0.1:port` inside the guest.
-    pub async fn forward(&self, port: u16) -> Result<ForwardStream, MachineError> {
-        self.call(self.agent.forward(port)).await
     }
 
     /// Asks the agent to power the guest off (bounded to a few seconds), then kills and reaps

@@ -81,7 +81,7 @@ fn wall_expiry_tears_down_and_later_calls_fail() {
     assert!(m.wall_expired());
     assert!(!m.is_running());
     let err = rt()
-        .block_on(m.exec(ExecRequest::shell("true")))
+        .block_on(m.call(|c| c.exec(ExecRequest::shell("true"))))
         .unwrap_err();
     assert!(matches!(err, MachineError::WallExpired { .. }), "{err:?}");
     assert!(err.to_string().contains("wall expired"), "{err}");
@@ -102,7 +102,7 @@ fn wall_expiry_interrupts_a_call_in_flight() {
     let (m, _) = machine(Some(Duration::from_millis(300)), AgentClient::unix(&sock));
     let start = Instant::now();
     let err = rt()
-        .block_on(m.exec(ExecRequest::shell("sleep 100")))
+        .block_on(m.call(|c| c.exec(ExecRequest::shell("sleep 100"))))
         .unwrap_err();
     assert!(matches!(err, MachineError::WallExpired { .. }), "{err:?}");
     assert!(
@@ -144,7 +144,7 @@ fn close_is_idempotent_and_calls_fail_after() {
     m.close_now();
     assert!(!m.is_running());
     assert!(!m.wall_expired());
-    let err = rt.block_on(m.read_file("/", "x")).unwrap_err();
+    let err = rt.block_on(m.call(|c| c.read_file("/", "x"))).unwrap_err();
     assert!(matches!(err, MachineError::Closed { .. }), "{err:?}");
 }
 
@@ -181,7 +181,7 @@ fn agent_errors_while_running_are_agent_errors() {
         ..ClientLimits::default()
     };
     let (m, _) = machine(None, nowhere().with_limits(limits));
-    let err = rt().block_on(m.list("/", ".")).unwrap_err();
+    let err = rt().block_on(m.call(|c| c.list("/", "."))).unwrap_err();
     assert!(matches!(err, MachineError::Agent(_)), "{err:?}");
 }
 
@@ -193,7 +193,7 @@ fn a_vm_that_stopped_by_itself_reports_stopped() {
     };
     let (m, state) = machine(None, nowhere().with_limits(limits));
     state.killed.store(true, Ordering::SeqCst);
-    let err = rt().block_on(m.list("/", ".")).unwrap_err();
+    let err = rt().block_on(m.call(|c| c.list("/", "."))).unwrap_err();
     match err {
         MachineError::Stopped { console_tail, .. } => assert_eq!(console_tail, "fake console"),
         other => panic!("{other:?}"),
@@ -221,7 +221,7 @@ fn a_vm_dying_mid_call_ends_the_call() {
     };
     let start = Instant::now();
     let err = rt()
-        .block_on(m.exec(ExecRequest::shell("sleep 100")))
+        .block_on(m.call(|c| c.exec(ExecRequest::shell("sleep 100"))))
         .unwrap_err();
     assert!(matches!(err, MachineError::Stopped { .. }), "{err:?}");
     assert!(

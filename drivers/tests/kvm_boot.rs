@@ -68,7 +68,7 @@ fn kvm_boot_reports_the_truth() {
                 .build()
                 .unwrap();
             let out = rt
-                .block_on(machine.exec(ExecRequest::argv(["uname", "-r"])))
+                .block_on(machine.call(|c| c.exec(ExecRequest::argv(["uname", "-r"]))))
                 .expect("exec");
             assert!(out.status.success());
             // The VMM's counters: the agent's traffic went through the vsock device.

@@ -87,7 +87,7 @@ fn boot_exec_uname_and_close() {
         .build()
         .unwrap();
     let out = rt
-        .block_on(machine.exec(ExecRequest::argv(["uname", "-r"])))
+        .block_on(machine.call(|c| c.exec(ExecRequest::argv(["uname", "-r"]))))
         .expect("exec uname");
     assert!(out.status.success(), "{:?}", out.status);
     let release = String::from_utf8_lossy(&out.output).trim().to_string();
@@ -139,7 +139,7 @@ fn wall_expiry_tears_the_vm_down() {
         .unwrap();
     let start = Instant::now();
     let err = rt
-        .block_on(machine.exec(ExecRequest::shell("sleep 60")))
+        .block_on(machine.call(|c| c.exec(ExecRequest::shell("sleep 60"))))
         .unwrap_err();
     assert!(matches!(err, MachineError::WallExpired { .. }), "{err:?}");
     assert!(

@@ -92,7 +92,7 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
         .build()
         .unwrap();
     let out = rt
-        .block_on(machine.exec(ExecRequest::argv(["echo", "through the jail"])))
+        .block_on(machine.call(|c| c.exec(ExecRequest::argv(["echo", "through the jail"]))))
         .expect("exec through the jailed vsock backend");
     assert_eq!(String::from_utf8_lossy(&out.output), "through the jail\n");
 

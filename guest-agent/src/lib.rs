@@ -26,35 +26,11 @@
 //! allocation. Each connection carries one operation:
 //!
 //! 1. `Hello{version}` -> `HelloOk{version, info}` or `Error{VersionMismatch}`.
-//! 2. One `Request`, then that operation's stream:
-//!    - `Ping` -> `Pong`.
-//!    - `Exec` -> `Data`* (combined stdout+stderr as produced, through one shared pipe so the
-//!      order is kept, up to the request's cap, at most 16 MiB; the rest is drained and dropped)
-//!      -> `ExecDone{status, truncated}`.
-//!    - `ExecStream` -> `Stdout`/`Stderr`* -> `Exit`. Back-pressure: the agent reads the child's
-//!      pipes only as fast as it can write frames to the client.
-//!    - `ReadFile{max}` -> `FileStart{size}` `Data`* `DataEnd` (to EOF; a file over `max`
-//!      is refused before any data, one that grows past it mid-stream ends with
-//!      `Error{TooLarge}`); `WriteFile{max}` -> `Ok`, then the client sends `Data`* `DataEnd`
-//!      (at most `max` bytes) -> `Ok`, written to a temporary file renamed over the
-//!      destination at the end (removed on any failure). Chunks are at most 256 KiB, so
-//!      memory stays flat on both sides whatever the file size (caps: the caller's, default
-//!      1 GiB, at most 1 TiB). All-zero 4 KiB blocks are written as holes (sparse).
-//!    - `List` -> `ListBatch`* `ListEnd` (regular files, recursive, with sizes).
-//!    - `MakeDirs{path, owner}` -> `Ok` (the directory and its parents, the last one handed to
-//!      `owner`, resolved in the guest's /etc): the runtime's own setup without a guest `mkdir`.
-//!    - `ServeStart` -> `ServeStarted{id}`; `ServeStatus{id}` / `ServeStop{id}` -> `ServeState`.
-//!    - `Forward{port}` -> `ForwardOk`, then raw bytes both ways to `127.0.0.1:port`; host EOF
-//!      half-closes the guest TCP connection, guest EOF closes the whole connection.
-//!    - `Shutdown` -> `Ok`, then sync + `reboot(RB_AUTOBOOT)` (which ends the VM).
-//!    - `ExecInteractive{exec, tty}` -> `Started`, then `Stdout`/`Stderr`/`StdinAck`* and
-//!      `Exit`, while the client sends `Data` (stdin, at most `STDIN_WINDOW` = 1 MiB
-//!      unacknowledged), `DataEnd` (stdin EOF: a half-close), `Resize{rows, cols}` and
-//!      `Cancel`. With `tty` the agent opens a pseudo-terminal: the command is a session
-//!      leader with it as controlling terminal and stdin/stdout/stderr (see
-//!      `agent::interactive`). A request an agent cannot decode (a newer client) gets
-//!      `Error{Unsupported}`; agents older than that hang up, which the client reports as
-//!      `ClientError::Unsupported` too.
+//! 2. One [`protocol::Request`], then that operation's stream: each variant's docs are the
+//!    reference (commands run, streamed or interactive; files streamed in 256 KiB chunks;
+//!    listings; long-lived processes; port forwards; power-off). A request an agent cannot
+//!    decode (a newer client) gets `Error{Unsupported}`. The exact bytes of every frame are
+//!    pinned by `tests/wire_golden.rs`.
 //!
 //!    Any step may instead get `Error{kind, message}`. Cancellation: the client sends `Cancel`
 //!    or closes the connection; either kills the operation's whole process tree.

@@ -185,17 +185,25 @@ pub struct AgentInfo {
     pub cgroups: bool,
 }
 
-/// One request; the first frame after the handshake.
+/// One request; the first frame after the handshake. Each variant's docs give its frame
+/// sequence (the protocol's reference); any step may instead get `Error{kind, message}`.
+/// Variants are appended last: postcard encodes a variant by its index
+/// (`tests/wire_golden.rs` pins every one's bytes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
+    /// Reply: `Pong`.
     Ping,
-    /// Reply: `Data` chunks of combined output (up to the cap, as produced), then `ExecDone`.
+    /// Reply: `Data` chunks of combined stdout+stderr as produced (through one shared pipe, so
+    /// the order is kept), up to the request's cap (at most [`MAX_EXEC_OUTPUT`]; the rest is
+    /// drained and dropped), then `ExecDone{status, truncated}`.
     Exec(ExecRequest),
-    /// Reply: `Stdout`/`Stderr` chunks, then `Exit`.
+    /// Reply: `Stdout`/`Stderr` chunks, then `Exit`. Back-pressure: the agent reads the
+    /// child's pipes only as fast as it can write frames to the client.
     ExecStream(ExecRequest),
     /// Reply: `FileStart{size}` (its size when opened; a file larger than `max` is refused
     /// before any data with `TooLarge`), `Data` chunks up to EOF, `DataEnd`. A file that grows
-    /// past `max` while being read ends the stream with `Error{TooLarge}`.
+    /// past `max` while being read ends the stream with `Error{TooLarge}`. Chunks are at most
+    /// [`MAX_CHUNK`], so memory stays flat on both sides whatever the file size.
     ReadFile {
         root: String,
         path: String,
@@ -205,42 +213,41 @@ pub enum Request {
     /// Reply `Ok` (a temporary file beside the destination was created); the client then
     /// sends `Data` chunks totalling at most `max` bytes and `DataEnd`; the temporary file is
     /// renamed over the destination and the final reply is `Ok`. Any failure or a connection
-    /// that ends before `DataEnd` removes the temporary file: no half file is left.
+    /// that ends before `DataEnd` removes the temporary file: no half file is left. All-zero
+    /// 4 KiB blocks are written as holes (sparse).
     WriteFile {
         root: String,
         path: String,
         /// The most bytes that follow (clamped to [`MAX_FILE_BYTES`]); more is `TooLarge`.
         max: u64,
     },
-    /// Reply: `ListBatch`* then `ListEnd`.
-    List {
-        root: String,
-        path: String,
-    },
+    /// Reply: `ListBatch`* then `ListEnd` (regular files under `path`, recursive, with sizes).
+    List { root: String, path: String },
+    /// Reply: `ServeStarted{id}`; the process runs until `ServeStop` or the VM ends.
     ServeStart(ServeRequest),
+    /// Reply: `ServeState`.
     ServeStatus(ServeId),
     /// Reply: `ServeState` with the final status.
     ServeStop(ServeId),
-    /// Reply: `ForwardOk`, then raw bytes both ways.
-    Forward {
-        port: u16,
-    },
-    /// Reply: `Ok`, then the agent syncs and reboots (ends the VM) when PID 1.
+    /// Reply: `ForwardOk`, then raw bytes both ways to `127.0.0.1:port` in the guest; host EOF
+    /// half-closes the guest TCP connection, guest EOF closes the whole connection.
+    Forward { port: u16 },
+    /// Reply: `Ok`, then the agent syncs and reboots (`RB_AUTOBOOT`, which ends the VM) when
+    /// PID 1.
     Shutdown,
     /// Reply: `Started`, then `Stdout`/`Stderr`/`StdinAck`* and `Exit`; meanwhile the client
     /// sends `Data` (stdin, within [`STDIN_WINDOW`]), `DataEnd` (stdin EOF), `Resize`, `Cancel`,
-    /// `Signal`.
-    /// An agent older than this request closes the connection without a reply.
+    /// `Signal`. With `tty` the command is a session leader with the pseudo-terminal as its
+    /// controlling terminal and stdin/stdout/stderr (see `agent::interactive`). An agent older
+    /// than this request closes the connection without a reply, which the client reports as
+    /// `ClientError::Unsupported`.
     ExecInteractive(InteractiveRequest),
     /// Reply `Ok`: creates the guest directory `path` (absolute; missing parents too, mode
     /// 0755) and, with `owner` (a user as `--user` takes it, resolved in the guest's /etc),
     /// hands the last directory to that user and its group. The runtime's own setup, with no
     /// binary from the guest root (a minimal image has no `mkdir`). An older agent answers
     /// `Unsupported`.
-    MakeDirs {
-        path: String,
-        owner: Option<String>,
-    },
+    MakeDirs { path: String, owner: Option<String> },
 }
 
 /// Host -> agent frames.

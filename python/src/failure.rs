@@ -8,6 +8,8 @@ use std::error::Error;
 use pyo3::prelude::*;
 use vm_sandbox::agent::{ClientError, ErrorKind};
 use vm_sandbox::drivers::{MachineError, NoDriverError};
+use vm_sandbox::state::StateError;
+use vm_sandbox::state::named::NamedError;
 use vm_sandbox::{
     ImageRootError, NoImage, PublishError, RequestError, SandboxError, SelectError, ServeError,
 };
@@ -20,6 +22,8 @@ pub enum Kind {
     SpecRefused,
     PathRefused,
     NoDriver,
+    NoSuchVm,
+    NotRunning,
     BootFailed,
     GuestError,
     WallExpired,
@@ -35,6 +39,8 @@ impl Kind {
             Kind::SpecRefused => "SpecRefused",
             Kind::PathRefused => "PathRefused",
             Kind::NoDriver => "NoDriver",
+            Kind::NoSuchVm => "NoSuchVm",
+            Kind::NotRunning => "NotRunning",
             Kind::BootFailed => "BootFailed",
             Kind::GuestError => "GuestError",
             Kind::WallExpired => "WallExpired",
@@ -120,6 +126,18 @@ impl From<SandboxError> for Failure {
     }
 }
 
+impl From<NamedError> for Failure {
+    fn from(e: NamedError) -> Failure {
+        Failure::from_error(&e)
+    }
+}
+
+impl From<StateError> for Failure {
+    fn from(e: StateError) -> Failure {
+        Failure::from_error(&e)
+    }
+}
+
 impl From<RequestError> for Failure {
     fn from(e: RequestError) -> Failure {
         Failure::from_error(&e)
@@ -197,6 +215,21 @@ fn classify(e: &(dyn Error + 'static)) -> Option<(Kind, Option<String>)> {
             _ => {}
         }
     }
+    if let Some(n) = e.downcast_ref::<NamedError>() {
+        return match n {
+            NamedError::State(s) => Some(state_kind(s)),
+            NamedError::Paused { .. } => Some((Kind::Paused, None)),
+            NamedError::NotRunning { .. } | NamedError::NoSocket(_) => {
+                Some((Kind::NotRunning, None))
+            }
+            // Classified by its cause (a missing agent token, a refused spec).
+            NamedError::Attach { .. } => None,
+            _ => Some((Kind::VmError, None)),
+        };
+    }
+    if let Some(s) = e.downcast_ref::<StateError>() {
+        return Some(state_kind(s));
+    }
     if e.is::<NoImage>() {
         return Some((Kind::ImageError, None));
     }
@@ -228,6 +261,15 @@ fn classify(e: &(dyn Error + 'static)) -> Option<(Kind, Option<String>)> {
         return Some((Kind::GuestError, None));
     }
     None
+}
+
+/// The class of a state-directory error: an unknown VM, a bad name, or the directory itself.
+fn state_kind(e: &StateError) -> (Kind, Option<String>) {
+    match e {
+        StateError::NotFound(_) => (Kind::NoSuchVm, None),
+        StateError::BadName(_) => (Kind::SpecRefused, Some("name".into())),
+        _ => (Kind::VmError, None),
+    }
 }
 
 /// The exit code and the shell-like message when the guest command itself could not be

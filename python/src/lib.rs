@@ -11,6 +11,8 @@
 //!   own signal handling runs between calls: Ctrl-C raises `KeyboardInterrupt` in Python,
 //!   whose handler cancels the guest command tree (`Stream.cancel`).
 //! - Errors become `vm_sandbox._errors` classes ([`failure`]).
+//! - Named VMs (`vm run -d`) are the CLI's records, read through `vm_sandbox::state`: `ps`
+//!   lists them, `attach` reaches one (attached, never owned).
 //!
 //! The ergonomic layer (`Sandbox`, `ExecResult`, `files`, context managers, `AsyncSandbox`)
 //! is the pure-Python package; this module is what it calls.
@@ -91,6 +93,39 @@ fn drivers(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
         .collect()
 }
 
+/// The named VMs (`vm run -d --name NAME`) in the runtime state directory, sorted by name,
+/// as `vm ps --json` lists them: dicts with `name`, `state`, `driver`, `containment`,
+/// `uptime_s`, `mem_mib`, `vcpus`, `created_unix`, `exit_reason`, `supervisor_pid`,
+/// `host_pids` (the live ones) and `labels`. A record whose holder is gone is shown `exited`
+/// and cleaned, as `vm ps` does.
+#[pyfunction]
+fn ps(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    let records = blocking(py, || {
+        let dir = vm_sandbox::state::Runtime::from_env()?;
+        Ok(dir.ps()?)
+    })?;
+    records
+        .into_iter()
+        .map(|r| {
+            let state = r.effective_state();
+            let d = PyDict::new(py);
+            d.set_item("name", &r.name)?;
+            d.set_item("state", state.as_str())?;
+            d.set_item("driver", &r.driver)?;
+            d.set_item("containment", &r.containment)?;
+            d.set_item("uptime_s", r.uptime(state).map(|u| u.as_secs()))?;
+            d.set_item("mem_mib", r.mem_mib)?;
+            d.set_item("vcpus", r.vcpus)?;
+            d.set_item("created_unix", r.created_unix)?;
+            d.set_item("exit_reason", &r.exit_reason)?;
+            d.set_item("supervisor_pid", r.supervisor.map(|p| p.pid))?;
+            d.set_item("host_pids", r.live_pids())?;
+            d.set_item("labels", &r.labels)?;
+            Ok(d)
+        })
+        .collect()
+}
+
 /// A memory size in MiB, written as the CLI's `--memory` takes it (`512M`, `1G`, MiB when
 /// bare). Raises `SpecRefused` naming `field`.
 #[pyfunction]
@@ -113,6 +148,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::Stream>()?;
     m.add_class::<serve::Server>()?;
     m.add_function(wrap_pyfunction!(vm::boot, m)?)?;
+    m.add_function(wrap_pyfunction!(vm::attach, m)?)?;
+    m.add_function(wrap_pyfunction!(ps, m)?)?;
     m.add_function(wrap_pyfunction!(drivers, m)?)?;
     m.add_function(wrap_pyfunction!(parse_mem_mib, m)?)?;
     m.add_function(wrap_pyfunction!(parse_duration, m)?)?;

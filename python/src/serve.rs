@@ -2,25 +2,25 @@
 //! started once ready. The SDK publishes on loopback addresses only: a port written with any
 //! other host address is refused before the server starts.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use vm_sandbox::{MicroVm, PublishSpec, Readiness, ServeSpec, Serving};
+use vm_sandbox::{PublishSpec, Readiness, ServeSpec, Serving};
 
 use crate::failure::Failure;
+use crate::vm::Held;
 use crate::{blocking, runtime};
 
 /// A serving guest process (see the module docs). Keeps its VM alive while it exists.
 #[pyclass(module = "vm_sandbox._native", frozen)]
 pub struct Server {
     serving: Serving,
-    _vm: Arc<MicroVm>,
+    _vm: Held,
 }
 
 impl Server {
     pub fn start(
-        vm: Arc<MicroVm>,
+        vm: Held,
         argv: Vec<String>,
         ports: &[String],
         ready: Option<String>,
@@ -40,7 +40,7 @@ impl Server {
             Readiness::check_path(path).map_err(|e| Failure::refused("ready", e))?;
         }
         let rt = runtime();
-        let serving = rt.block_on(vm.serve(ServeSpec { argv, publish }))?;
+        let serving = rt.block_on(vm.guest().serve(ServeSpec { argv, publish }))?;
         let readiness = Readiness {
             http_path: ready,
             timeout,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use vm_sandbox::agent::{ExecEvent, ExecStream, ExitStatus};
-use vm_sandbox::{MicroVm, Run};
+use vm_sandbox::{Guest, Run};
 
 use crate::failure::{Failure, command_not_run};
 use crate::{blocking, runtime};
@@ -33,7 +33,7 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn start(vm: &MicroVm, run: Run) -> Result<Stream, Failure> {
+    pub fn start(vm: &Guest, run: Run) -> Result<Stream, Failure> {
         let state = match runtime().block_on(vm.exec_stream(run)) {
             Ok(s) => State::Live(s),
             Err(e) => match not_run(&e) {

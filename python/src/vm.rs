@@ -1,16 +1,20 @@
-//! [`Vm`]: one booted guest ([`vm_sandbox::MicroVm`]) and the operations Python calls on it.
-//! [`boot`] builds the spec with [`vm_sandbox::Request`] and boots it with
-//! [`vm_sandbox::MicroVm::boot`]: validation, admission and driver selection happen there,
-//! before anything is created, so a refused spec boots nothing.
+//! [`Vm`]: one guest and the operations Python calls on it — a VM booted here
+//! ([`vm_sandbox::MicroVm`], owned: closing it powers it off) or a named VM a `vm run -d`
+//! started ([`NamedVm`], attached: closing it only detaches). [`boot`] builds the spec with
+//! [`vm_sandbox::Request`] and boots it with [`vm_sandbox::MicroVm::boot`]: validation,
+//! admission and driver selection happen there, before anything is created, so a refused
+//! spec boots nothing. [`attach`] finds a named VM by its record ([`vm_sandbox::state`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use vm_sandbox::agent::{Command, Plain};
+use vm_sandbox::state::Runtime as StateDir;
+use vm_sandbox::state::named::NamedVm;
 use vm_sandbox::{DEFAULT_COPY_CAP, Guest, MicroVm, Options, Request, Run, confine};
 use vm_spec::{Mount, Policy, Trust};
 
@@ -125,20 +129,70 @@ pub fn boot(
         let rt = runtime();
         let spec = rt.block_on(request.resolve())?;
         let vm = rt.block_on(MicroVm::boot(spec, options))?;
-        Ok(Vm { vm: Arc::new(vm) })
+        Ok(Vm::new(Held::Booted(Arc::new(vm))))
     })
 }
 
-/// A booted guest. Dropping it kills the VM and removes its run directory; `close` first
-/// asks the guest to power off.
+/// Attaches to the named VM `name` that `vm run -d --name NAME` started (its record in the
+/// runtime state directory the CLI uses: `$VM_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/vm`, …).
+/// Raises `NoSuchVm` for an unknown name, `Paused`/`NotRunning` for a VM that is not running.
+#[pyfunction]
+pub fn attach(py: Python<'_>, name: String) -> PyResult<Vm> {
+    blocking(py, move || {
+        let dir = StateDir::from_env()?;
+        let vm = NamedVm::attach(&dir, &name)?;
+        Ok(Vm::new(Held::Attached(Arc::new(vm))))
+    })
+}
+
+/// The guest a [`Vm`] reaches, and how it holds it.
+#[derive(Debug, Clone)]
+pub enum Held {
+    /// Booted by this process: it owns the VM.
+    Booted(Arc<MicroVm>),
+    /// A named VM another process holds: attached, never owned.
+    Attached(Arc<NamedVm>),
+}
+
+impl Held {
+    pub fn guest(&self) -> &Guest {
+        match self {
+            Held::Booted(vm) => vm,
+            Held::Attached(vm) => vm,
+        }
+    }
+}
+
+/// A guest (see the module docs). Dropping a booted one kills the VM and removes its run
+/// directory (`close` first asks the guest to power off); an attached one is only detached.
 #[pyclass(module = "vm_sandbox._native", frozen)]
 pub struct Vm {
-    vm: Arc<MicroVm>,
+    vm: Held,
+    /// Set by `close` on an attached VM: later guest calls are refused (the VM runs on).
+    detached: AtomicBool,
 }
 
 impl Vm {
-    fn guest(&self) -> &Guest {
-        &self.vm
+    fn new(vm: Held) -> Vm {
+        Vm {
+            vm,
+            detached: AtomicBool::new(false),
+        }
+    }
+
+    /// The guest, once checked usable: an attached VM must still be attached and running
+    /// (a VM another command paused or stopped fails at once, with its state).
+    fn guest(&self) -> Result<&Guest, Failure> {
+        if let Held::Attached(vm) = &self.vm {
+            if self.detached.load(Ordering::Relaxed) {
+                return Err(Failure::new(
+                    Kind::GuestError,
+                    format!("detached from VM {}: closed", vm.name()),
+                ));
+            }
+            vm.check()?;
+        }
+        Ok(self.vm.guest())
     }
 }
 
@@ -168,15 +222,15 @@ impl Vm {
             env_allow,
             user,
         };
-        let vm = self.vm.clone();
-        blocking(py, move || Stream::start(&vm, run))
+        blocking(py, move || Stream::start(self.guest()?, run))
     }
 
     /// The bytes of the file at `path` (relative to the root, or absolute under it).
     fn read_file<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyBytes>> {
         let data = blocking(py, || {
-            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
-            Ok(runtime().block_on(self.guest().read_file(&rel))?)
+            let guest = self.guest()?;
+            let rel = confine::in_root(guest.root(), &path).map_err(path_refused)?;
+            Ok(runtime().block_on(guest.read_file(&rel))?)
         })?;
         Ok(PyBytes::new(py, &data))
     }
@@ -185,8 +239,9 @@ impl Vm {
     fn write_file(&self, py: Python<'_>, path: String, data: &Bound<'_, PyBytes>) -> PyResult<()> {
         let data = data.as_bytes().to_vec();
         blocking(py, || {
-            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
-            Ok(runtime().block_on(self.guest().write_file(&rel, &data))?)
+            let guest = self.guest()?;
+            let rel = confine::in_root(guest.root(), &path).map_err(path_refused)?;
+            Ok(runtime().block_on(guest.write_file(&rel, &data))?)
         })
     }
 
@@ -195,12 +250,13 @@ impl Vm {
     #[pyo3(signature = (src, path, max_size=DEFAULT_COPY_CAP))]
     fn upload(&self, py: Python<'_>, src: PathBuf, path: String, max_size: u64) -> PyResult<u64> {
         blocking(py, || {
-            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
+            let guest = self.guest()?;
+            let rel = confine::in_root(guest.root(), &path).map_err(path_refused)?;
             runtime().block_on(async {
                 let mut f = tokio::fs::File::open(&src)
                     .await
                     .map_err(|e| Failure::new(Kind::VmError, format!("{}: {e}", src.display())))?;
-                Ok(self.guest().write_file_from(&rel, max_size, &mut f).await?)
+                Ok(guest.write_file_from(&rel, max_size, &mut f).await?)
             })
         })
     }
@@ -210,13 +266,14 @@ impl Vm {
     #[pyo3(signature = (path, dst, max_size=DEFAULT_COPY_CAP))]
     fn download(&self, py: Python<'_>, path: String, dst: PathBuf, max_size: u64) -> PyResult<u64> {
         blocking(py, || {
-            let rel = confine::in_root(self.guest().root(), &path).map_err(path_refused)?;
+            let guest = self.guest()?;
+            let rel = confine::in_root(guest.root(), &path).map_err(path_refused)?;
             runtime().block_on(async {
                 let f = tokio::fs::File::create(&dst)
                     .await
                     .map_err(|e| Failure::new(Kind::VmError, format!("{}: {e}", dst.display())))?;
                 let mut out = Plain(f);
-                let n = self.guest().read_file_to(&rel, max_size, &mut out).await?;
+                let n = guest.read_file_to(&rel, max_size, &mut out).await?;
                 Ok(n)
             })
         })
@@ -227,14 +284,13 @@ impl Vm {
     #[pyo3(signature = (dir=String::new()))]
     fn list_files(&self, py: Python<'_>, dir: String) -> PyResult<Vec<String>> {
         blocking(py, || {
+            let guest = self.guest()?;
             let rel = match dir.as_str() {
                 "" | "." => String::new(),
-                d if d.trim_end_matches('/') == self.guest().root().trim_end_matches('/') => {
-                    String::new()
-                }
-                d => confine::in_root(self.guest().root(), d).map_err(path_refused)?,
+                d if d.trim_end_matches('/') == guest.root().trim_end_matches('/') => String::new(),
+                d => confine::in_root(guest.root(), d).map_err(path_refused)?,
             };
-            Ok(runtime().block_on(self.guest().walk(&rel))?)
+            Ok(runtime().block_on(guest.walk(&rel))?)
         })
     }
 
@@ -251,59 +307,108 @@ impl Vm {
         ready_timeout: f64,
     ) -> PyResult<Server> {
         let ready_timeout = secs("ready_timeout", Some(ready_timeout))?.unwrap_or_default();
-        let vm = self.vm.clone();
         blocking(py, move || {
-            Server::start(vm, argv, &ports, ready, ready_timeout)
+            self.guest()?;
+            Server::start(self.vm.clone(), argv, &ports, ready, ready_timeout)
         })
     }
 
-    /// Stops every host process of the VM until `resume`; guest calls fail meanwhile.
+    /// Stops every host process of the VM until `resume`; guest calls fail meanwhile. An
+    /// attached VM is paused by its holder (as `vm pause NAME`).
     fn pause(&self, py: Python<'_>) -> PyResult<()> {
-        blocking(py, || Ok(self.vm.pause()?))
+        self.set_paused(py, true)
     }
 
     /// Lets a paused VM run again.
     fn resume(&self, py: Python<'_>) -> PyResult<()> {
-        blocking(py, || Ok(self.vm.resume()?))
+        self.set_paused(py, false)
     }
 
-    /// Powers the guest off, kills what is left and removes the run directory. Idempotent.
+    /// A booted VM: powers the guest off, kills what is left and removes the run directory.
+    /// An attached VM: detaches only (the VM keeps running; `vm stop`/`vm rm -f` end it).
+    /// Idempotent.
     fn close(&self, py: Python<'_>) {
-        py.detach(|| runtime().block_on(self.vm.close()));
+        match &self.vm {
+            Held::Booted(vm) => py.detach(|| runtime().block_on(vm.close())),
+            Held::Attached(_) => self.detached.store(true, Ordering::Relaxed),
+        }
     }
 
     /// The driver that booted the guest (`tcg`, `kvm`).
     #[getter]
-    fn driver(&self) -> &'static str {
-        self.vm.driver()
+    fn driver(&self) -> String {
+        match &self.vm {
+            Held::Booted(vm) => vm.driver().to_string(),
+            Held::Attached(vm) => vm.record().driver.clone().unwrap_or_default(),
+        }
     }
 
     /// The containment the guest runs under (`microVM`, `user-kernel`).
     #[getter]
     fn containment(&self) -> String {
-        self.vm.containment().to_string()
+        match &self.vm {
+            Held::Booted(vm) => vm.containment().to_string(),
+            Held::Attached(vm) => vm.record().containment.clone().unwrap_or_default(),
+        }
     }
 
     /// The guest working root (`/work`).
     #[getter]
     fn root(&self) -> String {
-        self.guest().root().to_string()
+        self.vm.guest().root().to_string()
     }
 
-    /// The per-VM run directory (gone once closed).
+    /// The per-VM run directory (gone once closed); an attached VM's state directory.
     #[getter]
     fn run_dir(&self) -> PathBuf {
-        self.vm.run_dir().to_path_buf()
+        match &self.vm {
+            Held::Booted(vm) => vm.run_dir().to_path_buf(),
+            Held::Attached(vm) => vm.dir(),
+        }
+    }
+
+    /// The name of an attached VM (None for one booted here).
+    #[getter]
+    fn name(&self) -> Option<String> {
+        match &self.vm {
+            Held::Booted(_) => None,
+            Held::Attached(vm) => Some(vm.name().to_string()),
+        }
+    }
+
+    /// The default working directory of an attached VM's commands (`vm run -d -w`).
+    #[getter]
+    fn workdir(&self) -> Option<String> {
+        match &self.vm {
+            Held::Booted(_) => None,
+            Held::Attached(vm) => vm.request().workdir.clone(),
+        }
     }
 
     /// The VM's host processes (empty once it is gone).
     fn host_pids(&self) -> Vec<u32> {
-        self.vm.machine().host_pids()
+        match &self.vm {
+            Held::Booted(vm) => vm.machine().host_pids(),
+            Held::Attached(vm) => vm.current().map(|r| r.live_pids()).unwrap_or_default(),
+        }
     }
 
     /// Whether the VM's wall lifetime expired (it was torn down).
     fn wall_expired(&self) -> bool {
-        self.vm.machine().wall_expired()
+        match &self.vm {
+            Held::Booted(vm) => vm.machine().wall_expired(),
+            Held::Attached(vm) => vm.current().is_ok_and(|r| r.wall_expired()),
+        }
+    }
+}
+
+impl Vm {
+    fn set_paused(&self, py: Python<'_>, pause: bool) -> PyResult<()> {
+        blocking(py, || match &self.vm {
+            Held::Booted(vm) if pause => Ok(vm.pause()?),
+            Held::Booted(vm) => Ok(vm.resume()?),
+            Held::Attached(vm) => Ok(runtime().block_on(vm.set_paused(pause))?),
+        })
     }
 }
 

@@ -8,6 +8,9 @@ validated exactly as the ``vm`` CLI builds it, so names, defaults and refusals a
     with Sandbox(memory="512M", timeout="10m", allow_emulation=True) as sb:
         r = sb.exec(["sh", "-c", "echo $((6*7))"])
         assert r.exit_code == 0 and r.stdout == b"42\\n"
+
+A VM a ``vm run -d --name box`` started: ``vm_sandbox.ps()`` lists it,
+``Sandbox.attach("box")`` reaches it (closing that only detaches).
 """
 
 import os as _os
@@ -27,6 +30,8 @@ from ._errors import (
     GuestError,
     ImageError,
     NoDriver,
+    NoSuchVm,
+    NotRunning,
     PathRefused,
     Paused,
     ServeFailed,
@@ -34,7 +39,7 @@ from ._errors import (
     VmError,
     WallExpired,
 )
-from ._sandbox import ExecResult, Files, Sandbox, Server, Stream, StreamEvent, drivers
+from ._sandbox import ExecResult, Files, Sandbox, Server, Stream, StreamEvent, VmInfo, drivers, ps
 
 
 class Trust:
@@ -55,6 +60,8 @@ __all__ = [
     "GuestError",
     "ImageError",
     "NoDriver",
+    "NoSuchVm",
+    "NotRunning",
     "PathRefused",
     "Paused",
     "Sandbox",
@@ -65,7 +72,9 @@ __all__ = [
     "StreamEvent",
     "Trust",
     "VmError",
+    "VmInfo",
     "WallExpired",
     "drivers",
     "images",
+    "ps",
 ]

@@ -53,6 +53,14 @@ class AsyncSandbox:
         self._sb: Optional[Sandbox] = None
 
     @classmethod
+    async def attach(cls, name: str) -> "AsyncSandbox":
+        """``sb = await AsyncSandbox.attach("box")``: as ``Sandbox.attach`` (closing it only
+        detaches; the VM keeps running)."""
+        sb = cls()
+        sb._sb = await _call(Sandbox.attach, name)
+        return sb
+
+    @classmethod
     async def create(cls, *args: Any, **kwargs: Any) -> "AsyncSandbox":
         sb = cls(*args, **kwargs)
         await sb._boot()

@@ -32,6 +32,14 @@ class NoDriver(VmError):
     """No driver on this host can contain the work (see ``vm_sandbox.drivers()``)."""
 
 
+class NoSuchVm(VmError, LookupError):
+    """No named VM has that name (``Sandbox.attach``; see ``vm_sandbox.ps()``)."""
+
+
+class NotRunning(VmError):
+    """The named VM is not running (exited, stopping, still starting); the message says why."""
+
+
 class BootFailed(VmError):
     """The VM did not boot (the driver's reason is in the message)."""
 

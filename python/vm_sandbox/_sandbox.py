@@ -271,8 +271,25 @@ class Sandbox:
 
     @classmethod
     def attach(cls, name: str) -> "Sandbox":
-        """A VM started by ``vm run -d --name NAME`` (not yet in this SDK: use the CLI)."""
-        raise NotImplementedError("Sandbox.attach: not implemented yet; use `vm exec NAME`")
+        """The running VM that ``vm run -d --name NAME`` started, attached by its record (the
+        CLI's runtime state directory: ``$VM_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/vm``, …).
+
+        The same object API as a booted sandbox — ``exec``, ``exec_stream``, ``files``,
+        ``serve``, ``pause``/``resume`` (through the VM's holder, as ``vm pause``) — with the
+        environment, user and working directory the VM was started with. It does not own the
+        VM: ``close()`` (or leaving the ``with`` block) only detaches, and the VM keeps running
+        until ``vm stop``/``vm rm -f`` or its wall lifetime. Raises ``NoSuchVm`` for an unknown
+        name, ``Paused``/``NotRunning`` for a VM that is not running; a guest call after
+        another command paused or stopped the VM raises the same at once.
+
+        >>> with Sandbox.attach("box") as sb:   # doctest: +SKIP
+        ...     sb.exec(["uname", "-r"]).stdout
+        """
+        sb = cls.__new__(cls)
+        sb._vm = _native.attach(name)
+        sb._workdir = sb._vm.workdir
+        sb.files = Files(sb._vm)
+        return sb
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -383,7 +400,8 @@ class Sandbox:
         self._vm.resume()
 
     def close(self) -> None:
-        """Power the guest off, kill what is left, remove its run directory. Idempotent."""
+        """Power the guest off, kill what is left, remove its run directory. An attached
+        sandbox (``Sandbox.attach``) only detaches: the VM keeps running. Idempotent."""
         self._vm.close()
 
     def __enter__(self) -> "Sandbox":
@@ -393,6 +411,16 @@ class Sandbox:
         self.close()
 
     # -- facts ------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> Optional[str]:
+        """The VM's name when attached (``Sandbox.attach``), else None."""
+        return self._vm.name
+
+    @property
+    def attached(self) -> bool:
+        """True for a sandbox attached to a named VM (closing it does not stop the VM)."""
+        return self._vm.name is not None
 
     @property
     def driver(self) -> str:
@@ -411,12 +439,60 @@ class Sandbox:
 
     @property
     def run_dir(self) -> str:
-        """The host directory holding the VM's sockets (removed by ``close``)."""
+        """The host directory holding the VM's sockets (removed by ``close``); for an attached
+        VM, its state directory (kept)."""
         return os.fspath(self._vm.run_dir)
 
     def host_pids(self) -> List[int]:
         """The VM's host processes (empty once it is closed)."""
         return list(self._vm.host_pids())
+
+
+@dataclass(frozen=True)
+class VmInfo:
+    """One named VM as ``vm ps`` shows it (``vm_sandbox.ps()``). ``state`` is ``starting``,
+    ``running``, ``paused``, ``stopping`` or ``exited``; ``uptime`` is in seconds (None before
+    the VM answered); ``host_pids`` are its live host processes; ``exit_reason`` says why it
+    exited."""
+
+    name: str
+    state: str
+    driver: Optional[str]
+    containment: Optional[str]
+    uptime: Optional[int]
+    memory_mib: int
+    cpus: int
+    created: int
+    exit_reason: Optional[str]
+    supervisor_pid: Optional[int]
+    host_pids: List[int]
+    labels: Dict[str, str]
+
+
+def ps() -> List[VmInfo]:
+    """The named VMs (``vm run -d --name NAME``), sorted by name, as ``vm ps`` lists them
+    (a VM whose holder is gone is shown ``exited`` and cleaned, as ``vm ps`` does).
+
+    >>> [(v.name, v.state) for v in ps()]   # doctest: +SKIP
+    [('box', 'running')]
+    """
+    return [
+        VmInfo(
+            name=d["name"],
+            state=d["state"],
+            driver=d["driver"],
+            containment=d["containment"],
+            uptime=d["uptime_s"],
+            memory_mib=d["mem_mib"],
+            cpus=d["vcpus"],
+            created=d["created_unix"],
+            exit_reason=d["exit_reason"],
+            supervisor_pid=d["supervisor_pid"],
+            host_pids=list(d["host_pids"]),
+            labels=dict(d["labels"]),
+        )
+        for d in _native.ps()
+    ]
 
 
 def drivers() -> List[Dict[str, object]]:

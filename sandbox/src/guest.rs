@@ -121,11 +121,15 @@ impl Guest {
         self.root_ready
             .get_or_try_init(|| async {
                 let d = &self.confinement.defaults;
-                match self.link.make_dirs(self.root(), d.user.as_deref()).await {
+                match self
+                    .link
+                    .call(|c| c.make_dirs(self.root(), d.user.as_deref()))
+                    .await
+                {
                     Ok(()) => {
                         if let Some(w) = &d.working_dir {
                             self.link
-                                .make_dirs(w, None)
+                                .call(|c| c.make_dirs(w, None))
                                 .await
                                 .map_err(SandboxError::machine("creating root"))?;
                         }
@@ -163,7 +167,7 @@ impl Guest {
         };
         let out = self
             .link
-            .exec(req)
+            .call(|c| c.exec(req))
             .await
             .map_err(SandboxError::machine("creating root"))?;
         if !out.status.success() {
@@ -255,7 +259,7 @@ impl Guest {
         let req = self.request(run)?;
         self.ensure_root().await?;
         self.link
-            .exec(req)
+            .call(|c| c.exec(req))
             .await
             .map_err(SandboxError::machine("exec"))
     }
@@ -265,7 +269,7 @@ impl Guest {
         let req = self.request(run)?;
         self.ensure_root().await?;
         self.link
-            .exec_stream(req)
+            .call(|c| c.exec_stream(req))
             .await
             .map_err(SandboxError::machine("exec stream"))
     }
@@ -289,7 +293,7 @@ impl Guest {
         let exec = self.request(run)?;
         self.ensure_root().await?;
         self.link
-            .exec_interactive(InteractiveRequest { exec, tty })
+            .call(|c| c.exec_interactive(InteractiveRequest { exec, tty }))
             .await
             .map_err(SandboxError::machine("interactive exec"))
     }
@@ -322,14 +326,14 @@ impl Guest {
 
     async fn read_under(&self, base: &str, rel: &str) -> Result<Vec<u8>, SandboxError> {
         self.link
-            .read_file(base, rel)
+            .call(|c| c.read_file(base, rel))
             .await
             .map_err(SandboxError::machine("read file"))
     }
 
     async fn write_under(&self, base: &str, rel: &str, data: &[u8]) -> Result<(), SandboxError> {
         self.link
-            .write_file(base, rel, data)
+            .call(|c| c.write_file(base, rel, data))
             .await
             .map_err(SandboxError::machine("write file"))
     }
@@ -339,7 +343,7 @@ impl Guest {
     pub async fn walk(&self, dir: &str) -> Result<Vec<String>, SandboxError> {
         let rel = confine::relative(dir, true)?;
         self.ensure_root().await?;
-        let entries = match self.link.list(self.root(), &rel).await {
+        let entries = match self.link.call(|c| c.list(self.root(), &rel)).await {
             Ok(e) => e,
             Err(MachineError::Agent(e)) if e.agent_kind() == Some(ErrorKind::NotFound) => {
                 Vec::new()

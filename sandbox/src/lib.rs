@@ -35,6 +35,10 @@
 //!   [`RunningVm`] (held by another process, e.g. a `vm run -d` supervisor, attached by its
 //!   agent socket) both dereference to [`Guest`], the one implementation of request
 //!   building, path confinement and environment checks.
+//! - **Named VMs.** [`state`] is the runtime state directory of VMs started by `vm run -d`:
+//!   one record per VM (its state, driver, processes, agent socket), listed by
+//!   [`state::Runtime::ps`]; [`state::named::NamedVm::attach`] attaches to one by name (never
+//!   owning it), [`state::named::set_paused`] pauses it through its holder.
 //! - **Images as roots.** [`oci`] (the `vm-oci` crate) pulls or imports OCI images into
 //!   cached read-only erofs files with their process defaults: `oci::Store::open(dir)`,
 //!   `.pull(&Reference, &Auth)`, `.get_or_pull(name_or_ref)`, `.import(path)`, `.get(..)`,
@@ -105,6 +109,7 @@ mod running;
 mod select;
 mod serving;
 pub mod snapshot_root;
+pub mod state;
 
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};

@@ -127,7 +127,7 @@ impl Serving {
     async fn probe(&self, port: u16, http_path: Option<&str>) -> Result<(), Probe> {
         let mut s = self
             .machine
-            .forward(port)
+            .call(|c| c.forward(port))
             .await
             .map_err(|e| Probe::Closed {
                 port,

@@ -188,7 +188,10 @@ impl Serving {
             cwd: Some(process.cwd),
             user: process.user,
         };
-        let id = machine.serve_start(req).await.map_err(ServeError::Start)?;
+        let id = machine
+            .call(|c| c.serve_start(req))
+            .await
+            .map_err(ServeError::Start)?;
         let initial = State {
             running: true,
             ..Default::default()
@@ -240,7 +243,7 @@ impl Serving {
         if let Some(s) = self.exit() {
             return Some(s);
         }
-        let status = self.machine.serve_status(self.id).await.ok()?;
+        let status = self.machine.call(|c| c.serve_status(self.id)).await.ok()?;
         status.exit
     }
 
@@ -262,7 +265,7 @@ impl Serving {
         };
         tasks.abort();
         tasks.join().await;
-        let result = self.machine.serve_stop(self.id).await;
+        let result = self.machine.call(|c| c.serve_stop(self.id)).await;
         self.state.send_modify(|s| s.running = false);
         match result {
             Ok(status) => {
@@ -292,7 +295,7 @@ impl Drop for Serving {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let (machine, id) = (self.machine.clone(), self.id);
                 rt.spawn(async move {
-                    let _ = machine.serve_stop(id).await;
+                    let _ = machine.call(|c| c.serve_stop(id)).await;
                 });
             }
         }
@@ -347,7 +350,7 @@ async fn forward_when_free(
     let deadline = Instant::now() + FORWARD_BUSY_WAIT;
     let mut delay = Duration::from_millis(20);
     loop {
-        match machine.forward(port).await {
+        match machine.call(|c| c.forward(port)).await {
             Err(e) if is_busy(&e) && Instant::now() + delay < deadline => {
                 if busy.ready() {
                     tracing::warn!(port, "the guest agent is busy; forwarded connections wait");
@@ -412,7 +415,7 @@ async fn monitor(machine: Link, id: ServeId, tx: Arc<watch::Sender<State>>) {
     let busy = Throttle::default();
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;
-        match machine.serve_status(id).await {
+        match machine.call(|c| c.serve_status(id)).await {
             Ok(ServeStatus {
                 running,
                 exit,

@@ -11,6 +11,7 @@ use crate::args::CpArgs;
 use crate::exit;
 use crate::parse;
 use crate::state::Runtime;
+use crate::state::named::NamedVm;
 
 /// `NAME:PATH` → (name, guest path relative to `/`), when `s` is a guest reference.
 /// Anything with a `/` before the first `:` (or no `:`) is a host path.
@@ -36,14 +37,14 @@ pub async fn run(a: CpArgs) -> anyhow::Result<u8> {
     match (guest_ref(&a.src), guest_ref(&a.dst)) {
         (None, Some((name, path))) => {
             let name = guest_path(name, path)?;
-            let (vm, _) = super::attach(&rt, &name)?;
+            let vm = NamedVm::attach(&rt, &name)?;
             vm.copy_in(Path::new(&a.src), path, a.max_size)
                 .await
                 .with_context(|| format!("copying {} to {name}:{path}", a.src))?;
         }
         (Some((name, path)), None) => {
             let name = guest_path(name, path)?;
-            let (vm, _) = super::attach(&rt, &name)?;
+            let vm = NamedVm::attach(&rt, &name)?;
             let copied = if a.dst == "-" {
                 let mut out = Plain(tokio::io::stdout());
                 vm.copy_out_to(path, a.max_size, &mut out).await

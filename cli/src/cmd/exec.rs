@@ -13,6 +13,7 @@ use crate::interactive::{self, Mode};
 use crate::parse;
 use crate::resolve;
 use crate::state::Runtime;
+use crate::state::named::NamedVm;
 use crate::stream::{self, Signals};
 
 fn mode(a: &ExecArgs) -> Mode {
@@ -102,10 +103,10 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     mode(&a).terminal()?;
     let mut signals = Signals::install()?;
     let rt = Runtime::from_env()?;
-    let (vm, req) = super::attach(&rt, &name)?;
+    let vm = NamedVm::attach(&rt, &name)?;
     let run = Run {
         command: Command::Argv(a.command.clone()),
-        cwd: a.cmd.workdir.clone().or(req.workdir),
+        cwd: a.cmd.workdir.clone().or(vm.request().workdir.clone()),
         timeout: a.vm.timeout,
         env: resolve::env(&a.cmd.env),
         env_allow: a.cmd.env_allow.clone(),

@@ -10,30 +10,15 @@ use crate::args::{LogsArgs, PsArgs, RmArgs, StopArgs};
 use crate::exit;
 use crate::output::{Table, errln, outln, print_json, print_table};
 use crate::parse::fmt_duration;
-use crate::state::{self, Record, Runtime, VmState, labels, now_unix};
+use crate::state::{self, Runtime, VmState, labels};
 
 /// How often stop/logs poll a supervisor.
 const POLL: Duration = Duration::from_millis(100);
 
-fn uptime(r: &Record, state: VmState) -> Option<Duration> {
-    let start = r.started_unix?;
-    let end = if state == VmState::Exited {
-        r.exited_unix?
-    } else {
-        now_unix()
-    };
-    Some(Duration::from_secs(end.saturating_sub(start)))
-}
-
 /// `vm ps`.
 pub async fn ps(a: PsArgs) -> anyhow::Result<u8> {
     let rt = Runtime::from_env()?;
-    let mut records = rt.list()?;
-    for r in &mut records {
-        if let Err(e) = rt.reap_stale(r) {
-            tracing::warn!("cleaning stale VM {}: {e}", r.name);
-        }
-    }
+    let records = rt.ps()?;
     if a.json {
         let list: Vec<_> = records
             .iter()
@@ -44,7 +29,7 @@ pub async fn ps(a: PsArgs) -> anyhow::Result<u8> {
                     "state": st.as_str(),
                     "driver": r.driver,
                     "containment": r.containment,
-                    "uptime_s": uptime(r, st).map(|d| d.as_secs()),
+                    "uptime_s": r.uptime(st).map(|d| d.as_secs()),
                     "mem_mib": r.mem_mib,
                     "vcpus": r.vcpus,
                     "created_unix": r.created_unix,
@@ -70,9 +55,7 @@ pub async fn ps(a: PsArgs) -> anyhow::Result<u8> {
             r.name.clone(),
             r.driver.clone().unwrap_or_else(|| "-".into()),
             st.as_str().into(),
-            uptime(r, st)
-                .map(fmt_duration)
-                .unwrap_or_else(|| "-".into()),
+            r.uptime(st).map(fmt_duration).unwrap_or_else(|| "-".into()),
             format!("{}M", r.mem_mib),
             labels.join(","),
         ]);

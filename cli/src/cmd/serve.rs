@@ -237,7 +237,7 @@ fn server_ended(vm: &MicroVm, serving: &Serving) -> (u8, String) {
         }
         None if vm.machine().wall_expired() => {
             errln!("vm: the VM's wall lifetime expired");
-            (exit::TIMEOUT, "wall lifetime expired".into())
+            (exit::TIMEOUT, crate::state::WALL_EXPIRED.into())
         }
         None => {
             errln!("vm: the server stopped: {tail}");

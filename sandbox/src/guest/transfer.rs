@@ -152,7 +152,7 @@ impl Guest {
         self.ensure_root().await?;
         let root = self.root().to_string();
         self.link
-            .read_file_to(&root, &rel, max, out)
+            .call(|c| c.read_file_to(&root, &rel, max, out))
             .await
             .map_err(SandboxError::machine("read file"))
     }
@@ -169,7 +169,7 @@ impl Guest {
         self.ensure_root().await?;
         let root = self.root().to_string();
         self.link
-            .write_file_from(&root, &rel, max, src)
+            .call(|c| c.write_file_from(&root, &rel, max, src))
             .await
             .map_err(SandboxError::machine("write file"))
     }
@@ -179,7 +179,11 @@ impl Guest {
     pub async fn copy_in(&self, src: &Path, dst: &str, max: u64) -> Result<u64, SandboxError> {
         let rel = confine::absolute(dst)?;
         let mut f = tokio::fs::File::from_std(open_source(src, max)?);
-        match self.link.write_file_from("/", &rel, max, &mut f).await {
+        match self
+            .link
+            .call(|c| c.write_file_from("/", &rel, max, &mut f))
+            .await
+        {
             Ok(n) => Ok(n),
             Err(MachineError::Agent(ClientError::TooLarge { .. })) => Err(CopyError::Grew {
                 path: src.into(),
@@ -202,7 +206,7 @@ impl Guest {
     ) -> Result<u64, SandboxError> {
         let rel = confine::absolute(src)?;
         self.link
-            .read_file_to("/", &rel, max, out)
+            .call(|c| c.read_file_to("/", &rel, max, out))
             .await
             .map_err(SandboxError::machine("copy out"))
     }

@@ -1,4 +1,6 @@
-//! The runtime state directory: one directory per named VM, holding its record.
+//! The runtime state directory: one directory per named VM, holding its record. The one
+//! implementation the `vm` CLI (`vm run -d`, `ps`, `exec NAME`, `stop`, `rm`) and the Python
+//! SDK (`vm_sandbox.ps()`, `Sandbox.attach`) share; [`named`] attaches to a VM found here.
 //!
 //! Location: `$VM_RUNTIME_DIR` when set; else `$XDG_RUNTIME_DIR/vm`; else
 //! `/run/user/$UID/vm` when that user runtime directory exists; else `/tmp/vm-$UID/vm`
@@ -23,38 +25,18 @@
 //! first sweeps the run directories whose owner is gone ([`Runtime::sweep`]), so a `kill -9`
 //! of `vm exec` or of a supervisor leaves nothing behind past the next `vm` command.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-use vm_sandbox::rundir::{self, ProcIdentity};
-use vm_sandbox::sys::{self, Signal};
+use crate::rundir;
+use crate::sys::{self, Signal};
 
-/// Label keys stamped on every VM record (the record is the state store: a fact not
-/// recorded here is one no later command can recover).
-pub mod labels {
-    /// Always present: marks a record as written by this CLI.
-    pub const CLI: &str = "vm.cli";
-    /// The VM's name.
-    pub const NAME: &str = "vm.name";
-    /// The driver that booted it (`kvm`, `tcg`, …).
-    pub const DRIVER: &str = "vm.driver";
-    /// The containment that driver provides (`microvm`, `user-kernel`, …).
-    pub const CONTAINMENT: &str = "vm.containment";
-    /// The trust level the work was admitted at.
-    pub const TRUST: &str = "vm.trust";
-    /// Set when the VM runs under emulation because `--allow-emulation` was given.
-    pub const EMULATED: &str = "vm.emulated";
-    /// A `vm serve` VM: its published URLs, space-separated (its logs are the server's).
-    pub const SERVE: &str = "vm.serve";
-    /// `true`: the record goes with its VM (an unnamed `vm serve`), also when its holder
-    /// was killed (the next `vm` command's sweep removes it).
-    pub const EPHEMERAL: &str = "vm.ephemeral";
-}
+pub mod named;
+mod record;
+
+pub use record::{ProcId, Record, VmState, WALL_EXPIRED, labels, now_unix};
 
 /// Errors of the state directory.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +54,11 @@ pub enum StateError {
     /// No VM of that name.
     #[error("no VM named {0:?} (see `vm ps`)")]
     NotFound(String),
+    /// Not a VM name (see [`valid_name`]).
+    #[error(
+        "invalid VM name {0:?}: use 1-63 characters [a-z0-9_.-] starting with a letter or digit"
+    )]
+    BadName(String),
     /// The name is taken.
     #[error(
         "a VM named {name:?} already exists ({state}); pick another name or remove it with `vm rm {name}`"
@@ -93,174 +80,17 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateError + '_ {
     }
 }
 
-/// Lifecycle state stored in a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VmState {
-    /// `vm run` created the record; the supervisor is booting the VM.
-    Starting,
-    /// The VM's agent answered; commands can run in it.
-    Running,
-    /// `vm pause`: every VM process is stopped until `vm unpause`.
-    Paused,
-    /// A stop was requested; the supervisor is tearing the VM down.
-    Stopping,
-    /// The VM is gone (stopped, wall lifetime reached, crashed, or supervisor lost).
-    Exited,
-}
-
-impl VmState {
-    /// Lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VmState::Starting => "starting",
-            VmState::Running => "running",
-            VmState::Paused => "paused",
-            VmState::Stopping => "stopping",
-            VmState::Exited => "exited",
-        }
-    }
-}
-
-/// A process identity: pid plus its start time (clock ticks since boot), so a pid that
-/// was recycled by an unrelated process is not mistaken for ours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcId {
-    /// Process id.
-    pub pid: u32,
-    /// Field 22 of `/proc/<pid>/stat`.
-    pub start_ticks: u64,
-}
-
-impl ProcId {
-    /// The identity of a live process, if it exists.
-    pub fn of(pid: u32) -> Option<ProcId> {
-        ProcIdentity::of(pid).map(|p| ProcId {
-            pid,
-            start_ticks: p.start_ticks,
-        })
-    }
-
-    /// The identity of this process.
-    pub fn current() -> Option<ProcId> {
-        ProcId::of(std::process::id())
-    }
-
-    /// True while that same process exists and is not a zombie.
-    pub fn alive(&self) -> bool {
-        ProcIdentity {
-            pid: self.pid,
-            start_ticks: self.start_ticks,
-        }
-        .alive()
-    }
-}
-
-/// One VM's record (`record.json`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Record {
-    /// Format version.
-    pub version: u32,
-    /// VM name.
-    pub name: String,
-    /// Stored lifecycle state (see [`Record::effective_state`]).
-    pub state: VmState,
-    /// The detached supervisor holding the VM.
-    pub supervisor: Option<ProcId>,
-    /// Driver name, once chosen.
-    pub driver: Option<String>,
-    /// The driver's containment, once chosen.
-    pub containment: Option<String>,
-    /// Unix seconds when `vm run` created the record.
-    pub created_unix: u64,
-    /// Unix seconds when the agent answered.
-    pub started_unix: Option<u64>,
-    /// Unix seconds when the VM exited.
-    pub exited_unix: Option<u64>,
-    /// Why it exited (or why it failed to start).
-    pub exit_reason: Option<String>,
-    /// When it failed to start: the exit code `vm run` reports (see `exit`).
-    #[serde(default)]
-    pub error_code: Option<u8>,
-    /// Host Unix socket of the VM's hybrid vsock (`CONNECT <port>` handshake).
-    pub agent_socket: Option<PathBuf>,
-    /// Host processes that make up the VM (driver-reported), killed if left behind.
-    pub host_pids: Vec<ProcId>,
-    /// Guest memory, MiB.
-    pub mem_mib: i64,
-    /// vCPUs.
-    pub vcpus: i64,
-    /// The request the VM was started from (re-resolved by the supervisor).
-    pub request: serde_json::Value,
-    /// Labels (see [`labels`]).
-    pub labels: BTreeMap<String, String>,
-    /// The holder pauses the VM on `SIGUSR1` and resumes it on `SIGUSR2` (a `vm run -d`
-    /// supervisor; a `vm serve` once its server is ready).
-    #[serde(default)]
-    pub pausable: bool,
-}
-
-impl Record {
-    /// A new record in state `starting` for a VM `name` booted from `request` (stored for
-    /// the supervisor and `vm exec NAME`), with the base labels (cli version, name, trust).
-    pub fn starting(
-        name: &str,
-        limits: &vm_spec::Limits,
-        trust: vm_spec::Trust,
-        request: serde_json::Value,
-    ) -> Record {
-        let mut base = BTreeMap::new();
-        base.insert(
-            labels::CLI.to_string(),
-            env!("CARGO_PKG_VERSION").to_string(),
-        );
-        base.insert(labels::NAME.to_string(), name.to_string());
-        base.insert(labels::TRUST.to_string(), trust.to_string());
-        Record {
-            version: 1,
-            name: name.to_string(),
-            state: VmState::Starting,
-            supervisor: None,
-            driver: None,
-            containment: None,
-            created_unix: now_unix(),
-            started_unix: None,
-            exited_unix: None,
-            exit_reason: None,
-            error_code: None,
-            agent_socket: None,
-            host_pids: Vec::new(),
-            mem_mib: limits.mem_mib,
-            vcpus: limits.vcpus,
-            request,
-            labels: base,
-            pausable: false,
-        }
-    }
-
-    /// The state to show: a record that says starting/running/stopping whose supervisor is
-    /// gone is `Exited` (stale).
-    pub fn effective_state(&self) -> VmState {
-        match self.state {
-            VmState::Exited => VmState::Exited,
-            s if self.supervisor.is_some_and(|p| p.alive()) => s,
-            VmState::Starting if self.supervisor.is_none() => VmState::Starting,
-            _ => VmState::Exited,
-        }
-    }
-
-    /// True when the stored state says the VM is up but its supervisor is gone.
-    pub fn is_stale(&self) -> bool {
-        self.state != VmState::Exited && self.effective_state() == VmState::Exited
-    }
-}
-
-/// Seconds since the Unix epoch.
-pub fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs()
+/// True for a VM name: `[a-z0-9][a-z0-9_.-]{0,62}` (so it is one safe path component).
+pub fn valid_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    let first_ok = b
+        .first()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let rest_ok = b
+        .iter()
+        .skip(1)
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'.' | b'-'));
+    first_ok && rest_ok && b.len() <= 63
 }
 
 /// The directory under the runtime root holding ephemeral VMs' run directories.
@@ -351,6 +181,9 @@ impl Runtime {
     /// Claims `name`: creates its directory atomically and writes the first record.
     /// A name that exists (running or not) is refused.
     pub fn create(&self, record: &Record) -> Result<PathBuf, StateError> {
+        if !valid_name(&record.name) {
+            return Err(StateError::BadName(record.name.clone()));
+        }
         let dir = self.dir(&record.name);
         match fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
@@ -392,8 +225,11 @@ impl Runtime {
         fs::rename(&tmp, &path).map_err(io_err(&path))
     }
 
-    /// Loads VM `name`'s record.
+    /// Loads VM `name`'s record. A name that is not a VM name is refused.
     pub fn load(&self, name: &str) -> Result<Record, StateError> {
+        if !valid_name(name) {
+            return Err(StateError::BadName(name.to_string()));
+        }
         let path = self.dir(name).join("record.json");
         let bytes = match fs::read(&path) {
             Ok(b) => b,
@@ -414,7 +250,7 @@ impl Runtime {
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
-            if crate::parse::vm_name(&name).is_err() || !entry.path().is_dir() {
+            if !valid_name(&name) || !entry.path().is_dir() {
                 continue;
             }
             match self.load(&name) {
@@ -426,6 +262,18 @@ impl Runtime {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    /// What `vm ps` shows: every record, sorted by name, the stale ones first marked exited
+    /// and cleaned ([`Runtime::reap_stale`]; a failure there is logged, the record still listed).
+    pub fn ps(&self) -> Result<Vec<Record>, StateError> {
+        let mut records = self.list()?;
+        for r in &mut records {
+            if let Err(e) = self.reap_stale(r) {
+                tracing::warn!("cleaning stale VM {}: {e}", r.name);
+            }
+        }
+        Ok(records)
     }
 
     /// Marks a stale record exited and cleans what its VM left behind: kills recorded VM
@@ -502,6 +350,8 @@ pub fn kill_leftovers(record: &Record) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn record(name: &str) -> Record {
@@ -529,6 +379,41 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         rt.remove("a").unwrap();
         assert!(matches!(rt.load("a"), Err(StateError::NotFound(_))));
+    }
+
+    #[test]
+    fn names_are_one_safe_path_component() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = Runtime::at(tmp.path().join("vm")).unwrap();
+        let long = "a".repeat(64);
+        for bad in ["", "../x", "a/b", "Box", "-x", ".exec", long.as_str()] {
+            assert!(!valid_name(bad), "{bad:?}");
+            assert!(
+                matches!(rt.load(bad), Err(StateError::BadName(_))),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(rt.create(&record(bad)), Err(StateError::BadName(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(valid_name("box-1.a_b") && valid_name(&long[1..]));
+        let err = rt.load("nobox").unwrap_err();
+        assert_eq!(err.to_string(), "no VM named \"nobox\" (see `vm ps`)");
+    }
+
+    #[test]
+    fn uptime_runs_until_exit() {
+        let mut r = record("u");
+        assert_eq!(r.uptime(VmState::Running), None);
+        r.started_unix = Some(now_unix() - 5);
+        assert!(r.uptime(VmState::Running).unwrap() >= Duration::from_secs(5));
+        r.exited_unix = r.started_unix.map(|s| s + 2);
+        assert_eq!(r.uptime(VmState::Exited), Some(Duration::from_secs(2)));
+        assert!(!r.wall_expired());
+        r.state = VmState::Exited;
+        r.exit_reason = Some(WALL_EXPIRED.into());
+        assert!(r.wall_expired());
     }
 
     #[test]
