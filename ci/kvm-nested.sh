@@ -8,7 +8,9 @@
 #
 #   ci/kvm-nested.sh [--pack DIR] [--out DIR] [--full] [--timeout SECONDS]
 #       --pack DIR   a pack made by `ci/kvm-proof.sh pack` (default: packs one now)
-#       --out DIR    where the proof's report.json/summary.txt, the L1's console and log go
+#       --out DIR    where the proof's report.json/summary.txt, the L1's console and log go: an
+#                    empty or new directory (one holding anything is refused, so an earlier
+#                    run's results are never read as this one's)
 #                    (default: a temporary directory, removed on success)
 #       --full       the full benchmark plan (20 boots at once, ...) instead of --quick
 #       --timeout S  bound on the whole L1 run (default 1200; --full 2400)
@@ -218,11 +220,16 @@ trap cleanup EXIT
 [[ -n $out ]] || { out=$work/out; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-rm -f "$out/rc" "$out/l1.log"
+# A result left by an earlier run must never be read as this run's: a directory that already
+# holds anything is refused (nothing in it is touched).
+[[ -z $(ls -A "$out") ]] || die "--out $out is not empty (an earlier run's results?): give an empty or new directory"
 
 inputs=$work/inputs
 mkdir -p "$inputs"
-append="console=ttyS0 panic=-1 nokaslr$append_extra"
+# lapic=notscdeadline: once (2026-12-01, host load ~10) the L1 sat in native_safe_halt with
+# interrupts on and no timer ever firing again (a lost TSC-deadline wake-up under QEMU 7.2 TCG);
+# the LAPIC one-shot timer is the older, simpler path.
+append="console=ttyS0 panic=-1 nokaslr lapic=notscdeadline$append_extra"
 if [[ $mode == hang ]]; then
     timeout=${timeout:-60}
     pack=$work/empty-pack

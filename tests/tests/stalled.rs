@@ -6,8 +6,10 @@
 //!
 //! - `upload_into_a_server_that_never_reads`: busybox `nc -ll -e sleep` served through a
 //!   published port; the host uploads until its writes stop being taken, then the VM's host
-//!   processes and this process (the forwarder) together use < 5 % of a core over 20 s, the
-//!   upload is still open (stalled, not dropped), and a command still runs.
+//!   processes and this process (the forwarder) together use < 5 % of a core over 20 s (on
+//!   kvm, where the only KVM here is nested in TCG and the guest's idle work is emulated: < 5 %
+//!   above the same VM's cost before the upload), the upload is still open (stalled, not
+//!   dropped), and a command still runs.
 //! - `hundred_stalled_vsock_connections`: `vsock-probe sink` accepts 100 host connections
 //!   (`CONNECT` on the hybrid socket) and never reads them; each is written to until it
 //!   stalls. The vsock process' resident memory outside guest RAM grows < 8 MiB, the host
@@ -137,22 +139,29 @@ async fn serve_sink(vm: &MicroVm) -> Result<Serving, String> {
     Ok(s)
 }
 
-async fn upload_into_a_server_that_never_reads(vm: &MicroVm) -> Result<(), String> {
+async fn upload_into_a_server_that_never_reads(vm: &MicroVm, driver: &str) -> Result<(), String> {
     let server = serve_sink(vm).await?;
     let addr = server.addr();
+    // On tcg (the road the issue measures) the budget is absolute; under a nested KVM the
+    // guest's own idle work (its ticks, the serve monitor's status polls) is emulated and runs
+    // as the VMM's CPU time, so there the stall may add at most the budget to the idle cost.
+    let absolute = driver == "tcg";
     let stalled = tokio::task::spawn_blocking(move || -> Result<String, String> {
+        let (_, idle, _) = cpu_share_over(Duration::from_secs(10));
         let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
         s.set_nonblocking(true).map_err(|e| e.to_string())?;
         let taken = fill(std::slice::from_mut(&mut s))?[0];
         let (used, share, who) = cpu_share_over(Duration::from_secs(20));
         still_open(0, &mut s)?;
         let line = format!(
-            "stalled upload: {taken} bytes taken, then {} ms of host CPU over 20 s ({:.1} % of a core: {who})",
+            "stalled upload: {taken} bytes taken, then {} ms of host CPU over 20 s ({:.1} % of a core: {who}; {:.1} % before the upload)",
             used.as_millis(),
-            share * 100.0
+            share * 100.0,
+            idle * 100.0
         );
         eprintln!("{line}");
-        ensure!(share < CPU_SHARE, "{line}: over the {:.0} % budget", CPU_SHARE * 100.0);
+        let over = if absolute { share } else { share - idle };
+        ensure!(over < CPU_SHARE, "{line}: over the {:.0} % budget", CPU_SHARE * 100.0);
         Ok(line)
     })
     .await
@@ -261,7 +270,7 @@ fn stalled() {
         let mut c = Cases::new("stalled", driver);
         c.run(
             "upload_into_a_server_that_never_reads",
-            upload_into_a_server_that_never_reads(&vm),
+            upload_into_a_server_that_never_reads(&vm, driver),
         )
         .await;
         c.run(
