@@ -303,15 +303,7 @@ fn silent_clients_are_dropped_at_the_deadline() {
     );
     // The deadline is armed in the timerfd: waiting on the backend's epoll set alone wakes
     // when it passes.
-    let fd = rig.backend.epoll_fd();
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let n = unsafe { libc::poll(&mut pfd, 1, 5000) };
-    assert_eq!(n, 1, "the epoll set never became ready");
+    assert!(epoll_ready(&rig, 5000), "the epoll set never became ready");
     assert!(
         rig.pump_until(Duration::from_secs(4), |r| r.backend.muxer().connections()
             == 0),
