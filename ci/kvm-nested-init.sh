@@ -12,8 +12,9 @@
 # binaries are built on the host against its glibc), pack (read-only: ci/kvm-proof.sh's pack),
 # inputs (read-only: the Debian root the image-root scenario boots) and out (read-write: the
 # proof's report, this init's log and exit code). The proof's arguments come on the kernel
-# command line as `l1.proof=ARG,ARG`; `l1.hang=1` makes stage 2 hang instead (the runner's
-# self-test of its timeout diagnosis); `l1.cli-only=1` runs only the CLI checks.
+# command line as `l1.proof=ARG,ARG`; `l1.hang=once` makes stage 2 hang unless /out/stalled-1
+# exists (the runner's self-test of its stall diagnosis and retry); `l1.cli-only=1` runs only
+# the CLI checks.
 PATH=/bin:/sbin:/usr/bin:/usr/sbin
 export PATH
 
@@ -74,15 +75,28 @@ stage2() {
     # The kernel's text symbols, for the runner's diagnosis of a hang (Debian ships no System.map).
     $bb grep -E ' [tT] ' /proc/kallsyms >/out/kallsyms
     args=$($bb sed -n 's/.*l1\.proof=\([^ ]*\).*/\1/p' /proc/cmdline | $bb tr ',' ' ')
-    if $bb grep -q 'l1\.hang=1' /proc/cmdline; then
-        say "hanging on purpose (l1.hang=1)"
+    # The runner's self-test: its first attempt hangs with no heartbeat; the second (the
+    # runner moved the first one's files to /out/stalled-1) goes on.
+    if $bb grep -q 'l1\.hang=once' /proc/cmdline && [ ! -d /out/stalled-1 ]; then
+        say "hanging on purpose (l1.hang=once)"
         while :; do $bb sleep 3600; done
     fi
     if [ -f /inputs/debian-root.erofs ]; then
         export VM_TEST_DEBIAN_ROOT=/inputs/debian-root.erofs
     fi
-    # What runs, every 20 s: the runner prints it if it has to cut the L1 off.
-    (while $bb sleep 20; do $bb ps -o pid,ppid,stat,rss,args >/out/ps.tmp && $bb mv /out/ps.tmp /out/ps.txt; done) &
+    # A heartbeat every 5 s (the L1's uptime; the runner reads the file's age to tell a stalled
+    # L1 from a slow test) and what runs, every 20 s (printed if the runner cuts the L1 off).
+    (
+        n=0
+        while :; do
+            $bb cut -d' ' -f1 /proc/uptime >/out/heartbeat.tmp && $bb mv /out/heartbeat.tmp /out/heartbeat
+            if [ $((n % 4)) = 0 ]; then
+                $bb ps -o pid,ppid,stat,rss,args >/out/ps.tmp && $bb mv /out/ps.tmp /out/ps.txt
+            fi
+            n=$((n + 1))
+            $bb sleep 5
+        done
+    ) &
     say "running: OUT=/out/proof /pack/run.sh $args"
     rc=0
     if ! $bb grep -q 'l1\.cli-only=1' /proc/cmdline; then

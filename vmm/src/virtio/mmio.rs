@@ -18,7 +18,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::queue::{clone_queue, queue_usable};
 use super::starter::{self, SharedSlot, Starter};
-use super::worker::{Interrupt, WorkerSetup};
+use super::worker::{Interrupt, WorkerIo, WorkerSetup};
 use super::{DeviceConfig, GuestMemoryMmap, VirtioDevice, VirtioError};
 use crate::bus::BusDevice;
 use crate::metrics::DeviceMetrics;
@@ -298,7 +298,7 @@ impl MmioDevice {
         for n in &self.notify {
             let _ = n.write(1);
         }
-        Ok(WorkerSetup {
+        let io = WorkerIo {
             mem: self.mem.clone(),
             queues,
             notify,
@@ -308,8 +308,8 @@ impl MmioDevice {
                 .map_err(VirtioError::os("request eventfd"))?,
             irq: self.irq.clone(),
             metrics: self.metrics.clone(),
-            handler,
-        })
+        };
+        Ok(WorkerSetup { io, handler })
     }
 
     fn read_u32(&self, offset: u32) -> u32 {

@@ -60,7 +60,7 @@ impl WorkerSlot {
         let Some((setup, name)) = self.pending.take() else {
             return;
         };
-        let irq = setup.irq.clone();
+        let irq = setup.io.irq.clone();
         match Worker::spawn(setup, name.clone()) {
             Ok(w) => self.worker = Some(w),
             Err(e) => {

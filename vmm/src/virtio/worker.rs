@@ -181,39 +181,28 @@ pub(crate) struct Worker {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Everything a worker thread owns.
+/// Everything a worker thread owns: its I/O and how to build its handler.
 pub(crate) struct WorkerSetup {
+    pub io: WorkerIo,
+    pub handler: MakeHandler,
+}
+
+/// A worker thread's guest memory, queues, events and counters.
+pub(crate) struct WorkerIo {
     pub mem: GuestMemoryMmap,
     pub queues: Vec<Queue>,
     pub notify: Vec<EventFd>,
     pub request: EventFd,
     pub irq: Arc<Interrupt>,
     pub metrics: Arc<DeviceMetrics>,
-    pub handler: MakeHandler,
 }
 
 impl Worker {
     /// Builds the handler of `setup` and starts its thread as `name` (on the device control
     /// thread).
     pub(crate) fn spawn(setup: WorkerSetup, name: String) -> Result<Worker, VirtioError> {
-        let WorkerSetup {
-            mem,
-            queues,
-            notify,
-            request,
-            irq,
-            metrics,
-            handler,
-        } = setup;
-        let setup = Running {
-            mem,
-            queues,
-            notify,
-            request,
-            irq,
-            metrics,
-            handler: handler(),
-        };
+        let WorkerSetup { io, handler } = setup;
+        let handler = handler();
         let stop = EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("stop eventfd"))?;
         let epoll = Epoll::new().map_err(VirtioError::os("epoll"))?;
         let add = |fd: RawFd, token: u64| {
@@ -225,15 +214,15 @@ impl Worker {
                 )
                 .map_err(VirtioError::os("epoll registration"))
         };
-        for (i, evt) in setup.notify.iter().enumerate() {
+        for (i, evt) in io.notify.iter().enumerate() {
             add(evt.as_raw_fd(), i as u64)?;
         }
         add(stop.as_raw_fd(), TOKEN_STOP)?;
-        add(setup.request.as_raw_fd(), TOKEN_REQUEST)?;
+        add(io.request.as_raw_fd(), TOKEN_REQUEST)?;
         let thread_stop = stop.try_clone().map_err(VirtioError::os("stop eventfd"))?;
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(setup, epoll, thread_stop))
+            .spawn(move || run(io, handler, epoll, thread_stop))
             .map_err(VirtioError::os("worker thread"))?;
         Ok(Worker {
             stop,
@@ -263,18 +252,7 @@ impl Drop for Worker {
     }
 }
 
-/// What the worker loop runs on: the setup with its handler built.
-struct Running {
-    mem: GuestMemoryMmap,
-    queues: Vec<Queue>,
-    notify: Vec<EventFd>,
-    request: EventFd,
-    irq: Arc<Interrupt>,
-    metrics: Arc<DeviceMetrics>,
-    handler: Box<dyn Handler>,
-}
-
-fn run(mut s: Running, epoll: Epoll, stop: EventFd) {
+fn run(mut s: WorkerIo, mut handler: Box<dyn Handler>, epoll: Epoll, stop: EventFd) {
     vm_jail::seccomp::apply_or_exit(vm_jail::seccomp::ThreadKind::Device);
     let mut events = vec![EpollEvent::default(); 64];
     {
@@ -285,10 +263,10 @@ fn run(mut s: Running, epoll: Epoll, stop: EventFd) {
             epoll: &epoll,
             metrics: &s.metrics,
         };
-        s.handler.start(&mut ctx);
+        handler.start(&mut ctx);
     }
     loop {
-        let timeout_ms = match s.handler.deadline() {
+        let timeout_ms = match handler.deadline() {
             None => -1,
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
@@ -319,7 +297,7 @@ fn run(mut s: Running, epoll: Epoll, stop: EventFd) {
                 }
                 TOKEN_REQUEST => {
                     let _ = s.request.read();
-                    s.handler.request(&mut ctx);
+                    handler.request(&mut ctx);
                 }
                 t if t < HANDLER_TOKEN_BASE => {
                     let i = t as usize;
@@ -330,14 +308,14 @@ fn run(mut s: Running, epoll: Epoll, stop: EventFd) {
                     // the device: a guest that keeps notifying a broken queue costs one eventfd
                     // read, never another walk of its rings or another log line.
                     if !ctx.irq.needs_reset() {
-                        s.handler.queue_notify(i, &mut ctx);
+                        handler.queue_notify(i, &mut ctx);
                     }
                 }
-                t => s.handler.fd_event(t, ev.event_set(), &mut ctx),
+                t => handler.fd_event(t, ev.event_set(), &mut ctx),
             }
         }
-        if s.handler.deadline().is_some_and(|d| d <= Instant::now()) {
-            s.handler.timeout(&mut ctx);
+        if handler.deadline().is_some_and(|d| d <= Instant::now()) {
+            handler.timeout(&mut ctx);
         }
     }
 }
