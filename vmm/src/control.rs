@@ -6,12 +6,23 @@
 //! between its flag check and KVM_RUN returns at once instead of blocking (e.g. on a HLT with
 //! interrupts disabled, which KVM handles in the kernel without any exit). The handler and the
 //! thread registry are [`crate::sys::kick`]'s.
+//!
+//! Pausing (for a snapshot) uses the same kick: [`Control::pause`] sets the pause flag, kicks
+//! every vCPU thread and waits on a condition variable until each has parked itself in
+//! [`Control::park`] (out of `KVM_RUN`, its pending I/O completed). A parked thread sleeps on
+//! that condition variable until the VM resumes or stops, and meanwhile serves
+//! [`Control::collect_vcpu_states`]: each reads its own vCPU's state on its own thread (it owns
+//! the `VcpuFd`) and hands it back here. Nothing busy-waits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, Once};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use crate::exit::{FaultKind, VmExit};
+use crate::snapshot::VcpuState;
+use crate::snapshot::vcpu::{SavePlan, VcpuStateError};
 use crate::sys::KickableThreads;
 
 /// Offset from SIGRTMIN of the signal used to kick vCPU threads.
@@ -47,17 +58,53 @@ pub fn install_kick_handler() -> Result<(), vmm_sys_util::errno::Error> {
     result
 }
 
+/// What one vCPU thread hands back from a save round.
+pub type VcpuSave = Result<VcpuState, VcpuStateError>;
+
+/// Why the vCPUs could not be paused or their states collected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PauseError {
+    /// The VM ended (or is stopping) before every vCPU parked.
+    #[error("the VM is not running")]
+    NotRunning,
+    /// Not every vCPU parked (or answered) in time.
+    #[error("{parked} of {live} vCPUs parked within {waited:?}")]
+    Timeout {
+        /// Threads parked.
+        parked: usize,
+        /// Threads alive.
+        live: usize,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// Another pause is in progress.
+    #[error("the VM is already paused")]
+    AlreadyPaused,
+}
+
 struct State {
     outcome: Option<Outcome>,
     live: usize,
+    /// vCPU threads inside [`Control::park`].
+    parked: usize,
+    /// Bumped by every [`Control::collect_vcpu_states`]; a parked thread serves each round once.
+    save_round: u64,
+    /// What the current round reads.
+    save_plan: Option<Arc<SavePlan>>,
+    /// One slot per vCPU for the current round.
+    saved: Vec<Option<VcpuSave>>,
 }
 
 /// Shared by the VM handle and its vCPU threads.
 pub struct Control {
     stop: AtomicBool,
+    pause: AtomicBool,
     state: Mutex<State>,
     threads: KickableThreads,
     finished: Condvar,
+    /// Signalled when a thread parks or unparks, a save round starts or a state is handed
+    /// back, and on resume and stop.
+    parking: Condvar,
 }
 
 impl std::fmt::Debug for Control {
@@ -73,12 +120,18 @@ impl Control {
     pub fn new(vcpus: usize) -> Self {
         Self {
             stop: AtomicBool::new(false),
+            pause: AtomicBool::new(false),
             state: Mutex::new(State {
                 outcome: None,
                 live: 0,
+                parked: 0,
+                save_round: 0,
+                save_plan: None,
+                saved: Vec::new(),
             }),
             threads: KickableThreads::new(vcpus, kick_signal()),
             finished: Condvar::new(),
+            parking: Condvar::new(),
         }
     }
 
@@ -99,14 +152,148 @@ impl Control {
         }
         self.stop.store(true, Ordering::SeqCst);
         drop(st);
+        self.parking.notify_all();
         self.threads.kick_all();
     }
 
     /// Kick the vCPU threads again (closes any race with a thread entering KVM_RUN).
     pub fn kick(&self) {
-        if self.stop_requested() {
+        if self.stop_requested() || self.pause_requested() {
             self.threads.kick_all();
         }
+    }
+
+    /// Whether the vCPUs are asked to park.
+    pub fn pause_requested(&self) -> bool {
+        self.pause.load(Ordering::SeqCst)
+    }
+
+    /// Ask every vCPU thread to park, and wait up to `timeout` until all have. On an error
+    /// the pause is withdrawn (the threads that parked run on).
+    pub fn pause(&self, timeout: Duration) -> Result<(), PauseError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        if self.stop_requested() || st.live == 0 {
+            return Err(PauseError::NotRunning);
+        }
+        if self.pause.swap(true, Ordering::SeqCst) {
+            return Err(PauseError::AlreadyPaused);
+        }
+        loop {
+            if self.stop_requested() || st.live == 0 {
+                drop(st);
+                self.resume();
+                return Err(PauseError::NotRunning);
+            }
+            if st.parked == st.live {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let err = PauseError::Timeout {
+                    parked: st.parked,
+                    live: st.live,
+                    waited: timeout,
+                };
+                drop(st);
+                self.resume();
+                return Err(err);
+            }
+            // Kick under the lock's protection of `parked`: a thread that has not parked yet is
+            // either in KVM_RUN (the kick makes it return) or about to check the flag.
+            self.threads.kick_all();
+            let slice = (deadline - now).min(Duration::from_millis(20));
+            st = self
+                .parking
+                .wait_timeout(st, slice)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Withdraw the pause: parked threads return to `KVM_RUN`.
+    pub fn resume(&self) {
+        let st = self.lock();
+        self.pause.store(false, Ordering::SeqCst);
+        drop(st);
+        self.parking.notify_all();
+    }
+
+    /// With every vCPU parked ([`Self::pause`]), have each read its own state with `plan`
+    /// and return them by vCPU index; waits up to `timeout`.
+    pub fn collect_vcpu_states(
+        &self,
+        plan: SavePlan,
+        timeout: Duration,
+    ) -> Result<Vec<VcpuSave>, PauseError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        if !self.pause_requested() || st.parked != st.live || st.live == 0 {
+            return Err(PauseError::NotRunning);
+        }
+        let n = st.live;
+        st.save_round += 1;
+        st.save_plan = Some(Arc::new(plan));
+        st.saved = (0..self.threads.len()).map(|_| None).collect();
+        self.parking.notify_all();
+        loop {
+            if self.stop_requested() || st.live != n {
+                return Err(PauseError::NotRunning);
+            }
+            let done = st.saved.iter().filter(|s| s.is_some()).count();
+            if done == n {
+                st.save_plan = None;
+                return Ok(std::mem::take(&mut st.saved)
+                    .into_iter()
+                    .flatten()
+                    .collect());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(PauseError::Timeout {
+                    parked: done,
+                    live: n,
+                    waited: timeout,
+                });
+            }
+            st = self
+                .parking
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// vCPU thread `index`, out of `KVM_RUN` with its pending I/O completed and the pause
+    /// flag set: sleep until the VM resumes or stops, serving each save round with `save`.
+    pub fn park(&self, index: usize, mut save: impl FnMut(&SavePlan) -> VcpuSave) {
+        let mut st = self.lock();
+        st.parked += 1;
+        let mut served = st.save_round;
+        self.parking.notify_all();
+        while self.pause_requested() && !self.stop_requested() {
+            if st.save_round != served {
+                served = st.save_round;
+                if let Some(plan) = st.save_plan.clone() {
+                    drop(st);
+                    let r = save(&plan);
+                    st = self.lock();
+                    // A round that timed out and was replaced keeps its slots to itself.
+                    let current = st.save_round == served;
+                    if let Some(slot) = st.saved.get_mut(index)
+                        && current
+                    {
+                        *slot = Some(r);
+                    }
+                    self.parking.notify_all();
+                }
+                continue;
+            }
+            st = self.parking.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.parked -= 1;
+        drop(st);
+        self.parking.notify_all();
     }
 
     /// Run `f` (vCPU thread `index`'s loop) with the calling thread registered for kicks. The
@@ -137,6 +324,8 @@ impl Control {
             }
             self.finished.notify_all();
         }
+        drop(st);
+        self.parking.notify_all();
     }
 
     /// Whether every vCPU thread has finished.
@@ -194,5 +383,75 @@ mod tests {
         );
         t.join().unwrap();
         assert!(c.is_finished());
+    }
+
+    /// A stand-in vCPU thread: runs until paused, parks (serving save rounds with its index
+    /// as the state's RIP), and returns when resumed (true) or stopped (false).
+    fn fake_vcpu(c: Arc<Control>, index: usize) -> std::thread::JoinHandle<Vec<bool>> {
+        c.add_live();
+        std::thread::spawn(move || {
+            let mut resumed = Vec::new();
+            c.run_registered(index, || {
+                while !c.stop_requested() {
+                    if c.pause_requested() {
+                        c.park(index, |_| {
+                            let mut s = crate::snapshot::state::tests::sample(1, 16);
+                            let mut v = s.vcpus.remove(0);
+                            v.regs.rip = index as u64;
+                            Ok(v)
+                        });
+                        resumed.push(!c.stop_requested());
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            c.thread_done();
+            resumed
+        })
+    }
+
+    #[test]
+    fn pause_parks_every_thread_collects_their_states_and_resumes() {
+        crate::control::install_kick_handler().unwrap();
+        let c = Arc::new(Control::new(2));
+        let threads: Vec<_> = (0..2).map(|i| fake_vcpu(c.clone(), i)).collect();
+        let plan = || crate::snapshot::vcpu::SavePlan {
+            xsave: false,
+            xcrs: false,
+            msrs: vec![],
+        };
+        // Not paused yet: nothing to collect.
+        assert_eq!(
+            c.collect_vcpu_states(plan(), Duration::from_secs(1)).err(),
+            Some(PauseError::NotRunning)
+        );
+        c.pause(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            c.pause(Duration::from_secs(1)),
+            Err(PauseError::AlreadyPaused)
+        );
+        assert_eq!(c.lock().parked, 2);
+        for _ in 0..2 {
+            let states = c
+                .collect_vcpu_states(plan(), Duration::from_secs(10))
+                .unwrap();
+            let rips: Vec<u64> = states
+                .iter()
+                .map(|s| s.as_ref().unwrap().regs.rip)
+                .collect();
+            assert_eq!(rips, vec![0, 1], "one state per vCPU, by index");
+        }
+        c.resume();
+        // Pausing again works, and a stop releases parked threads.
+        c.pause(Duration::from_secs(10)).unwrap();
+        c.request_stop(Ok(VmExit::Stopped));
+        assert_eq!(
+            c.wait_timeout(Duration::from_secs(10)),
+            Some(Ok(VmExit::Stopped))
+        );
+        for t in threads {
+            assert_eq!(t.join().unwrap(), vec![true, false]);
+        }
+        assert_eq!(c.pause(Duration::from_secs(1)), Err(PauseError::NotRunning));
     }
 }

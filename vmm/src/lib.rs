@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod msr;
 pub mod process;
 pub mod serial;
+pub mod snapshot;
 pub mod sys;
 pub mod vcpu;
 pub mod virtio;

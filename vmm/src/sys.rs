@@ -7,6 +7,9 @@
 //! - [`guest_memory`]: guest RAM registered with KVM, owned so it outlives the VM and its
 //!   vCPUs.
 //!
+//! - [`set_xsave`]: `KVM_SET_XSAVE` (a snapshot's restore), whose size contract KVM cannot
+//!   check for us.
+//!
 //! The jail's process-level calls (descriptors, the reaper's pidfd, the capability bounding
 //! set, `_exit`, `fork` and `pre_exec` hooks) are shared with other host crates: `vm-sys`.
 
@@ -21,6 +24,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+
+/// `KVM_SET_XSAVE` of a 4096-byte `kvm_xsave` (what `KVM_GET_XSAVE` returned for a vCPU of
+/// this VMM).
+pub fn set_xsave(
+    vcpu: &kvm_ioctls::VcpuFd,
+    xsave: &kvm_bindings::kvm_xsave,
+) -> Result<(), kvm_ioctls::Error> {
+    // SAFETY: KVM reads the vCPU's `guest_fpu.uabi_size` bytes, which is more than
+    // `size_of::<kvm_xsave>()` (4096) only after the process asked for dynamically enabled
+    // guest XSTATE components (`arch_prctl(ARCH_REQ_XCOMP_GUEST_PERM)`, e.g. AMX). This VMM
+    // never asks, so the kernel reads exactly the struct, which `xsave` borrows whole.
+    unsafe { vcpu.set_xsave(xsave) }
+}
 
 /// Fills the start of `buf` from the kernel's random source (`getrandom(2)`, blocking only
 /// until the pool is initialised); returns how many bytes were written.

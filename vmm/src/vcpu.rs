@@ -1,4 +1,5 @@
-//! vCPU setup (CPUID, MSRs, LAPIC, registers) and the vCPU thread's run loop.
+//! vCPU setup (CPUID, MSRs, LAPIC, registers) and the vCPU thread's run loop, which parks the
+//! thread while the VM is paused (for a snapshot: `Control::park`).
 
 use std::sync::Arc;
 
@@ -45,6 +46,31 @@ pub struct VcpuSetup<'a> {
     pub kernel: &'a LoadedKernel,
 }
 
+/// Set vCPU `index`'s CPUID: KVM's supported table normalized for this VM (boot and restore
+/// alike).
+pub fn set_cpuid(
+    vcpu: &VcpuFd,
+    index: u8,
+    supported: &CpuId,
+    vcpus: u8,
+    baseline: bool,
+) -> Result<(), VcpuError> {
+    let mut cpuid = supported.clone();
+    normalize(
+        cpuid.as_mut_slice(),
+        CpuidParams {
+            vcpu: index,
+            vcpus,
+            baseline,
+        },
+    );
+    vcpu.set_cpuid2(&cpuid).map_err(|source| VcpuError::Kvm {
+        vcpu: index,
+        what: "KVM_SET_CPUID2",
+        source,
+    })
+}
+
 /// Configure vCPU `index` for a direct 64-bit entry.
 pub fn configure(vcpu: &VcpuFd, index: u8, s: &VcpuSetup<'_>) -> Result<(), VcpuError> {
     let kvm = |what| {
@@ -54,16 +80,7 @@ pub fn configure(vcpu: &VcpuFd, index: u8, s: &VcpuSetup<'_>) -> Result<(), Vcpu
             source,
         }
     };
-    let mut cpuid = s.supported_cpuid.clone();
-    normalize(
-        cpuid.as_mut_slice(),
-        CpuidParams {
-            vcpu: index,
-            vcpus: s.vcpus,
-            baseline: s.baseline,
-        },
-    );
-    vcpu.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+    set_cpuid(vcpu, index, s.supported_cpuid, s.vcpus, s.baseline)?;
 
     let msrs = msr::boot_msrs()?;
     let written = vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
@@ -96,6 +113,9 @@ pub fn configure(vcpu: &VcpuFd, index: u8, s: &VcpuSetup<'_>) -> Result<(), Vcpu
     }
     Ok(())
 }
+
+/// Most `KVM_RUN`s with `immediate_exit` a parking vCPU makes to complete an exit in flight.
+const MAX_COMPLETION_RUNS: usize = 1024;
 
 /// What a vCPU thread needs.
 pub struct VcpuThread {
@@ -132,12 +152,59 @@ impl VcpuThread {
         }
     }
 
+    /// Complete any exit still in flight, then park until the VM resumes or stops, serving
+    /// save rounds meanwhile; `Some` if the completion ended the VM.
+    fn park(&mut self) -> Option<crate::control::Outcome> {
+        let mut completed = false;
+        for _ in 0..MAX_COMPLETION_RUNS {
+            let action = match self.fd.run_immediate_exit() {
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => None,
+                Ok(exit) => {
+                    let mut ctx = ExitContext {
+                        pio: &self.pio,
+                        mmio: &self.mmio,
+                    };
+                    Some(handle(from_kvm(exit), &mut ctx))
+                }
+                Err(e) => Some(Action::Fault(FaultKind::Unexpected(format!(
+                    "KVM_RUN error {e}"
+                )))),
+            };
+            self.fd.clear_immediate_exit();
+            match action {
+                None => {
+                    completed = true;
+                    break;
+                }
+                Some(Action::Continue) => {}
+                Some(Action::Exit(x)) => return Some(Ok(x)),
+                Some(Action::Fault(kind)) => return Some(Err(self.fault(kind))),
+            }
+        }
+        if !completed {
+            tracing::warn!(
+                vcpu = self.index,
+                "pending I/O still not complete; parking anyway"
+            );
+        }
+        let (control, fd, index) = (self.control.clone(), self.fd.fd(), self.index);
+        control.park(usize::from(index), |plan| {
+            crate::snapshot::vcpu::save(fd, index, plan)
+        });
+        None
+    }
+
     /// Returns `None` when stopped from outside, the VM outcome otherwise.
     fn run_loop(&mut self) -> Option<crate::control::Outcome> {
         loop {
             let control = &self.control;
-            let action = match self.fd.run_unless(|| control.stop_requested()) {
-                None => return None,
+            let stop_or_pause = || control.stop_requested() || control.pause_requested();
+            let action = match self.fd.run_unless(stop_or_pause) {
+                None if self.control.stop_requested() => return None,
+                None => match self.park() {
+                    Some(outcome) => return Some(outcome),
+                    None => continue,
+                },
                 Some(Ok(exit)) => {
                     let mut ctx = ExitContext {
                         pio: &self.pio,

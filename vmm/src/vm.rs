@@ -31,6 +31,7 @@ use crate::legacy::{ABSORBED_PORTS, Sink};
 use crate::memory::{self, GuestMemoryMmap};
 use crate::metrics::{DeviceMetrics, MetricsReport};
 use crate::serial::{COM1_IRQ, COM1_PORT, ConsoleRing, Serial, SharedConsole};
+use crate::snapshot::ConfigFacts;
 use crate::sys::{GuestVm, KickableVcpu};
 use crate::vcpu::{self, VcpuSetup, VcpuThread};
 use crate::virtio::{MmioDevice, Starter, StarterThread, VirtioError};
@@ -100,7 +101,7 @@ fn host_err(what: &'static str) -> impl FnOnce(std::io::Error) -> VmmError {
 }
 
 /// The limits a configuration must respect before anything is created.
-fn check_config(cfg: &VmConfig) -> Result<(), VmmError> {
+pub(crate) fn check_config(cfg: &VmConfig) -> Result<(), VmmError> {
     if cfg.vcpus == 0 || cfg.vcpus > boot::mptable::MAX_CPUS {
         return Err(VmmError::Config(format!(
             "vcpus must be 1..={}, got {}",
@@ -119,7 +120,7 @@ fn check_config(cfg: &VmConfig) -> Result<(), VmmError> {
 }
 
 /// The KVM VM with its TSS, identity map, in-kernel irqchip and PIT.
-fn create_kvm_vm() -> Result<(Kvm, VmFd), VmmError> {
+pub(crate) fn create_kvm_vm() -> Result<(Kvm, VmFd), VmmError> {
     let kvm = Kvm::new().map_err(kvm_err("opening /dev/kvm"))?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     vm.set_tss_address(TSS_ADDR as usize)
@@ -220,6 +221,55 @@ fn virtio_devices(
     Ok((mmio, virtio))
 }
 
+/// The kick handler every vCPU thread relies on (installed once per process).
+pub(crate) fn install_kick() -> Result<(), VmmError> {
+    install_kick_handler().map_err(|e| VmmError::Host {
+        what: "installing the vCPU kick handler",
+        source: e.into(),
+    })
+}
+
+/// A VM on `guest` with every device of `cfg` and no vCPUs yet: the lifecycle state, the
+/// console, the port bus, the device control thread's starter and the virtio devices.
+pub(crate) fn assemble(
+    kvm: Kvm,
+    guest: GuestVm,
+    cfg: &mut VmConfig,
+    cmdline: String,
+) -> Result<Vm, VmmError> {
+    let control = Arc::new(Control::new(usize::from(cfg.vcpus)));
+    let console: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(cfg.console.ring_bytes)));
+    let mut irq_events = Vec::new();
+    let pio = legacy_devices(guest.vm(), &control, &console, cfg, &mut irq_events)?;
+    let starter = Starter::new().map_err(VmmError::DeviceControl)?;
+    let (mmio, virtio) =
+        virtio_devices(guest.vm(), guest.memory(), cfg, &starter, &mut irq_events)?;
+    let metrics = virtio
+        .iter()
+        .map(|d| d.lock().unwrap_or_else(|p| p.into_inner()).metrics())
+        .collect();
+    Ok(Vm {
+        seq: VM_SEQ.fetch_add(1, Ordering::Relaxed),
+        vcpus: Vec::new(),
+        virtio,
+        starter,
+        pio,
+        mmio,
+        console,
+        control,
+        _irq_events: irq_events,
+        guest,
+        kvm,
+        cmdline,
+        metrics,
+        facts: ConfigFacts {
+            vcpus: cfg.vcpus,
+            mem_mib: cfg.mem_mib,
+            cpu_profile: cfg.cpu_profile.resolve(),
+        },
+    })
+}
+
 /// One configured vCPU per `setup.vcpus`.
 fn create_vcpus(vm: &GuestVm, setup: &VcpuSetup<'_>) -> Result<Vec<KickableVcpu>, VmmError> {
     let mut vcpus = Vec::with_capacity(usize::from(setup.vcpus));
@@ -242,19 +292,21 @@ static VM_SEQ: AtomicU64 = AtomicU64::new(0);
 pub struct Vm {
     seq: u64,
     // Field order is drop order: vCPUs and devices before the VM fd and memory.
-    vcpus: Vec<KickableVcpu>,
-    virtio: Vec<SharedMmio>,
+    pub(crate) vcpus: Vec<KickableVcpu>,
+    pub(crate) virtio: Vec<SharedMmio>,
     starter: Starter,
     pio: Bus,
     mmio: Bus,
     console: SharedConsole,
-    control: Arc<Control>,
+    pub(crate) control: Arc<Control>,
     _irq_events: Vec<EventFd>,
-    guest: GuestVm,
-    _kvm: Kvm,
+    pub(crate) guest: GuestVm,
+    pub(crate) kvm: Kvm,
     cmdline: String,
     /// The virtio devices' counters, in device order.
     metrics: Vec<Arc<DeviceMetrics>>,
+    /// What a snapshot of this VM records of its config (and a restore must match).
+    pub(crate) facts: ConfigFacts,
 }
 
 impl std::fmt::Debug for Vm {
@@ -270,20 +322,15 @@ impl Vm {
     /// Create the VM: memory, kernel, boot structures, devices and vCPUs.
     pub fn create(mut cfg: VmConfig) -> Result<Vm, VmmError> {
         check_config(&cfg)?;
-        install_kick_handler().map_err(|e| VmmError::Host {
-            what: "installing the vCPU kick handler",
-            source: e.into(),
-        })?;
+        install_kick()?;
         let layout = MemoryLayout::new(cfg.mem_mib)?;
         let profile = cfg.cpu_profile.resolve();
         let (kvm, vm) = create_kvm_vm()?;
 
         let guest = memory::register(vm, memory::allocate(&layout)?)?;
-        let (vm, mem) = (guest.vm(), guest.memory());
-
         let cmdline = build_cmdline(profile, cfg.devices.len(), &cfg.cmdline);
         let kernel = boot::prepare(
-            mem,
+            guest.memory(),
             &BootInput {
                 layout: &layout,
                 kernel: &cfg.kernel,
@@ -293,19 +340,9 @@ impl Vm {
                 vcpus: cfg.vcpus,
             },
         )?;
-
-        let control = Arc::new(Control::new(usize::from(cfg.vcpus)));
-        let console: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(cfg.console.ring_bytes)));
-        let mut irq_events = Vec::new();
-        let pio = legacy_devices(vm, &control, &console, &mut cfg, &mut irq_events)?;
-        let starter = Starter::new().map_err(VmmError::DeviceControl)?;
-        let (mmio, virtio) = virtio_devices(vm, mem, &cfg, &starter, &mut irq_events)?;
-        let metrics = virtio
-            .iter()
-            .map(|d| d.lock().unwrap_or_else(|p| p.into_inner()).metrics())
-            .collect();
-
-        let supported = kvm
+        let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
+        let supported = vm
+            .kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let setup = VcpuSetup {
@@ -314,22 +351,8 @@ impl Vm {
             baseline: profile == CpuProfile::Baseline,
             kernel: &kernel,
         };
-        let vcpus = create_vcpus(&guest, &setup)?;
-        Ok(Vm {
-            seq: VM_SEQ.fetch_add(1, Ordering::Relaxed),
-            vcpus,
-            virtio,
-            starter,
-            pio,
-            mmio,
-            console,
-            control,
-            _irq_events: irq_events,
-            guest,
-            _kvm: kvm,
-            cmdline,
-            metrics,
-        })
+        vm.vcpus = create_vcpus(&vm.guest, &setup)?;
+        Ok(vm)
     }
 
     /// Add a port I/O device (e.g. a test probe) before starting.
@@ -426,7 +449,7 @@ fn thread_name(seq: u64, index: usize) -> String {
 
 /// A VM whose vCPUs are running.
 pub struct RunningVm {
-    vm: Option<Vm>,
+    pub(crate) vm: Option<Vm>,
     threads: Vec<JoinHandle<()>>,
     devctl: Option<StarterThread>,
 }

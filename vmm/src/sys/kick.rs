@@ -89,6 +89,16 @@ impl KickableVcpu {
         Some(self.fd.run())
     }
 
+    /// One `KVM_RUN` with `immediate_exit` set: KVM first completes an I/O or MMIO exit still
+    /// in flight (the instruction that exited finishes only on the next run), then returns
+    /// `EINTR` without running the guest. An exit instead means the completion needs the VMM
+    /// again (e.g. a string I/O instruction): handle it and call this again. Call
+    /// [`KickableVcpu::clear_immediate_exit`] afterwards.
+    pub fn run_immediate_exit(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+        self.fd.set_kvm_immediate_exit(1);
+        self.fd.run()
+    }
+
     /// Reset `immediate_exit` after a kicked run.
     pub fn clear_immediate_exit(&mut self) {
         self.fd.set_kvm_immediate_exit(0);
@@ -109,6 +119,16 @@ impl KickableThreads {
             signal,
             slots: Mutex::new(vec![None; n]),
         }
+    }
+
+    /// Number of slots (the VM's vCPUs).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether there are no slots.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Option<libc::pthread_t>>> {

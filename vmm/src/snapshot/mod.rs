@@ -1,0 +1,180 @@
+//! Snapshot and restore of a VM without virtio devices (the core of issue #28, item 1).
+//!
+//! A snapshot is two files in a directory the caller gives, both created `0600` and never
+//! overwritten: `vmstate`, the vCPU and VM-wide KVM state ([`state`], framed by
+//! [`format`]: magic, version, postcard payload, SHA-256), and `memory`, the guest RAM
+//! regions back to back in layout order (all-zero pages skipped, so the file is sparse).
+//!
+//! - [`RunningVm::snapshot`](crate::RunningVm::snapshot) ([`save`]): pause the vCPUs (they
+//!   leave `KVM_RUN`, complete any exit in flight and park: `Control::pause`), have each read
+//!   its own state on its own thread ([`vcpu::save`]), read the irqchip (both PICs, the
+//!   IOAPIC), the PIT and the KVM clock, write `memory` then `vmstate`, then resume or stop
+//!   the VM as asked ([`AfterSnapshot`]).
+//! - [`Vm::restore`](crate::Vm::restore) ([`restore`]): read and check `vmstate` before
+//!   anything is created, refuse a config whose vcpus, mem_mib or CPU profile differ (naming
+//!   the field), create the KVM VM as `Vm::create` does, map `memory` `MAP_PRIVATE`
+//!   (copy-on-write: the guest's writes never reach the file), set the irqchip and PIT,
+//!   create the vCPUs with the CPUID boot gives them and their saved state, and set the clock
+//!   last. The result is a [`Vm`](crate::Vm) ready for `start()`.
+//!
+//! Devices: a VM with a virtio device is refused ([`SnapshotError::Unsupported`]): its queues,
+//! workers and backends have no saved state yet. The legacy devices keep nothing a restore
+//! needs: the i8042 holds no state, and the serial port's registers (interrupt enable, line
+//! control, divisor, scratch) start at their reset values in the restored VM while its
+//! console ring starts empty; a guest driver that relies on a programmed interrupt enable
+//! must program it again. The KVM state of the in-kernel devices (PIC, IOAPIC, PIT, LAPIC) is
+//! saved.
+//!
+//! Not yet: the `vm` CLI has no snapshot command, and `vm-vmm`'s seccomp filters
+//! (`jail/src/seccomp/`) allow none of the snapshot path's system calls; snapshots are a
+//! library call of an unjailed VMM for now.
+
+pub mod format;
+pub mod memory_file;
+mod restore;
+mod save;
+pub mod state;
+pub mod vcpu;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use format::StateError;
+pub use state::{ConfigFacts, VcpuState, VmState};
+
+use crate::control::PauseError;
+use crate::vm::VmmError;
+
+/// The state file's name inside a snapshot directory.
+pub const STATE_FILE: &str = "vmstate";
+/// The memory file's name inside a snapshot directory.
+pub const MEMORY_FILE: &str = "memory";
+
+/// The two files of a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotPaths {
+    /// The state file.
+    pub state: PathBuf,
+    /// The memory file.
+    pub memory: PathBuf,
+}
+
+impl SnapshotPaths {
+    /// `dir/vmstate` and `dir/memory`.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            state: dir.join(STATE_FILE),
+            memory: dir.join(MEMORY_FILE),
+        }
+    }
+}
+
+/// What the VM does once its snapshot is written (on an error it always resumes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterSnapshot {
+    /// Run on.
+    Resume,
+    /// Stop (as [`RunningVm::stop`](crate::RunningVm::stop)); `wait` then says `Stopped`.
+    Stop,
+}
+
+/// What a snapshot wrote and how long it took.
+#[derive(Clone, Debug)]
+pub struct SnapshotInfo {
+    /// Its files.
+    pub paths: SnapshotPaths,
+    /// Bytes of the state file.
+    pub state_bytes: u64,
+    /// Bytes of guest RAM (the memory file's length).
+    pub memory_bytes: u64,
+    /// Bytes of RAM actually written (pages that are not all zeros).
+    pub memory_written: u64,
+    /// From the pause request until every vCPU was parked.
+    pub pause_latency: Duration,
+    /// From the pause request until both files were written.
+    pub took: Duration,
+}
+
+/// Errors of taking or restoring a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Something the snapshot cannot carry yet.
+    #[error("cannot snapshot: {0}")]
+    Unsupported(String),
+    /// The VM has ended (or was never started).
+    #[error("the VM is not running")]
+    NotRunning,
+    /// The vCPUs did not pause, or did not hand back their state.
+    #[error("pausing the vCPUs")]
+    Pause(#[source] PauseError),
+    /// A vCPU's state could not be read or set.
+    #[error("vcpu state")]
+    Vcpu(#[source] vcpu::VcpuStateError),
+    /// A KVM VM ioctl failed.
+    #[error("{what} failed")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// A file could not be created, written, read or mapped.
+    #[error("{what} {path}")]
+    Io {
+        /// The operation.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state file is refused.
+    #[error("state file {path}")]
+    State {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: StateError,
+    },
+    /// The config to restore into differs from the snapshot's.
+    #[error("snapshot has {field} {snapshot}, the config {config}")]
+    Mismatch {
+        /// The `VmConfig` field.
+        field: &'static str,
+        /// The snapshot's value.
+        snapshot: String,
+        /// The config's value.
+        config: String,
+    },
+    /// The memory file does not hold exactly the RAM the state describes.
+    #[error("memory file {path} has {found} bytes, the state needs {expected}")]
+    MemoryFileSize {
+        /// The file.
+        path: PathBuf,
+        /// Bytes of RAM in the state.
+        expected: u64,
+        /// The file's length.
+        found: u64,
+    },
+    /// Creating the restored VM failed.
+    #[error("creating the restored VM")]
+    Vmm(#[source] Box<VmmError>),
+}
+
+impl From<VmmError> for SnapshotError {
+    fn from(e: VmmError) -> Self {
+        SnapshotError::Vmm(Box::new(e))
+    }
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> SnapshotError {
+    move |source| SnapshotError::Kvm { what, source }
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError {
+    let path = path.to_path_buf();
+    move |source| SnapshotError::Io { what, path, source }
+}

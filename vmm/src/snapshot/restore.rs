@@ -1,0 +1,168 @@
+//! [`Vm::restore`]: a VM from a snapshot directory, ready for `start()`.
+//!
+//! Everything that can be checked without KVM is checked before anything is created: the
+//! state file ([`super::format::read_state_file`]: size, magic, version, checksum, payload,
+//! vCPU count, regions), the config against the snapshot (vcpus, mem_mib, the resolved CPU
+//! profile, no virtio devices) and the memory file's length. Then the VM is built as
+//! `Vm::create` builds it (the same KVM VM set-up, the same legacy devices, the same CPUID)
+//! with the memory file mapped copy-on-write instead of fresh RAM and no kernel loaded, the
+//! irqchip and PIT are set, each vCPU gets its saved state, and the KVM clock is set last
+//! (its flags cleared: the saved clock value itself is what the guest reads on).
+
+use std::path::Path;
+use std::time::Instant;
+
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_ioctls::VmFd;
+
+use super::state::{ConfigFacts, VmState, VmWideState};
+use super::{SnapshotError, SnapshotPaths, format, kvm_err, memory_file};
+use crate::config::{CpuProfile, VmConfig, build_cmdline};
+use crate::memory;
+use crate::vcpu;
+use crate::vm::{Vm, VmmError, assemble, check_config, create_kvm_vm, install_kick};
+
+/// The config facts a restore must match, field by field.
+fn check_facts(snap: &ConfigFacts, cfg: &VmConfig) -> Result<(), SnapshotError> {
+    let mismatch = |field, snapshot: String, config: String| SnapshotError::Mismatch {
+        field,
+        snapshot,
+        config,
+    };
+    if snap.vcpus != cfg.vcpus {
+        return Err(mismatch(
+            "vcpus",
+            snap.vcpus.to_string(),
+            cfg.vcpus.to_string(),
+        ));
+    }
+    if snap.mem_mib != cfg.mem_mib {
+        return Err(mismatch(
+            "mem_mib",
+            snap.mem_mib.to_string(),
+            cfg.mem_mib.to_string(),
+        ));
+    }
+    let profile = cfg.cpu_profile.resolve();
+    if snap.cpu_profile != profile {
+        return Err(mismatch(
+            "cpu_profile",
+            format!("{:?}", snap.cpu_profile),
+            format!("{:?} (resolved {profile:?})", cfg.cpu_profile),
+        ));
+    }
+    if !cfg.devices.is_empty() {
+        return Err(SnapshotError::Unsupported(format!(
+            "virtio devices: the config has {}, and a snapshot carries none",
+            cfg.devices.len()
+        )));
+    }
+    Ok(())
+}
+
+/// KVM_SET_IRQCHIP (both PICs, the IOAPIC) and KVM_SET_PIT2.
+fn set_irqchip_and_pit(vm: &VmFd, s: &VmWideState) -> Result<(), SnapshotError> {
+    vm.set_irqchip(&s.pic_master)
+        .map_err(kvm_err("KVM_SET_IRQCHIP (PIC master)"))?;
+    vm.set_irqchip(&s.pic_slave)
+        .map_err(kvm_err("KVM_SET_IRQCHIP (PIC slave)"))?;
+    vm.set_irqchip(&s.ioapic)
+        .map_err(kvm_err("KVM_SET_IRQCHIP (IOAPIC)"))?;
+    vm.set_pit2(&s.pit).map_err(kvm_err("KVM_SET_PIT2"))
+}
+
+impl Vm {
+    /// Restore the snapshot in `dir` (written by [`crate::RunningVm::snapshot`]) into a new
+    /// VM for `cfg`, whose vcpus, mem_mib and CPU profile must be the snapshot's and which
+    /// has no virtio devices; `cfg.kernel` is not read. Call `start()` to run it.
+    pub fn restore(mut cfg: VmConfig, dir: &Path) -> Result<Vm, SnapshotError> {
+        let begin = Instant::now();
+        let paths = SnapshotPaths::in_dir(dir);
+        let state: VmState =
+            format::read_state_file(&paths.state).map_err(|source| SnapshotError::State {
+                path: paths.state.clone(),
+                source,
+            })?;
+        check_config(&cfg)?;
+        check_facts(&state.config, &cfg)?;
+        install_kick()?;
+        let (kvm, vm_fd) = create_kvm_vm()?;
+        let mem = memory_file::map_private(&paths.memory, &state.regions)?;
+        let guest = memory::register(vm_fd, mem).map_err(VmmError::from)?;
+        set_irqchip_and_pit(guest.vm(), &state.vm)?;
+
+        let profile = state.config.cpu_profile;
+        let cmdline = build_cmdline(profile, 0, &cfg.cmdline);
+        let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
+        let supported = vm
+            .kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        for (index, saved) in (0..cfg.vcpus).zip(&state.vcpus) {
+            let v = vm
+                .guest
+                .create_vcpu(u64::from(index))
+                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+            vcpu::set_cpuid(
+                v.fd(),
+                index,
+                &supported,
+                cfg.vcpus,
+                profile == CpuProfile::Baseline,
+            )
+            .map_err(VmmError::from)?;
+            super::vcpu::restore(v.fd(), index, saved).map_err(SnapshotError::Vcpu)?;
+            vm.vcpus.push(v);
+        }
+        let mut clock = state.vm.clock;
+        clock.flags = 0;
+        vm.guest
+            .vm()
+            .set_clock(&clock)
+            .map_err(kvm_err("KVM_SET_CLOCK"))?;
+        tracing::info!(
+            dir = %dir.display(),
+            vcpus = cfg.vcpus,
+            mem_mib = cfg.mem_mib,
+            took_us = begin.elapsed().as_micros() as u64,
+            "snapshot restored"
+        );
+        Ok(vm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_config_fact_is_named_when_it_differs() {
+        let snap = ConfigFacts {
+            vcpus: 1,
+            mem_mib: 16,
+            cpu_profile: CpuProfile::Host.resolve(),
+        };
+        let cfg = |vcpus, mem_mib| VmConfig {
+            vcpus,
+            mem_mib,
+            cpu_profile: CpuProfile::Host,
+            ..VmConfig::default()
+        };
+        check_facts(&snap, &cfg(1, 16)).unwrap();
+        let field = |c: &VmConfig| match check_facts(&snap, c) {
+            Err(SnapshotError::Mismatch { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(&cfg(2, 16)), "vcpus");
+        assert_eq!(field(&cfg(1, 32)), "mem_mib");
+        let mut c = cfg(1, 16);
+        c.cpu_profile = CpuProfile::Baseline;
+        assert_eq!(field(&c), "cpu_profile");
+        let mut c = cfg(1, 16);
+        c.devices.push(crate::virtio::DeviceConfig::Rng);
+        assert!(matches!(
+            check_facts(&snap, &c),
+            Err(SnapshotError::Unsupported(m)) if m.starts_with("virtio devices")
+        ));
+    }
+}
