@@ -120,20 +120,29 @@ impl<'a> Tiny<'a> {
         }
     }
 
-    /// Create and start the VM.
-    pub fn start(self) -> RunningVm {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tiny.bin");
+    /// The VM's config, its code written to `dir/tiny.bin` (16 MiB, no devices).
+    pub fn config(&self, dir: &std::path::Path) -> VmConfig {
+        let path = dir.join("tiny.bin");
         std::fs::write(&path, self.code).unwrap();
-        let cfg = VmConfig {
+        VmConfig {
             mem_mib: 16,
             vcpus: self.vcpus,
             kernel: path,
             kernel_format: KernelFormat::Raw,
             cpu_profile: self.profile,
             ..VmConfig::default()
-        };
-        let mut vm = Vm::create(cfg).expect("create tiny VM");
+        }
+    }
+
+    /// Create and start the VM.
+    pub fn start(self) -> RunningVm {
+        self.create().start().expect("start tiny VM")
+    }
+
+    /// Create the VM (with its probes) without starting it.
+    pub fn create(self) -> Vm {
+        let dir = tempfile::tempdir().unwrap();
+        let mut vm = Vm::create(self.config(dir.path())).expect("create tiny VM");
         if let Some((p, base, len)) = self.pio_probe {
             vm.add_pio_device(Arc::new(Mutex::new(ProbeDevice(p))), base, len)
                 .unwrap();
@@ -142,7 +151,7 @@ impl<'a> Tiny<'a> {
             vm.add_mmio_device(Arc::new(Mutex::new(ProbeDevice(p))), base, len)
                 .unwrap();
         }
-        vm.start().expect("start tiny VM")
+        vm
     }
 }
 
