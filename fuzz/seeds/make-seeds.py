@@ -123,3 +123,75 @@ for v in range(12):
     write("client_frames_from_agent", f"variant-{v}-bytes", frame(bytes([v, 5]) + b"hello"))
 write("client_frames_from_agent", "oversized-length", struct.pack("<I", 0xFFFFFFFF) + bytes([1]))
 write("client_frames_from_agent", "short-header", bytes([3]))
+
+# snapshot_state: a state file (vmm/src/snapshot/format.rs): b"VMSNAPST", u32 version,
+# u64 payload length, the postcard payload (a VmState: vmm/src/snapshot/state.rs), SHA-256
+# of everything before it. The KVM structures are postcard byte strings of their ABI size.
+import hashlib
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def blob(size, fill=b""):
+    return varint(size) + fill.ljust(size, b"\0")[:size]
+
+
+def vcpu_state(index, xsave=True):
+    regs = bytearray(144)
+    struct.pack_into("<QQ", regs, 128, 0x100000 + index, 2)  # rip, rflags
+    fpu = bytes(128) + varint(0x37F) + varint(0) + bytes([0]) + varint(0) + varint(0) \
+        + varint(0) + bytes(256) + varint(0x1F80)
+    msrs = [(0x10, 1234), (0xC0000080, 0xD01), (0x1B, 0xFEE00900)]
+    return (blob(4) + blob(144, bytes(regs)) + blob(312) + fpu
+            + (bytes([1]) + blob(4096) if xsave else bytes([0]))
+            + (bytes([1]) + blob(392) if xsave else bytes([0]))
+            + blob(128) + blob(1024)
+            + varint(len(msrs)) + b"".join(varint(i) + varint(d) for i, d in msrs)
+            + blob(64))
+
+
+def vm_state(vcpus=1, mem_mib=16, regions=None, states=None, xsave=True):
+    regions = regions if regions is not None else [(0, mem_mib << 20)]
+    states = states if states is not None else vcpus
+    return (bytes([vcpus]) + varint(mem_mib) + varint(2)  # CpuProfile::Baseline
+            + varint(len(regions)) + b"".join(varint(a) + varint(s) for a, s in regions)
+            + varint(states) + b"".join(vcpu_state(i, xsave) for i in range(states))
+            + blob(520) + blob(520, b"\1") + blob(520, b"\2") + blob(112) + blob(48))
+
+
+def state_file(payload, version=1, magic=b"VMSNAPST", length=None):
+    length = len(payload) if length is None else length
+    body = magic + struct.pack("<IQ", version, length) + payload
+    return body + hashlib.sha256(body).digest()
+
+
+VALID = state_file(vm_state())
+write("snapshot_state", "valid-1vcpu", VALID)
+write("snapshot_state", "valid-2vcpus-no-xsave", state_file(vm_state(vcpus=2, xsave=False)))
+write("snapshot_state", "bad-magic", state_file(vm_state(), magic=b"VMSNAPSX"))
+write("snapshot_state", "version-2", state_file(vm_state(), version=2))
+write("snapshot_state", "huge-length", state_file(vm_state(), length=2**64 - 1))
+write("snapshot_state", "truncated", VALID[:len(VALID) // 2])
+write("snapshot_state", "short-header", VALID[:19])
+write("snapshot_state", "trailing-bytes", VALID + b"\0\0\0")
+write("snapshot_state", "checksum-flipped", VALID[:100] + bytes([VALID[100] ^ 1]) + VALID[101:])
+write("snapshot_state", "zero-vcpus", state_file(vm_state(vcpus=0, states=0)))
+write("snapshot_state", "vcpu-count-mismatch", state_file(vm_state(vcpus=2, states=1)))
+write("snapshot_state", "regions-overlap",
+      state_file(vm_state(regions=[(0, 8 << 20), (4 << 20, 8 << 20)])))
+write("snapshot_state", "region-outside-layout", state_file(vm_state(regions=[(0, 32 << 20)])))
+write("snapshot_state", "huge-sequence", state_file(bytes([1]) + varint(16) + varint(2)
+                                                     + varint(2**32 - 1)))
+# The target also frames its input as a payload: bare payloads reach the decoder directly.
+write("snapshot_state", "payload-valid-1vcpu", vm_state())
+write("snapshot_state", "payload-valid-2vcpus", vm_state(vcpus=2))

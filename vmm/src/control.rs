@@ -442,6 +442,11 @@ mod tests {
             assert_eq!(rips, vec![0, 1], "one state per vCPU, by index");
         }
         c.resume();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.lock().parked > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(c.lock().parked, 0, "resumed threads unpark");
         // Pausing again works, and a stop releases parked threads.
         c.pause(Duration::from_secs(10)).unwrap();
         c.request_stop(Ok(VmExit::Stopped));
