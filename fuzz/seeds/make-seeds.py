@@ -160,16 +160,40 @@ def vcpu_state(index, xsave=True):
             + blob(64))
 
 
-def vm_state(vcpus=1, mem_mib=16, regions=None, states=None, xsave=True):
+# A virtio device (vmm/src/virtio/persist.rs): DeviceKind (0 Block { path, size, read_only },
+# 1 Vsock { guest_cid }, 2 Rng), TransportState, then its queues (size, ready, desc, avail,
+# used, next_avail, next_used, event_idx). Rings at 0x10000 + 0x10000 * i, as the harness.
+def queue_state(i, size=256, next_idx=7, used=None):
+    base = 0x10000 + 0x10000 * i
+    used = base + 0x8000 if used is None else used
+    return (varint(size) + bytes([1]) + varint(base) + varint(base + 0x4000) + varint(used)
+            + varint(next_idx) + varint(next_idx) + bytes([0]))
+
+
+def device(kind, queues, acked=1 << 32):
+    transport = (varint(0xF) + bytes([0]) + varint(acked) + varint(1) + varint(1) + varint(0)
+                 + varint(0) + varint(1))  # status DRIVER_OK..., interrupt VRING
+    return kind + transport + varint(len(queues)) + b"".join(queues)
+
+
+RNG = bytes([2])
+BLOCK = bytes([0]) + varint(len(b"/disk.img")) + b"/disk.img" + varint(1 << 20) + bytes([1])
+VSOCK = bytes([1]) + varint(3)
+DEVICES = [device(RNG, [queue_state(0)]), device(BLOCK, [queue_state(1)]),
+           device(VSOCK, [queue_state(2), queue_state(3), queue_state(4)])]
+
+
+def vm_state(vcpus=1, mem_mib=16, regions=None, states=None, xsave=True, devices=()):
     regions = regions if regions is not None else [(0, mem_mib << 20)]
     states = states if states is not None else vcpus
     return (bytes([vcpus]) + varint(mem_mib) + varint(2)  # CpuProfile::Baseline
             + varint(len(regions)) + b"".join(varint(a) + varint(s) for a, s in regions)
             + varint(states) + b"".join(vcpu_state(i, xsave) for i in range(states))
-            + blob(520) + blob(520, b"\1") + blob(520, b"\2") + blob(112) + blob(48))
+            + blob(520) + blob(520, b"\1") + blob(520, b"\2") + blob(112) + blob(48)
+            + varint(len(devices)) + b"".join(devices))
 
 
-def state_file(payload, version=1, magic=b"VMSNAPST", length=None):
+def state_file(payload, version=2, magic=b"VMSNAPST", length=None):
     length = len(payload) if length is None else length
     body = magic + struct.pack("<IQ", version, length) + payload
     return body + hashlib.sha256(body).digest()
@@ -179,7 +203,7 @@ VALID = state_file(vm_state())
 write("snapshot_state", "valid-1vcpu", VALID)
 write("snapshot_state", "valid-2vcpus-no-xsave", state_file(vm_state(vcpus=2, xsave=False)))
 write("snapshot_state", "bad-magic", state_file(vm_state(), magic=b"VMSNAPSX"))
-write("snapshot_state", "version-2", state_file(vm_state(), version=2))
+write("snapshot_state", "version-1", state_file(vm_state(), version=1))
 write("snapshot_state", "huge-length", state_file(vm_state(), length=2**64 - 1))
 write("snapshot_state", "truncated", VALID[:len(VALID) // 2])
 write("snapshot_state", "short-header", VALID[:19])
@@ -192,6 +216,17 @@ write("snapshot_state", "regions-overlap",
 write("snapshot_state", "region-outside-layout", state_file(vm_state(regions=[(0, 32 << 20)])))
 write("snapshot_state", "huge-sequence", state_file(bytes([1]) + varint(16) + varint(2)
                                                      + varint(2**32 - 1)))
+write("snapshot_state", "valid-devices", state_file(vm_state(devices=DEVICES)))
+write("snapshot_state", "device-queue-size",
+      state_file(vm_state(devices=[device(RNG, [queue_state(0, size=512)])])))
+write("snapshot_state", "device-queue-address",
+      state_file(vm_state(devices=[device(RNG, [queue_state(0, used=(16 << 20) - 8)])])))
+write("snapshot_state", "device-features",
+      state_file(vm_state(devices=[device(RNG, [queue_state(0)], acked=(1 << 32) | 1)])))
+write("snapshot_state", "device-queue-count",
+      state_file(vm_state(devices=[device(RNG, [queue_state(0), queue_state(1)])])))
+write("snapshot_state", "too-many-devices",
+      state_file(vm_state(devices=[device(RNG, [queue_state(0)])] * 20)))
 # The target also frames its input as a payload: bare payloads reach the decoder directly.
 write("snapshot_state", "payload-valid-1vcpu", vm_state())
 write("snapshot_state", "payload-valid-2vcpus", vm_state(vcpus=2))

@@ -23,6 +23,8 @@ pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 pub const VIRTIO_GSI_BASE: u32 = 5;
 /// Highest GSI the IOAPIC routes (24 pins).
 pub const MAX_GSI: u32 = 23;
+/// Most virtio-mmio devices a VM can have (one GSI each).
+pub const MAX_VIRTIO_DEVICES: usize = (MAX_GSI - VIRTIO_GSI_BASE + 1) as usize;
 /// IOAPIC MMIO base.
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 /// Local APIC MMIO base.

@@ -19,9 +19,10 @@
 //!   signal whose handler sets `immediate_exit`. [`exit`] maps every vCPU exit to an action in a
 //!   plain function; faults become a typed [`control::GuestFault`] with the RIP, never a panic.
 //!
-//! - [`snapshot`]: snapshot and restore of a VM without virtio devices: the vCPUs parked
-//!   through [`control`], their KVM state and the VM's in a checksummed state file, guest RAM
-//!   in a memory file mapped back copy-on-write.
+//! - [`snapshot`]: snapshot and restore of a VM and its virtio devices: the vCPUs parked
+//!   through [`control`], the device workers stopped, their KVM state, the VM's and the
+//!   devices' (registers, queue positions) in a checksummed state file, guest RAM in a memory
+//!   file mapped back copy-on-write.
 //!
 //! - [`logger`]: the process's log on stderr (one bounded line per event, write errors
 //!   ignored) and the one rate limiter of every line a guest can trigger; [`metrics`]: the

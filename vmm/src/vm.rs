@@ -24,8 +24,7 @@ use crate::control::{Control, GuestFault, Outcome, install_kick_handler};
 use crate::exit::VmExit;
 use crate::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::layout::{
-    IDENTITY_MAP_ADDR, MAX_GSI, MemoryLayout, TSS_ADDR, VIRTIO_GSI_BASE, VIRTIO_MMIO_SIZE,
-    virtio_mmio_base,
+    IDENTITY_MAP_ADDR, MemoryLayout, TSS_ADDR, VIRTIO_GSI_BASE, VIRTIO_MMIO_SIZE, virtio_mmio_base,
 };
 use crate::legacy::{ABSORBED_PORTS, Sink};
 use crate::memory::{self, GuestMemoryMmap};
@@ -109,7 +108,7 @@ pub(crate) fn check_config(cfg: &VmConfig) -> Result<(), VmmError> {
             cfg.vcpus
         )));
     }
-    let max_devices = (MAX_GSI - VIRTIO_GSI_BASE + 1) as usize;
+    let max_devices = crate::layout::MAX_VIRTIO_DEVICES;
     if cfg.devices.len() > max_devices {
         return Err(VmmError::Config(format!(
             "at most {max_devices} virtio devices, got {}",

@@ -31,7 +31,8 @@ use super::state::{InvalidState, VmState};
 /// The first eight bytes of every state file.
 pub const MAGIC: [u8; 8] = *b"VMSNAPST";
 /// The format version this VMM writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: the virtio devices' state (`VmState::devices`).
+pub const FORMAT_VERSION: u32 = 2;
 /// Magic, version and payload length.
 pub const HEADER_BYTES: usize = 20;
 /// The SHA-256 digest closing the file.
@@ -234,8 +235,8 @@ mod tests {
 
     #[test]
     fn another_version_is_refused() {
-        let b = encode_with_version(&sample(1, 16), 2).unwrap();
-        assert!(matches!(decode(&b), Err(StateError::Version { found: 2 })));
+        let b = encode_with_version(&sample(1, 16), 1).unwrap();
+        assert!(matches!(decode(&b), Err(StateError::Version { found: 1 })));
     }
 
     #[test]
@@ -328,9 +329,21 @@ mod tests {
         assert!(two.vcpus[1].xsave.is_none() && two.vcpus[1].regs.rip == 0x10_0001);
         let payload = decode(&frame(&seed("payload-valid-2vcpus"), FORMAT_VERSION)).unwrap();
         assert_eq!(payload.vcpus.len(), 2);
+        let devices = decode(&seed("valid-devices")).unwrap().devices;
+        assert_eq!(devices.len(), 3);
+        assert_eq!(devices[0].queues[0].next_used, 7);
+        assert!(matches!(
+            &devices[1].kind,
+            crate::virtio::persist::DeviceKind::Block {
+                size: 1048576,
+                read_only: true,
+                ..
+            }
+        ));
+        assert_eq!(devices[2].queues.len(), 3);
         let err = |name: &str| decode(&seed(name)).unwrap_err();
         assert!(matches!(err("bad-magic"), StateError::BadMagic(_)));
-        assert!(matches!(err("version-2"), StateError::Version { found: 2 }));
+        assert!(matches!(err("version-1"), StateError::Version { found: 1 }));
         assert!(matches!(err("huge-length"), StateError::Truncated { .. }));
         assert!(matches!(err("truncated"), StateError::Truncated { .. }));
         assert!(matches!(
@@ -360,6 +373,25 @@ mod tests {
             invalid("region-outside-layout"),
             InvalidState::RegionsOutsideLayout { mem_mib: 16 }
         ));
+        use crate::virtio::persist::InvalidDevice as D;
+        let device = |name: &str| match invalid(name) {
+            InvalidState::Device(d) => d,
+            other => panic!("{name}: {other:?}"),
+        };
+        assert!(matches!(
+            device("device-queue-size"),
+            D::QueueSize { size: 512, .. }
+        ));
+        assert!(matches!(
+            device("device-queue-address"),
+            D::QueueAddress { ring: "used", .. }
+        ));
+        assert!(matches!(device("device-features"), D::Features { .. }));
+        assert!(matches!(
+            device("device-queue-count"),
+            D::QueueCount { found: 2, .. }
+        ));
+        assert!(matches!(device("too-many-devices"), D::TooMany(20)));
     }
 
     #[test]

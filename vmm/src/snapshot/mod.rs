@@ -1,4 +1,4 @@
-//! Snapshot and restore of a VM without virtio devices (the core of issue #28, item 1).
+//! Snapshot and restore of a VM and its virtio devices (issue #28, item 1).
 //!
 //! A snapshot is two files in a directory the caller gives, both created `0600` and never
 //! overwritten: `vmstate`, the vCPU and VM-wide KVM state ([`state`], framed by
@@ -17,8 +17,18 @@
 //!   create the vCPUs with the CPUID boot gives them and their saved state, and set the clock
 //!   last. The result is a [`Vm`](crate::Vm) ready for `start()`.
 //!
-//! Devices: a VM with a virtio device is refused ([`SnapshotError::Unsupported`]): its queues,
-//! workers and backends have no saved state yet. The legacy devices keep nothing a restore
+//! Virtio devices (`crate::virtio::persist`, `virtio/mmio/persist.rs`): with the vCPUs
+//! parked, each device's worker is stopped and hands its queues back, so the saved queue
+//! positions are final; the state holds each device's identity (block: path, size, read-only;
+//! vsock: guest CID), its transport registers and its queues. After the save a running VM's
+//! workers start again through the starter. A restore rebuilds the devices from the config,
+//! whose device list must be the snapshot's (count, then type and identity in order, a disk's
+//! size checked once opened), sets their registers and queues, requests the workers of those
+//! past DRIVER_OK (they start at `start()`) and signals a saved interrupt again. vsock
+//! connections are not carried (host sockets cannot be): the device starts with none and
+//! sends `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET` (on the snapshot's own VM too, when it runs
+//! on). A writable disk is refused ([`SnapshotError::Device`], `PersistError::Unsupported`):
+//! its file goes on changing after the snapshot. The legacy devices keep nothing a restore
 //! needs: the i8042 holds no state, and the serial port's registers (interrupt enable, line
 //! control, divisor, scratch) start at their reset values in the restored VM while its
 //! console ring starts empty; a guest driver that relies on a programmed interrupt enable
@@ -158,6 +168,27 @@ pub enum SnapshotError {
         expected: u64,
         /// The file's length.
         found: u64,
+    },
+    /// A device of the config differs from the snapshot's device at the same index.
+    #[error("virtio device {index}: snapshot has {field} {snapshot}, the config {config}")]
+    DeviceMismatch {
+        /// Device index.
+        index: usize,
+        /// What differs: `type`, `path`, `read_only`, `guest_cid`.
+        field: &'static str,
+        /// The snapshot's value.
+        snapshot: String,
+        /// The config's value.
+        config: String,
+    },
+    /// A virtio device could not be saved or restored.
+    #[error("virtio device {index}")]
+    Device {
+        /// Its index in the config's device list.
+        index: usize,
+        /// Cause.
+        #[source]
+        source: crate::virtio::PersistError,
     },
     /// Creating the restored VM failed.
     #[error("creating the restored VM")]

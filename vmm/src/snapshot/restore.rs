@@ -2,11 +2,13 @@
 //!
 //! Everything that can be checked without KVM is checked before anything is created: the
 //! state file ([`super::format::read_state_file`]: size, magic, version, checksum, payload,
-//! vCPU count, regions), the config against the snapshot (vcpus, mem_mib, the resolved CPU
-//! profile, no virtio devices) and the memory file's length. Then the VM is built as
+//! vCPU count, regions, devices), the config against the snapshot (vcpus, mem_mib, the
+//! resolved CPU profile, the device list: count, then each device's type and identity in
+//! order) and the memory file's length. Then the VM is built as
 //! `Vm::create` builds it (the same KVM VM set-up, the same legacy devices, the same CPUID)
 //! with the memory file mapped copy-on-write instead of fresh RAM and no kernel loaded, the
-//! irqchip and PIT are set, each vCPU gets its saved state, and the KVM clock is set last
+//! irqchip and PIT are set, each virtio device gets its registers and queues (its worker
+//! requested from the starter, so it runs from `start()`), each vCPU gets its saved state, and the KVM clock is set last
 //! (its flags cleared: the saved clock value itself is what the guest reads on).
 
 use std::path::Path;
@@ -20,6 +22,8 @@ use super::{SnapshotError, SnapshotPaths, format, kvm_err, memory_file};
 use crate::config::{CpuProfile, VmConfig, build_cmdline};
 use crate::memory;
 use crate::vcpu;
+use crate::virtio::DeviceConfig;
+use crate::virtio::persist::{DeviceKind, DeviceState};
 use crate::vm::{Vm, VmmError, assemble, check_config, create_kvm_vm, install_kick};
 
 /// The config facts a restore must match, field by field.
@@ -51,11 +55,69 @@ fn check_facts(snap: &ConfigFacts, cfg: &VmConfig) -> Result<(), SnapshotError> 
             format!("{:?} (resolved {profile:?})", cfg.cpu_profile),
         ));
     }
-    if !cfg.devices.is_empty() {
-        return Err(SnapshotError::Unsupported(format!(
-            "virtio devices: the config has {}, and a snapshot carries none",
-            cfg.devices.len()
-        )));
+    Ok(())
+}
+
+/// The config's device list against the snapshot's: count, then each device's type and
+/// identity in order (a block disk's size is checked once it is opened, by
+/// `MmioDevice::restore_state`).
+fn check_devices(snap: &[DeviceState], cfg: &VmConfig) -> Result<(), SnapshotError> {
+    if snap.len() != cfg.devices.len() {
+        return Err(SnapshotError::Mismatch {
+            field: "devices",
+            snapshot: snap.len().to_string(),
+            config: cfg.devices.len().to_string(),
+        });
+    }
+    for (index, (s, c)) in snap.iter().zip(&cfg.devices).enumerate() {
+        let differs =
+            |what: &'static str, snapshot: String, config: String| SnapshotError::DeviceMismatch {
+                index,
+                field: what,
+                snapshot,
+                config,
+            };
+        match (&s.kind, c) {
+            (
+                DeviceKind::Block {
+                    path, read_only, ..
+                },
+                DeviceConfig::Block {
+                    path: p,
+                    read_only: r,
+                    ..
+                },
+            ) => {
+                if path != p {
+                    return Err(differs(
+                        "path",
+                        path.display().to_string(),
+                        p.display().to_string(),
+                    ));
+                }
+                if read_only != r {
+                    return Err(differs("read_only", read_only.to_string(), r.to_string()));
+                }
+            }
+            (DeviceKind::Vsock { guest_cid }, DeviceConfig::Vsock { guest_cid: g, .. }) => {
+                if guest_cid != g {
+                    return Err(differs("guest_cid", guest_cid.to_string(), g.to_string()));
+                }
+            }
+            (DeviceKind::Rng, DeviceConfig::Rng) => {}
+            (k, c) => return Err(differs("type", k.name().into(), c.name())),
+        }
+    }
+    Ok(())
+}
+
+/// Set every rebuilt device to its saved state (workers requested, not yet started).
+fn restore_devices(vm: &Vm, snap: &[DeviceState]) -> Result<(), SnapshotError> {
+    for (index, (dev, s)) in vm.virtio.iter().zip(snap).enumerate() {
+        dev.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .restore_state(s)
+            .map_err(|source| SnapshotError::Device { index, source })?;
     }
     Ok(())
 }
@@ -73,8 +135,8 @@ fn set_irqchip_and_pit(vm: &VmFd, s: &VmWideState) -> Result<(), SnapshotError> 
 
 impl Vm {
     /// Restore the snapshot in `dir` (written by [`crate::RunningVm::snapshot`]) into a new
-    /// VM for `cfg`, whose vcpus, mem_mib and CPU profile must be the snapshot's and which
-    /// has no virtio devices; `cfg.kernel` is not read. Call `start()` to run it.
+    /// VM for `cfg`, whose vcpus, mem_mib, CPU profile and device list must be the
+    /// snapshot's; `cfg.kernel` is not read. Call `start()` to run it.
     pub fn restore(mut cfg: VmConfig, dir: &Path) -> Result<Vm, SnapshotError> {
         let begin = Instant::now();
         let paths = SnapshotPaths::in_dir(dir);
@@ -85,6 +147,7 @@ impl Vm {
             })?;
         check_config(&cfg)?;
         check_facts(&state.config, &cfg)?;
+        check_devices(&state.devices, &cfg)?;
         install_kick()?;
         let (kvm, vm_fd) = create_kvm_vm()?;
         let mem = memory_file::map_private(&paths.memory, &state.regions)?;
@@ -94,6 +157,7 @@ impl Vm {
         let profile = state.config.cpu_profile;
         let cmdline = build_cmdline(profile, 0, &cfg.cmdline);
         let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
+        restore_devices(&vm, &state.devices)?;
         let supported = vm
             .kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -158,11 +222,63 @@ mod tests {
         let mut c = cfg(1, 16);
         c.cpu_profile = CpuProfile::Baseline;
         assert_eq!(field(&c), "cpu_profile");
-        let mut c = cfg(1, 16);
-        c.devices.push(crate::virtio::DeviceConfig::Rng);
-        assert!(matches!(
-            check_facts(&snap, &c),
-            Err(SnapshotError::Unsupported(m)) if m.starts_with("virtio devices")
-        ));
+    }
+
+    #[test]
+    fn each_device_difference_is_named() {
+        let block = |path: &str, read_only| DeviceConfig::Block {
+            path: path.into(),
+            read_only,
+            id: "d".into(),
+        };
+        let saved = |kind| DeviceState {
+            kind,
+            ..crate::virtio::persist::tests::sample_rng()
+        };
+        let snap = vec![
+            saved(DeviceKind::Rng),
+            saved(DeviceKind::Block {
+                path: "/a".into(),
+                size: 512,
+                read_only: true,
+            }),
+            saved(DeviceKind::Vsock { guest_cid: 3 }),
+        ];
+        let vsock = |guest_cid| DeviceConfig::Vsock {
+            guest_cid,
+            uds_path: "/v".into(),
+        };
+        let cfg = |devices| VmConfig {
+            devices,
+            ..VmConfig::default()
+        };
+        check_devices(
+            &snap,
+            &cfg(vec![DeviceConfig::Rng, block("/a", true), vsock(3)]),
+        )
+        .unwrap();
+        let err = |devices| match check_devices(&snap, &cfg(devices)) {
+            Err(SnapshotError::DeviceMismatch { index, field, .. }) => (index, field.to_string()),
+            Err(SnapshotError::Mismatch { field, .. }) => (usize::MAX, field.to_string()),
+            other => panic!("{other:?}"),
+        };
+        let f = |i, s: &str| (i, s.to_string());
+        assert_eq!(err(vec![DeviceConfig::Rng]), f(usize::MAX, "devices"));
+        assert_eq!(
+            err(vec![block("/a", true), DeviceConfig::Rng, vsock(3)]),
+            f(0, "type")
+        );
+        assert_eq!(
+            err(vec![DeviceConfig::Rng, block("/b", true), vsock(3)]),
+            f(1, "path")
+        );
+        assert_eq!(
+            err(vec![DeviceConfig::Rng, block("/a", false), vsock(3)]),
+            f(1, "read_only")
+        );
+        assert_eq!(
+            err(vec![DeviceConfig::Rng, block("/a", true), vsock(4)]),
+            f(2, "guest_cid")
+        );
     }
 }

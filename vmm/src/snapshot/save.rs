@@ -8,6 +8,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{
@@ -21,6 +22,7 @@ use super::state::{RegionState, VmState, VmWideState};
 use super::vcpu::SavePlan;
 use super::{AfterSnapshot, SnapshotError, SnapshotInfo, SnapshotPaths, format, io_err, kvm_err};
 use crate::exit::VmExit;
+use crate::virtio::MmioDevice;
 use crate::vm::{RunningVm, Vm};
 
 /// How long the vCPUs get to park, and then to hand back their state.
@@ -47,7 +49,21 @@ fn vm_wide(vm: &VmFd) -> Result<VmWideState, SnapshotError> {
     })
 }
 
-/// With the vCPUs parked: read the state and write both files.
+fn lock_device(dev: &Mutex<MmioDevice>) -> MutexGuard<'_, MmioDevice> {
+    dev.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Start again every worker a save stopped (the VM runs on); a device whose worker cannot
+/// start is logged and enters DEVICE_NEEDS_RESET, as at a failed DRIVER_OK.
+fn resume_devices(vm: &Vm) {
+    for (index, dev) in vm.virtio.iter().enumerate() {
+        if let Err(e) = lock_device(dev).resume_after_save() {
+            tracing::error!("snapshot: virtio device {index} not restarted: {e}");
+        }
+    }
+}
+
+/// With the vCPUs parked: read the state (stopping the device workers) and write both files.
 fn save_paused(vm: &Vm, paths: &SnapshotPaths) -> Result<(u64, u64, u64), SnapshotError> {
     let plan = SavePlan::new(&vm.kvm);
     let vcpus = vm
@@ -57,6 +73,17 @@ fn save_paused(vm: &Vm, paths: &SnapshotPaths) -> Result<(u64, u64, u64), Snapsh
         .into_iter()
         .collect::<Result<Vec<_>, _>>()
         .map_err(SnapshotError::Vcpu)?;
+    // The workers stop (and finish what they serve) before RAM is read.
+    let devices = vm
+        .virtio
+        .iter()
+        .enumerate()
+        .map(|(index, dev)| {
+            lock_device(dev)
+                .save_state()
+                .map_err(|source| SnapshotError::Device { index, source })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mem = vm.guest.memory();
     let state = VmState {
         config: vm.facts,
@@ -69,6 +96,7 @@ fn save_paused(vm: &Vm, paths: &SnapshotPaths) -> Result<(u64, u64, u64), Snapsh
             .collect(),
         vcpus,
         vm: vm_wide(vm.guest.vm())?,
+        devices,
     };
     // What a restore will check, checked now: a snapshot that cannot be restored is an error
     // here, not later.
@@ -100,17 +128,10 @@ fn save_paused(vm: &Vm, paths: &SnapshotPaths) -> Result<(u64, u64, u64), Snapsh
 
 impl RunningVm {
     /// Snapshot the VM into the directory `dir` (which must exist and hold no snapshot
-    /// files), then resume or stop it as `then` says. Refused for a VM with virtio devices.
+    /// files), then resume or stop it as `then` says. Refused for a VM with a writable disk.
     /// See [`crate::snapshot`].
     pub fn snapshot(&self, dir: &Path, then: AfterSnapshot) -> Result<SnapshotInfo, SnapshotError> {
         let vm = self.vm.as_ref().ok_or(SnapshotError::NotRunning)?;
-        if !vm.virtio.is_empty() {
-            return Err(SnapshotError::Unsupported(format!(
-                "virtio devices: {} configured, and their queues and backends have no saved \
-                 state yet",
-                vm.virtio.len()
-            )));
-        }
         let meta = std::fs::metadata(dir).map_err(io_err("reading", dir))?;
         if !meta.is_dir() {
             return Err(io_err("snapshot directory", dir)(
@@ -128,7 +149,10 @@ impl RunningVm {
         let took = start.elapsed();
         match (&saved, then) {
             (Ok(_), AfterSnapshot::Stop) => vm.control.request_stop(Ok(VmExit::Stopped)),
-            _ => vm.control.resume(),
+            _ => {
+                resume_devices(vm);
+                vm.control.resume();
+            }
         }
         let (state_bytes, memory_bytes, memory_written) = saved?;
         tracing::info!(

@@ -11,7 +11,8 @@
 //!
 //! [`VmState::validate`] holds the checks that do not need KVM: the vCPU count against
 //! [`crate::boot::mptable::MAX_CPUS`] and the saved config, the memory regions against the
-//! layout of the saved memory size (in order, none overlapping, exactly the layout's).
+//! layout of the saved memory size (in order, none overlapping, exactly the layout's), and
+//! the virtio devices' states against both (`crate::virtio::persist`).
 
 use kvm_bindings::{
     kvm_clock_data, kvm_debugregs, kvm_fpu, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::boot::mptable::MAX_CPUS;
 use crate::config::CpuProfile;
 use crate::layout::MemoryLayout;
+use crate::virtio::persist::{DeviceState, InvalidDevice, validate_devices};
 
 /// Most MSRs one vCPU's state may list (KVM's own index list is a few hundred at most).
 pub const MAX_MSRS: usize = 1024;
@@ -75,6 +77,9 @@ pub enum InvalidState {
         /// The saved memory size.
         mem_mib: u32,
     },
+    /// A virtio device's state is refused.
+    #[error("virtio device state")]
+    Device(#[source] InvalidDevice),
 }
 
 /// The facts of the `VmConfig` a restore must match.
@@ -232,6 +237,8 @@ pub struct VmState {
     pub vcpus: Vec<VcpuState>,
     /// Irqchip, PIT, clock.
     pub vm: VmWideState,
+    /// The virtio devices, in config order (`crate::virtio::persist`).
+    pub devices: Vec<DeviceState>,
 }
 
 impl VmState {
@@ -240,8 +247,9 @@ impl VmState {
         self.regions.iter().map(|r| r.size).sum()
     }
 
-    /// The checks that need no KVM: vCPU count, MSR count, and regions that are exactly the
-    /// layout of `config.mem_mib`.
+    /// The checks that need no KVM: vCPU count, MSR count, regions that are exactly the
+    /// layout of `config.mem_mib`, and every device against those regions
+    /// ([`validate_devices`]).
     pub fn validate(&self) -> Result<(), InvalidState> {
         let c = &self.config;
         if c.vcpus == 0 || c.vcpus > MAX_CPUS {
@@ -264,7 +272,8 @@ impl VmState {
                 count: v.msrs.len(),
             });
         }
-        check_regions(&self.regions, c.mem_mib)
+        check_regions(&self.regions, c.mem_mib)?;
+        validate_devices(&self.devices, &self.regions).map_err(InvalidState::Device)
     }
 }
 
@@ -387,6 +396,7 @@ pub(crate) mod tests {
                     ..Default::default()
                 },
             },
+            devices: vec![crate::virtio::persist::tests::sample_rng()],
         }
     }
 

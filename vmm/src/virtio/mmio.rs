@@ -10,6 +10,14 @@
 //!
 //! DRIVER_OK does not start the worker on the vCPU thread that wrote it: the worker is prepared
 //! there and started by the VM's device control thread ([`super::starter`]).
+//!
+//! Snapshots (`persist`): [`MmioDevice::save_state`] stops the worker and takes its queues
+//! back, [`MmioDevice::resume_after_save`] and [`MmioDevice::restore_state`] start one again
+//! through the same starter path as DRIVER_OK.
+
+mod persist;
+
+pub use persist::PersistError;
 
 use std::sync::Arc;
 
@@ -259,20 +267,24 @@ impl MmioDevice {
             self.irq.set_needs_reset();
             return;
         }
-        match self.prepare_worker() {
-            Ok(setup) => {
-                // The thread is named after the device type (`virtio-2`: thread names are
-                // short).
-                let thread = format!("virtio-{}", self.device.device_type());
-                starter::lock(&self.slot).request(setup, thread);
-                self.starter.wake();
-            }
+        match self.request_worker() {
+            Ok(()) => {}
             Err(e) => {
                 self.metrics.error();
                 crate::error_limited!(Some(&self.metrics), "{}: activation failed: {e}", self.name);
                 self.irq.set_needs_reset();
             }
         }
+    }
+
+    /// Prepares the worker over the current queues and leaves it for the control thread.
+    fn request_worker(&mut self) -> Result<(), VirtioError> {
+        let setup = self.prepare_worker()?;
+        // The thread is named after the device type (`virtio-2`: thread names are short).
+        let thread = format!("virtio-{}", self.device.device_type());
+        starter::lock(&self.slot).request(setup, thread);
+        self.starter.wake();
+        Ok(())
     }
 
     /// Everything the worker owns, made on the vCPU thread with allocation and descriptor

@@ -19,6 +19,8 @@
 //!   checked against guest RAM, its total length bounded, and loops/truncation detected.
 //! - [`block`], [`vsock`], [`rng`]: the devices; `block::request` and `vsock::packet` hold the
 //!   pure parsers (fuzzed by the `fuzz/` crate).
+//! - [`persist`]: a device's snapshot state (identity, transport registers, queue
+//!   positions) and its checks; `mmio/persist.rs` saves and restores it.
 //! - `test_utils` (feature `test-utils`, as rust-vmm's `virtio-queue` does it): a harness that
 //!   plays the guest driver against a real `GuestMemoryMmap`; not in normal builds.
 //!
@@ -37,6 +39,7 @@ use std::path::PathBuf;
 
 pub mod block;
 pub mod mmio;
+pub mod persist;
 pub mod queue;
 pub mod rng;
 pub mod starter;
@@ -45,7 +48,7 @@ pub mod test_utils;
 pub mod vsock;
 pub mod worker;
 
-pub use mmio::MmioDevice;
+pub use mmio::{MmioDevice, PersistError};
 pub use starter::{Starter, StarterThread};
 
 /// The guest memory type devices use.
@@ -146,6 +149,13 @@ pub(crate) trait VirtioDevice: Send {
     fn features(&self) -> u64;
     /// Read the device-specific configuration space.
     fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// What the device is, for its snapshot state (`persist`).
+    fn kind(&self) -> persist::DeviceKind;
+    /// Whether a worker started again after a snapshot (or from one) must tell the guest its
+    /// connections are gone (vsock: `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`).
+    fn resets_on_restart(&self) -> bool {
+        false
+    }
     /// What builds the handler that serves the queues; called on DRIVER_OK, on the vCPU
     /// thread that wrote it, so it only duplicates descriptors: the handler itself (its tables,
     /// whose hash seeds come from `getrandom`) is built on the device control thread.

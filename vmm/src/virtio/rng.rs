@@ -3,6 +3,7 @@
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::persist::DeviceKind;
 use super::queue::Buf;
 use super::worker::{Ctx, Handler, MakeHandler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError};
@@ -10,7 +11,7 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 
 /// Most bytes served for one request (the rest of the guest's buffers stay untouched).
 pub const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
-const QUEUE_SIZES: &[u16] = &[256];
+pub(crate) const QUEUE_SIZES: &[u16] = &[256];
 
 /// The rng device model.
 pub struct Rng;
@@ -40,6 +41,9 @@ impl VirtioDevice for Rng {
     }
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Rng
     }
     fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
         Ok(Box::new(|| Box::new(RngHandler)))

@@ -45,6 +45,16 @@ impl WorkerSlot {
         }
     }
 
+    /// Quiesces the device for a snapshot: stops (joins) the running worker and returns its
+    /// queues, or drops the pending one and returns the queues it would have started with;
+    /// `None` when neither was there (or the worker panicked).
+    pub(crate) fn quiesce(&mut self) -> Option<Vec<virtio_queue::Queue>> {
+        if let Some((setup, _)) = self.pending.take() {
+            return Some(setup.io.queues);
+        }
+        self.worker.take()?.stop_and_take_queues()
+    }
+
     /// Whether a worker runs or is about to.
     pub(crate) fn active(&self) -> bool {
         self.pending.is_some() || self.worker.is_some()
@@ -196,7 +206,7 @@ impl StarterThread {
     pub fn stop(&mut self) {
         self.starter.shared.stopping.store(true, Ordering::SeqCst);
         self.starter.wake();
-        super::worker::join_logged(self.thread.take(), "the device control thread");
+        let _ = super::worker::join_logged(self.thread.take(), "the device control thread");
     }
 }
 

@@ -78,6 +78,12 @@ impl Interrupt {
         self.needs_reset.store(false, Ordering::SeqCst);
     }
 
+    /// Set the saved interrupt status and DEVICE_NEEDS_RESET (a restore), raising nothing.
+    pub(crate) fn restore(&self, status: u32, needs_reset: bool) {
+        self.status.store(status, Ordering::SeqCst);
+        self.needs_reset.store(needs_reset, Ordering::SeqCst);
+    }
+
     pub(crate) fn event(&self) -> &EventFd {
         &self.evt
     }
@@ -178,7 +184,8 @@ pub type MakeHandler = Box<dyn FnOnce() -> Box<dyn Handler> + Send>;
 /// A running worker thread.
 pub(crate) struct Worker {
     stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+    /// Hands the queues back when it ends (their positions final: see `mmio/persist.rs`).
+    thread: Option<JoinHandle<Vec<Queue>>>,
 }
 
 /// Everything a worker thread owns: its I/O and how to build its handler.
@@ -232,17 +239,25 @@ impl Worker {
 
     /// Stop the thread and wait for it.
     pub(crate) fn stop(&mut self) {
+        let _ = self.stop_and_take_queues();
+    }
+
+    /// Stop the thread, wait for it and take back its queues (`None` if it panicked or was
+    /// already stopped).
+    pub(crate) fn stop_and_take_queues(&mut self) -> Option<Vec<Queue>> {
         let _ = self.stop.write(1);
-        join_logged(self.thread.take(), "worker thread");
+        join_logged(self.thread.take(), "worker thread")
     }
 }
 
-/// Waits for `thread` (if any), logging a panic of `what`.
-pub(crate) fn join_logged(thread: Option<JoinHandle<()>>, what: &str) {
-    if let Some(t) = thread
-        && t.join().is_err()
-    {
-        crate::error_limited!(None, "virtio: {what} panicked");
+/// Waits for `thread` (if any), logging a panic of `what`; what the thread returned.
+pub(crate) fn join_logged<T>(thread: Option<JoinHandle<T>>, what: &str) -> Option<T> {
+    match thread?.join() {
+        Ok(v) => Some(v),
+        Err(_) => {
+            crate::error_limited!(None, "virtio: {what} panicked");
+            None
+        }
     }
 }
 
@@ -252,7 +267,8 @@ impl Drop for Worker {
     }
 }
 
-fn run(mut s: WorkerIo, mut handler: Box<dyn Handler>, epoll: Epoll, stop: EventFd) {
+/// The loop; returns the queues when stopped (or when epoll fails).
+fn run(mut s: WorkerIo, mut handler: Box<dyn Handler>, epoll: Epoll, stop: EventFd) -> Vec<Queue> {
     vm_jail::seccomp::apply_or_exit(vm_jail::seccomp::ThreadKind::Device);
     let mut events = vec![EpollEvent::default(); 64];
     {
@@ -279,7 +295,7 @@ fn run(mut s: WorkerIo, mut handler: Box<dyn Handler>, epoll: Epoll, stop: Event
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 tracing::error!("virtio: epoll_wait failed: {e}; worker exits");
-                return;
+                return s.queues;
             }
         };
         let mut ctx = Ctx {
@@ -293,7 +309,7 @@ fn run(mut s: WorkerIo, mut handler: Box<dyn Handler>, epoll: Epoll, stop: Event
             match ev.data() {
                 TOKEN_STOP => {
                     let _ = stop.read();
-                    return;
+                    return s.queues;
                 }
                 TOKEN_REQUEST => {
                     let _ = s.request.read();

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::persist::DeviceKind;
 use super::queue::Buf;
 use super::worker::{Ctx, Handler, MakeHandler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError, read_config_bytes};
@@ -25,7 +26,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 
 const QUEUE_SIZE: u16 = 256;
-const QUEUE_SIZES: &[u16] = &[QUEUE_SIZE];
+pub(crate) const QUEUE_SIZES: &[u16] = &[QUEUE_SIZE];
 
 /// Configuration of one disk.
 #[derive(Debug, Clone)]
@@ -38,9 +39,21 @@ pub struct BlockConfig {
     pub id: String,
 }
 
+/// The features a disk offers (read-only: `VIRTIO_BLK_F_RO`, else `VIRTIO_BLK_F_FLUSH`).
+pub(crate) fn offered_features(read_only: bool) -> u64 {
+    let f = (1u64 << VIRTIO_BLK_F_SEG_MAX) | (1u64 << VIRTIO_BLK_F_BLK_SIZE);
+    f | if read_only {
+        1u64 << VIRTIO_BLK_F_RO
+    } else {
+        1u64 << VIRTIO_BLK_F_FLUSH
+    }
+}
+
 /// The block device model.
 pub struct Block {
     file: File,
+    path: PathBuf,
+    size: u64,
     disk: DiskInfo,
     id: [u8; ID_BYTES],
     config: [u8; 24],
@@ -72,6 +85,8 @@ impl Block {
         config[20..24].copy_from_slice(&(request::SECTOR_SIZE as u32).to_le_bytes());
         Ok(Block {
             file,
+            path: cfg.path.clone(),
+            size,
             disk: DiskInfo {
                 capacity_sectors,
                 read_only: cfg.read_only,
@@ -90,16 +105,17 @@ impl VirtioDevice for Block {
         QUEUE_SIZES
     }
     fn features(&self) -> u64 {
-        let mut f = (1u64 << VIRTIO_BLK_F_SEG_MAX) | (1u64 << VIRTIO_BLK_F_BLK_SIZE);
-        f |= if self.disk.read_only {
-            1u64 << VIRTIO_BLK_F_RO
-        } else {
-            1u64 << VIRTIO_BLK_F_FLUSH
-        };
-        f
+        offered_features(self.disk.read_only)
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Block {
+            path: self.path.clone(),
+            size: self.size,
+            read_only: self.disk.read_only,
+        }
     }
     fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
         let file = self

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{DeviceConfig, GuestMemoryMmap, MmioDevice, Starter, StarterThread, VirtioError};
+use super::persist::DeviceState;
+use super::{
+    DeviceConfig, GuestMemoryMmap, MmioDevice, PersistError, Starter, StarterThread, VirtioError,
+};
 use crate::bus::BusDevice;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_config::{
@@ -136,6 +139,43 @@ impl Driver {
             next_alloc: DATA_BASE,
             starter,
             _devctl: None,
+        })
+    }
+
+    /// The device's state, as a snapshot saves it (its worker stopped; no vCPU runs here).
+    pub fn save(&mut self) -> Result<DeviceState, PersistError> {
+        self.dev.save_state()
+    }
+
+    /// A restored copy: a fresh device for `cfg` over a copy of this guest memory, set to
+    /// `state` (its worker started by a control thread of its own), with this driver's
+    /// bookkeeping (queues, allocations) carried over, as a guest's own memory would.
+    pub fn restore_copy(
+        &self,
+        cfg: &DeviceConfig,
+        state: &DeviceState,
+    ) -> Result<Driver, PersistError> {
+        let mem = guest_memory();
+        let bytes = self.read_mem(0, MEM_SIZE);
+        mem.write_slice(&bytes, GuestAddress(0))
+            .expect("copy guest memory");
+        let device_err = |source| PersistError::Device {
+            device: cfg.name(),
+            source,
+        };
+        let starter = Starter::new().map_err(device_err)?;
+        let mut dev = MmioDevice::new(cfg, mem.clone(), &starter).map_err(device_err)?;
+        dev.restore_state(state)?;
+        let irq = dev.interrupt_event().map_err(device_err)?;
+        let devctl = starter.spawn("test-devctl".into()).map_err(device_err)?;
+        Ok(Driver {
+            mem,
+            dev,
+            irq,
+            queues: self.queues.clone(),
+            next_alloc: self.next_alloc,
+            starter,
+            _devctl: Some(devctl),
         })
     }
 

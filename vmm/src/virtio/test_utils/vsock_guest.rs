@@ -119,6 +119,18 @@ impl VsockGuest {
         Ok(g)
     }
 
+    /// Snapshot the device and restore it into a fresh one on `uds_path` over a copy of the
+    /// guest memory, this guest carrying on with it (the old device is dropped).
+    pub fn snapshot_restore(&mut self, uds_path: &Path) -> Result<(), crate::virtio::PersistError> {
+        let state = self.d.save()?;
+        let cfg = DeviceConfig::Vsock {
+            guest_cid: self.cid,
+            uds_path: uds_path.into(),
+        };
+        self.d = self.d.restore_copy(&cfg, &state)?;
+        Ok(())
+    }
+
     fn post_rx(&mut self, addr: u64) {
         let head = self
             .d

@@ -26,11 +26,12 @@ pub mod vhost_user;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
+use super::persist::DeviceKind;
 use super::worker::MakeHandler;
 use super::{VirtioDevice, VirtioError, read_config_bytes};
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 
-const QUEUE_SIZES: &[u16] = &[256, 256, 256];
+pub(crate) const QUEUE_SIZES: &[u16] = &[256, 256, 256];
 
 /// The vsock device model.
 pub struct Vsock {
@@ -68,6 +69,14 @@ impl VirtioDevice for Vsock {
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
+    }
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Vsock {
+            guest_cid: self.guest_cid,
+        }
+    }
+    fn resets_on_restart(&self) -> bool {
+        true
     }
     fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
         let listener = self
