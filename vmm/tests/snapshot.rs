@@ -15,7 +15,7 @@ use tiny_harness::*;
 use vm_memory::{Bytes, GuestAddress};
 use vmm::memory::GuestMemoryMmap;
 use vmm::snapshot::{AfterSnapshot, SnapshotError, SnapshotPaths, StateError};
-use vmm::virtio::DeviceConfig;
+use vmm::virtio::{DeviceConfig, PersistError};
 use vmm::{RunningVm, Vm, VmConfig, VmExit};
 
 /// Generous: CPL0 code is interpreted on PVM hosts (~1.7 M instructions/s).
@@ -359,18 +359,27 @@ fn resume_refusals_and_a_tampered_state_file() {
 }
 
 #[test]
-fn a_vm_with_a_virtio_device_is_refused() {
-    if skip_without_kvm("a_vm_with_a_virtio_device_is_refused") {
+fn a_vm_with_a_writable_disk_is_refused() {
+    if skip_without_kvm("a_vm_with_a_writable_disk_is_refused") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::write(&disk, vec![0u8; 4096]).unwrap();
     let mut cfg = Tiny::new(&[0xfa, 0xf4, 0xeb, 0xfc]).config(dir.path());
-    cfg.devices.push(DeviceConfig::Rng);
+    cfg.devices.push(DeviceConfig::Block {
+        path: disk,
+        read_only: false,
+        id: "rw".into(),
+    });
     let vm = Vm::create(cfg).unwrap().start().unwrap();
     let snap = tempfile::tempdir().unwrap();
     match vm.snapshot(snap.path(), AfterSnapshot::Stop) {
-        Err(SnapshotError::Unsupported(m)) => assert!(m.starts_with("virtio devices"), "{m}"),
-        other => panic!("snapshot of a VM with virtio-rng: {other:?}"),
+        Err(SnapshotError::Device {
+            index: 0,
+            source: PersistError::Unsupported { what, .. },
+        }) => assert_eq!(what, "a writable disk"),
+        other => panic!("snapshot of a VM with a writable disk: {other:?}"),
     }
     assert_eq!(
         std::fs::read_dir(snap.path()).unwrap().count(),
@@ -380,4 +389,45 @@ fn a_vm_with_a_virtio_device_is_refused() {
     assert!(!vm.is_finished(), "the VM was not stopped");
     vm.stop();
     assert_eq!(vm.wait().unwrap(), VmExit::Stopped);
+}
+
+#[test]
+fn a_vm_with_virtio_rng_restores_with_the_same_device_list() {
+    if skip_without_kvm("a_vm_with_virtio_rng_restores_with_the_same_device_list") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Tiny::new(&[0xfa, 0xf4, 0xeb, 0xfc]);
+    let with_rng = |dir: &Path| {
+        let mut cfg = tiny.config(dir);
+        cfg.devices.push(DeviceConfig::Rng);
+        cfg
+    };
+    let vm = Vm::create(with_rng(dir.path())).unwrap().start().unwrap();
+    let snap = tempfile::tempdir().unwrap();
+    vm.snapshot(snap.path(), AfterSnapshot::Stop).unwrap();
+    assert_eq!(vm.wait().unwrap(), VmExit::Stopped);
+    match Vm::restore(tiny.config(dir.path()), snap.path()) {
+        Err(SnapshotError::Mismatch { field, .. }) => assert_eq!(field, "devices"),
+        other => panic!("restore without the device: {other:?}"),
+    }
+    let mut block = with_rng(dir.path());
+    block.devices[0] = DeviceConfig::Block {
+        path: dir.path().join("disk.img"),
+        read_only: true,
+        id: "d".into(),
+    };
+    match Vm::restore(block, snap.path()) {
+        Err(SnapshotError::DeviceMismatch {
+            index: 0, field, ..
+        }) => assert_eq!(field, "type"),
+        other => panic!("restore with another device: {other:?}"),
+    }
+    let restored = Vm::restore(with_rng(dir.path()), snap.path())
+        .unwrap()
+        .start()
+        .unwrap();
+    assert!(!restored.is_finished());
+    restored.stop();
+    assert_eq!(restored.wait().unwrap(), VmExit::Stopped);
 }
