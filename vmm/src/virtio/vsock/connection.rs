@@ -6,10 +6,18 @@
 //! reset). Host -> guest: we read from the host socket only as much as the guest's credit
 //! (`peer_buf_alloc - (rx_cnt - peer_fwd_cnt)`) and the RX buffer allow, so nothing is buffered
 //! on that side at all.
+//!
+//! A guest that closes its socket (SHUTDOWN with both flags, what `close()` sends) while some of
+//! what it sent still waits for the host socket is not reset at once: the connection lingers,
+//! delivering only that buffered data (nothing is read from the host, nothing is sent to the
+//! guest), until the buffer is empty (the host then sees EOF) or [`CLOSE_LINGER`] passes. Resetting
+//! it at once lost the last bytes a guest wrote before closing, such as the agent's last frame
+//! to a host that was a little slow to read.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Write};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 use vmm_sys_util::epoll::EventSet;
 
@@ -19,6 +27,10 @@ use super::packet::{HOST_CID, Header, TYPE_STREAM};
 pub const BUF_ALLOC: u32 = 64 * 1024;
 /// Send a credit update once this many bytes were forwarded since the last announcement.
 pub const CREDIT_UPDATE_THRESHOLD: u32 = BUF_ALLOC / 2;
+
+/// How long a connection the guest closed may linger to deliver what it still buffers for the
+/// host (at most [`BUF_ALLOC`] bytes).
+pub const CLOSE_LINGER: Duration = Duration::from_secs(10);
 
 /// (host port, guest port).
 pub type ConnKey = (u32, u32);
@@ -63,6 +75,9 @@ pub struct Conn {
     pub host_eof: bool,
     /// The guest will send nothing more.
     pub guest_shut_send: bool,
+    /// The guest closed the connection (both directions) with data still buffered for the
+    /// host: it lingers only to deliver that.
+    pub guest_closed: bool,
     /// Host socket (probably) has data: set on EPOLLIN, cleared on EWOULDBLOCK.
     pub readable: bool,
     /// In the muxer's RX work list.
@@ -91,6 +106,7 @@ impl Conn {
             send_shutdown: false,
             host_eof: false,
             guest_shut_send: false,
+            guest_closed: false,
             readable: false,
             queued: false,
             registered: None,
@@ -108,6 +124,11 @@ impl Conn {
     #[cfg(test)]
     pub fn buffered(&self) -> usize {
         self.tx.len()
+    }
+
+    /// Whether every byte the guest sent has been written to the host socket.
+    pub fn tx_drained(&self) -> bool {
+        self.tx.is_empty()
     }
 
     /// Bytes the guest can still take.
@@ -161,14 +182,19 @@ impl Conn {
         Ok(())
     }
 
-    /// Whether a control packet is waiting.
+    /// Whether a control packet is waiting (never for a connection the guest closed).
     pub fn has_control(&self) -> bool {
-        self.send_request || self.send_response || self.send_credit_update || self.send_shutdown
+        !self.guest_closed
+            && (self.send_request
+                || self.send_response
+                || self.send_credit_update
+                || self.send_shutdown)
     }
 
     /// Whether data could flow to the guest now.
     pub fn can_send_data(&self) -> bool {
         self.state == State::Established
+            && !self.guest_closed
             && self.readable
             && !self.host_eof
             && self.peer_credit() > 0
@@ -183,6 +209,7 @@ impl Conn {
     pub fn wanted_events(&self) -> EventSet {
         let mut ev = EventSet::empty();
         if self.state == State::Established
+            && !self.guest_closed
             && !self.host_eof
             && !self.readable
             && self.peer_credit() > 0

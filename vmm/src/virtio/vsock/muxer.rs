@@ -8,7 +8,8 @@
 //! Bounded everywhere: at most [`MAX_CONNECTIONS`] connections plus pending host clients
 //! (beyond that a new host client replaces the oldest silent one, or is closed at once when
 //! every slot is a connection), at most
-//! [`MAX_QUEUED_RST`] queued bare RST replies, and a host socket is only watched for input while
+//! [`MAX_QUEUED_RST`] queued bare RST replies, a connection the guest closed lingers at most
+//! `connection::CLOSE_LINGER` to deliver what it still buffers, and a host socket is only watched for input while
 //! the guest has credit and we have not yet seen it readable, so a guest that posts no RX
 //! buffers costs no CPU.
 //!
@@ -24,7 +25,7 @@ use std::time::Instant;
 
 use vmm_sys_util::epoll::{ControlOperation, EventSet};
 
-use super::connection::{Conn, ConnKey, State, bare_header};
+use super::connection::{CLOSE_LINGER, Conn, ConnKey, State, bare_header};
 use super::packet::{self, HDR_SIZE, Header, MAX_PAYLOAD, PacketError, op};
 use super::timers::{Timer, Timers};
 use super::transport::VsockQueues;
@@ -200,6 +201,10 @@ impl Muxer {
                 .conns
                 .get(key)
                 .is_some_and(|c| c.token == *tok && c.state == State::Connecting),
+            Timer::Closing(key, tok) => self
+                .conns
+                .get(key)
+                .is_some_and(|c| c.token == *tok && c.guest_closed),
         }
     }
 
@@ -241,6 +246,13 @@ impl Muxer {
                 }
                 Timer::Connecting(key, _) => {
                     tracing::debug!("vsock: guest did not answer connection to port {}", key.1);
+                    self.remove(key, true);
+                }
+                Timer::Closing(key, _) => {
+                    tracing::debug!(
+                        "vsock: host did not take what the guest sent before closing port {}",
+                        key.1
+                    );
                     self.remove(key, true);
                 }
             }

@@ -1,6 +1,7 @@
 //! Deadlines of the vsock muxer: host clients that must finish `CONNECT` within
-//! [`super::unix::CONNECT_TIMEOUT`] and host-initiated connections the guest must answer within
-//! [`super::unix::RESPONSE_TIMEOUT`]. Timers of one kind all have the same duration, so one FIFO
+//! [`super::unix::CONNECT_TIMEOUT`], host-initiated connections the guest must answer within
+//! [`super::unix::RESPONSE_TIMEOUT`], and connections the guest closed with data still buffered
+//! for the host, which linger at most [`super::connection::CLOSE_LINGER`]. Timers of one kind all have the same duration, so one FIFO
 //! per kind is ordered by deadline; entries may be stale (the client or connection already
 //! moved on) and are checked when they fire.
 
@@ -16,13 +17,17 @@ pub enum Timer {
     Pending(u64),
     /// A host-initiated connection (key, token) waiting for the guest's RESPONSE.
     Connecting(ConnKey, u64),
+    /// A connection (key, token) the guest closed, lingering until the host has taken what
+    /// the guest sent before it closed.
+    Closing(ConnKey, u64),
 }
 
-/// Two FIFOs of deadlines, one per kind of [`Timer`].
+/// Three FIFOs of deadlines, one per kind of [`Timer`].
 #[derive(Debug, Default)]
 pub struct Timers {
     pending: VecDeque<(Instant, Timer)>,
     connecting: VecDeque<(Instant, Timer)>,
+    closing: VecDeque<(Instant, Timer)>,
 }
 
 impl Timers {
@@ -33,6 +38,7 @@ impl Timers {
         match t {
             Timer::Pending(_) => &mut self.pending,
             Timer::Connecting(..) => &mut self.connecting,
+            Timer::Closing(..) => &mut self.closing,
         }
     }
 
@@ -43,7 +49,7 @@ impl Timers {
 
     /// Number of entries (live or stale).
     pub fn len(&self) -> usize {
-        self.pending.len() + self.connecting.len()
+        self.pending.len() + self.connecting.len() + self.closing.len()
     }
 
     /// Whether there are no entries.
@@ -55,16 +61,15 @@ impl Timers {
     pub fn retain(&mut self, mut live: impl FnMut(&Timer) -> bool) {
         self.pending.retain(|(_, t)| live(t));
         self.connecting.retain(|(_, t)| live(t));
+        self.closing.retain(|(_, t)| live(t));
     }
 
     /// The earliest deadline.
     pub fn next(&self) -> Option<Instant> {
-        let a = self.pending.front().map(|e| e.0);
-        let b = self.connecting.front().map(|e| e.0);
-        match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [&self.pending, &self.connecting, &self.closing]
+            .into_iter()
+            .filter_map(|q| q.front().map(|e| e.0))
+            .min()
     }
 
     /// Pops pending-client timers, oldest first, until one whose token `live` accepts (that
@@ -82,7 +87,7 @@ impl Timers {
 
     /// Pop one expired timer.
     pub fn pop_expired(&mut self, now: Instant) -> Option<Timer> {
-        for q in [&mut self.pending, &mut self.connecting] {
+        for q in [&mut self.pending, &mut self.connecting, &mut self.closing] {
             if q.front().is_some_and(|e| e.0 <= now) {
                 return q.pop_front().map(|e| e.1);
             }
@@ -97,11 +102,12 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn two_kinds_fire_in_deadline_order() {
+    fn three_kinds_fire_in_deadline_order() {
         let t0 = Instant::now();
         let mut t = Timers::default();
         t.push(t0 + Duration::from_secs(3), Timer::Connecting((1, 2), 7));
         t.push(t0 + Duration::from_secs(2), Timer::Pending(5));
+        t.push(t0 + Duration::from_secs(4), Timer::Closing((3, 4), 8));
         assert_eq!(t.next(), Some(t0 + Duration::from_secs(2)));
         assert_eq!(t.pop_expired(t0 + Duration::from_secs(1)), None);
         assert_eq!(
@@ -113,6 +119,11 @@ mod tests {
         assert_eq!(
             t.pop_expired(t0 + Duration::from_secs(9)),
             Some(Timer::Connecting((1, 2), 7))
+        );
+        assert_eq!(t.next(), Some(t0 + Duration::from_secs(4)));
+        assert_eq!(
+            t.pop_expired(t0 + Duration::from_secs(9)),
+            Some(Timer::Closing((3, 4), 8))
         );
         assert!(t.is_empty());
     }

@@ -77,16 +77,27 @@ impl Muxer {
                 }
                 c.state = State::Established;
             }
+            // The guest gave up waiting for our RST after its close (Linux: 8 s); what it
+            // sent before closing is still delivered, within CLOSE_LINGER.
+            op::RST if c.guest_closed => return,
             op::RST => {
                 self.remove(key, false);
                 return;
             }
+            op::SHUTDOWN if c.guest_closed => return,
             op::SHUTDOWN => {
                 c.guest_shut_send |= hdr.flags & packet::SHUTDOWN_SEND != 0;
                 let both = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
-                if hdr.flags & both == both || c.flush_tx().is_err() {
-                    let _ = c.flush_tx();
+                if c.flush_tx().is_err() {
                     self.remove(key, true);
+                    return;
+                }
+                if hdr.flags & both == both {
+                    if c.tx_drained() {
+                        self.remove(key, true);
+                    } else {
+                        self.linger(key, ctx);
+                    }
                     return;
                 }
             }
@@ -106,6 +117,18 @@ impl Muxer {
         }
         self.sync_interest(key, ctx);
         self.enqueue(key);
+    }
+
+    /// The guest closed `key` while data it sent still waits for the host socket: keep the
+    /// connection only to deliver that (see `connection`), for at most [`CLOSE_LINGER`].
+    fn linger(&mut self, key: ConnKey, ctx: &dyn VsockQueues) {
+        let Some(c) = self.conns.get_mut(&key) else {
+            return;
+        };
+        c.guest_closed = true;
+        let token = c.token;
+        self.sync_interest(key, ctx);
+        self.add_timer(Instant::now() + CLOSE_LINGER, Timer::Closing(key, token));
     }
 
     /// A guest `REQUEST`: refused with RST (a request reusing a live key also resets that

@@ -103,6 +103,15 @@ impl Muxer {
         let Some(c) = self.conns.get_mut(&key) else {
             return;
         };
+        if c.guest_closed {
+            // Only delivering what the guest sent before it closed: done, or the host is gone.
+            if c.flush_tx().is_err() || c.tx_drained() {
+                self.remove(key, true);
+            } else {
+                self.sync_interest(key, ctx);
+            }
+            return;
+        }
         if events
             .intersects(EventSet::IN | EventSet::HANG_UP | EventSet::READ_HANG_UP | EventSet::ERROR)
         {

@@ -49,6 +49,11 @@ impl Muxer {
         let Some(c) = self.conns.get_mut(&key) else {
             return 0;
         };
+        if c.guest_closed {
+            // Nothing more goes to a guest socket that is closed.
+            c.queued = false;
+            return 0;
+        }
         let mut written = 0;
         let ctrl = if c.send_request {
             c.send_request = false;
