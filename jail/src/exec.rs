@@ -181,7 +181,12 @@ impl ExecJail {
 }
 
 /// Gives `path` to `owner` (if any) and `group` with `mode`.
-fn hand_over(path: &CString, owner: Option<Uid>, group: Gid, mode: u32) -> Result<(), StepError> {
+pub(crate) fn hand_over(
+    path: &CString,
+    owner: Option<Uid>,
+    group: Gid,
+    mode: u32,
+) -> Result<(), StepError> {
     nix::unistd::chown(path.as_c_str(), owner, Some(group)).map_err(at(Step::Grant))?;
     nix::sys::stat::fchmodat(
         nix::fcntl::AT_FDCWD,

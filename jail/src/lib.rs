@@ -26,7 +26,9 @@
 //!    `vm-vmm` that is the run directory with the vsock socket: the kernel, initrd, disks and
 //!    `/dev/kvm` are already open, so the root holds nothing else.
 //! 3. Limits and identity: hostname `vm`, `RLIMIT_NOFILE`, `RLIMIT_FSIZE=0` (the VMM writes no
-//!    files; QEMU gets its guest RAM size, for its memfd), `RLIMIT_CORE=0`, `RLIMIT_NPROC`, and the memory cap: `RLIMIT_DATA` = guest RAM +
+//!    files — unless it is configured for snapshots: then its snapshot directory, bound
+//!    read-write and handed to its uid with mode `0700`, and files up to its guest RAM plus
+//!    the state file bound ([`Writable`]); QEMU gets its guest RAM size, for its memfd), `RLIMIT_CORE=0`, `RLIMIT_NPROC`, and the memory cap: `RLIMIT_DATA` = guest RAM +
 //!    [`VMM_OVERHEAD_MIB`] (the host's cgroups are v1 and the VMM drops the privileges it would
 //!    need to manage one, so the cap is an rlimit; guest RAM is private anonymous memory, which
 //!    `RLIMIT_DATA` counts); every capability dropped from the bounding set,
@@ -336,9 +338,26 @@ fn reap(
     }
 }
 
+/// A directory the jailed VM process writes files into (its snapshot directory), and the
+/// largest file it may write there.
+#[derive(Debug, Clone, Copy)]
+pub struct Writable<'a> {
+    /// The directory (also in [`JailConfig::binds`], so it is in the root): handed to the
+    /// jail's uid and gid with mode `0700` before the uid change.
+    pub dir: &'a std::path::Path,
+    /// `RLIMIT_FSIZE` (0 without a writable directory).
+    pub max_file_bytes: u64,
+}
+
 /// Steps 2 and 3, in the child, once every file the VM needs is open (its guest RAM of
-/// `guest_mib` included, which counts against the data limit).
-pub fn confine(cfg: &JailConfig, guest_mib: u32) -> Result<(), JailError> {
+/// `guest_mib` included, which counts against the data limit). With `writable`, the process
+/// keeps one directory it may write files into, up to its size limit; without, it writes no
+/// files (`RLIMIT_FSIZE` 0).
+pub fn confine(
+    cfg: &JailConfig,
+    guest_mib: u32,
+    writable: Option<Writable<'_>>,
+) -> Result<(), JailError> {
     let fresh;
     let plan = match ROOT.get() {
         Some(plan) => plan,
@@ -353,11 +372,17 @@ pub fn confine(cfg: &JailConfig, guest_mib: u32) -> Result<(), JailError> {
     let id = *JAIL_ID
         .get()
         .unwrap_or(&(JAIL_ID_BASE + getpid().as_raw() as u32));
-    let cap = MemoryCap {
+    let mut cap = MemoryCap {
         resource: Resource::RLIMIT_DATA,
         bytes: data_limit(guest_mib),
         file_size: 0,
     };
+    if let Some(w) = writable {
+        let dir = root::cstring(w.dir)?;
+        exec::hand_over(&dir, Some(Uid::from_raw(id)), Gid::from_raw(id), 0o700)
+            .map_err(|e| JailError::Step(e, Some(w.dir.to_path_buf())))?;
+        cap.file_size = w.max_file_bytes;
+    }
     restrict(Identity { uid: id, gid: id }, cap)?;
     if let Some(fd) = REAPER_FD.get() {
         rearm_under_reaper(*fd)?;

@@ -5,11 +5,13 @@
 //! host speed; a restored VM must finish with exactly the checksum of an uninterrupted run
 //! (and of the same loop in Rust).
 
+mod checksum_guest;
 mod tiny_harness;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use checksum_guest::*;
 use sha2::{Digest, Sha256};
 use tiny_harness::*;
 use vm_memory::{Bytes, GuestAddress};
@@ -20,76 +22,6 @@ use vmm::{RunningVm, Vm, VmConfig, VmExit};
 
 /// Generous: CPL0 code is interpreted on PVM hosts (~1.7 M instructions/s).
 const WAIT: Duration = Duration::from_secs(60);
-/// Iterations of the loop.
-const ITERATIONS: u32 = 4096;
-/// Where each vCPU waits for the gate.
-const HALF: u32 = 2048;
-/// The gate: the vCPUs pass iteration HALF once this word is not zero.
-const GATE: u64 = 0x3100;
-/// The loop's buffers: vCPU i's at BUFFER + i * 64 KiB.
-const BUFFER: u64 = 0x20_0000;
-
-/// The guest (assembled from the listing in the comments; every vCPU runs it):
-/// vCPU `id` (its APIC id) fills its buffer and hashes it, writes its progress every 256
-/// iterations to `RESULT_ADDR + 32*id`, the hash to `+8` and 1 to `+16` when done, then halts.
-const PROGRAM: &[u8] = &[
-    0xb8, 0x01, 0x00, 0x00, 0x00, //             mov eax, 1
-    0x0f, 0xa2, //                               cpuid
-    0xc1, 0xeb, 0x18, //                         shr ebx, 24          ; id
-    0x41, 0x89, 0xd9, //                         mov r9d, ebx
-    0x41, 0x89, 0xd8, //                         mov r8d, ebx
-    0x41, 0xc1, 0xe0, 0x05, //                   shl r8d, 5           ; result slot
-    0x89, 0xdf, //                               mov edi, ebx
-    0xc1, 0xe7, 0x10, //                         shl edi, 16
-    0x81, 0xc7, 0x00, 0x00, 0x20, 0x00, //       add edi, 0x200000    ; buffer
-    0x48, 0xb8, 0x15, 0x7c, 0x4a, 0x7f, 0xb9, 0x79, 0x37, 0x9e, // movabs rax, SEED
-    0x4c, 0x01, 0xc8, //                         add rax, r9
-    0x48, 0xbb, 0x25, 0x23, 0x22, 0x84, 0xe4, 0x9c, 0xf2, 0xcb, // movabs rbx, FNV_OFFSET
-    0x31, 0xc9, //                               xor ecx, ecx
-    // loop (0x38):
-    0x48, 0xba, 0x2d, 0x7f, 0x95, 0x4c, 0x2d, 0xf4, 0x51, 0x58, // movabs rdx, LCG_A
-    0x48, 0x0f, 0xaf, 0xc2, //                   imul rax, rdx
-    0x48, 0xba, 0x4f, 0x81, 0x67, 0xf7, 0x7e, 0x7b, 0x05, 0x14, // movabs rdx, LCG_C
-    0x48, 0x01, 0xd0, //                         add rax, rdx
-    0x89, 0xce, //                               mov esi, ecx
-    0x81, 0xe6, 0xff, 0x03, 0x00, 0x00, //       and esi, 1023
-    0x48, 0x31, 0x04, 0xf7, //                   xor [rdi+rsi*8], rax
-    0x48, 0x8b, 0x14, 0xf7, //                   mov rdx, [rdi+rsi*8]
-    0x48, 0x31, 0xd3, //                         xor rbx, rdx
-    0x48, 0xba, 0xb3, 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, // movabs rdx, FNV_PRIME
-    0x48, 0x0f, 0xaf, 0xda, //                   imul rbx, rdx
-    0xff, 0xc1, //                               inc ecx
-    0xf7, 0xc1, 0xff, 0x00, 0x00, 0x00, //       test ecx, 255
-    0x75, 0x07, //                               jnz gate
-    0x41, 0x89, 0x88, 0x00, 0x30, 0x00, 0x00, // mov [r8+0x3000], ecx  ; progress
-    // gate (0x85):
-    0x81, 0xf9, 0x00, 0x08, 0x00, 0x00, //       cmp ecx, HALF
-    0x75, 0x0a, //                               jne next
-    0x83, 0x3c, 0x25, 0x00, 0x31, 0x00, 0x00, 0x00, // cmp dword [0x3100], 0
-    0x74, 0xee, //                               je gate
-    // next (0x97):
-    0x81, 0xf9, 0x00, 0x10, 0x00, 0x00, //       cmp ecx, ITERATIONS
-    0x72, 0x99, //                               jb loop
-    0x49, 0x89, 0x98, 0x08, 0x30, 0x00, 0x00, // mov [r8+0x3008], rbx  ; hash
-    0x41, 0xc7, 0x80, 0x10, 0x30, 0x00, 0x00, 0x01, 0x00, 0x00,
-    0x00, // mov dword [r8+0x3010], 1
-    0xfa, 0xf4, 0xeb, 0xfc, //                   idle: cli; hlt; jmp idle
-];
-
-/// What vCPU `id` computes, in Rust.
-fn expected(id: u64) -> u64 {
-    let mut buf = [0u64; 1024];
-    let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_add(id);
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for i in 0..ITERATIONS as usize {
-        x = x
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        buf[i & 1023] ^= x;
-        h = (h ^ buf[i & 1023]).wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
 
 fn slot(id: u64) -> u64 {
     RESULT_ADDR + 32 * id

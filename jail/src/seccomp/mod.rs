@@ -22,10 +22,15 @@
 //! that starts it) only the requests of `DEVICE_IOCTLS`. The fd itself cannot be checked (seccomp sees numbers only),
 //! so a vCPU could issue `KVM_RUN` on another vCPU's fd: that only runs that vCPU.
 //!
+//! A VMM configured for snapshots adds the lists of [`snapshot`] (control thread: the files
+//! and the VM-wide `KVM_GET_*`; vCPU threads: their own `KVM_GET_*`), chosen once per process
+//! before any filter is compiled; every other VMM keeps the lists below alone.
+//!
 //! The device lists are exercised by every virtio test: the guest-driver harness
 //! (`virtio::test_utils`, feature `test-utils`) turns the filters on, so each device's workers
 //! run under the production filter through every happy path and malformed input there.
 
+pub mod snapshot;
 pub mod vhost;
 
 use std::collections::BTreeMap;
@@ -132,7 +137,25 @@ const REFUSED: &[Entry] = &[(
 )];
 
 fn refusals(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
-    let rules = REFUSED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
+    refusals_with(kind, snapshot::snapshots_enabled())
+}
+
+/// The refusal program of `kind`; with `snapshots`, the control thread's `openat` is let
+/// through for [`snapshot::CREATE_FLAGS`] (and refused for every other flag set).
+fn refusals_with(kind: ThreadKind, snapshots: bool) -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        REFUSED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
+    if snapshots && kind == ThreadKind::Control {
+        let other_flags = SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Ne,
+            snapshot::CREATE_FLAGS,
+        )
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .map_err(|e| SeccompError::Build(kind, e))?;
+        rules.insert(libc::SYS_openat, vec![other_flags]);
+    }
     SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -155,15 +178,22 @@ pub fn apply_or_exit(kind: ThreadKind) {
 
 /// The BPF program of `kind`.
 pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowlist(kind)
+    program_with(kind, snapshot::snapshots_enabled())
+}
+
+/// The BPF program of `kind`, with or without the [`snapshot`] lists.
+pub fn program_with(kind: ThreadKind, snapshots: bool) -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowlist_with(kind, snapshots)
         .iter()
         .map(|(nr, _why)| (*nr, Vec::new()))
         .collect();
     // vCPUs and workers may issue only these ioctl requests (an empty rule list allows any).
     // A worker inherits the device control thread's filter, which allows the worker's requests.
-    let requests: &[&[u64]] = match kind {
-        ThreadKind::Device | ThreadKind::DeviceControl => &[DEVICE_IOCTLS],
-        ThreadKind::Vcpu => &[VCPU_IOCTLS],
+    let requests: &[&[u64]] = match (kind, snapshots) {
+        (ThreadKind::Device | ThreadKind::DeviceControl, _) => &[DEVICE_IOCTLS],
+        (ThreadKind::Vcpu, false) => &[VCPU_IOCTLS],
+        (ThreadKind::Vcpu, true) => &[VCPU_IOCTLS, snapshot::VCPU_IOCTLS],
+        (ThreadKind::Control, true) => &[snapshot::CONTROL_IOCTLS],
         _ => &[],
     };
     if !requests.is_empty() {
@@ -189,7 +219,7 @@ pub fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
 }
 
 /// A syscall and who needs it.
-type Entry = (i64, &'static str);
+pub(crate) type Entry = (i64, &'static str);
 
 /// Every thread kind.
 const COMMON: &[Entry] = &[
@@ -284,9 +314,19 @@ const DEVICE_CONTROL: &[Entry] = &[
     ),
 ];
 
+/// `_IO(KVMIO, nr)`: a KVM request number without data.
+const fn kvm_io(nr: u64) -> u64 {
+    (0xae << 8) | nr
+}
+
 /// `_IOR(KVMIO, nr, size)`: a KVM request number that reads `size` bytes.
 const fn kvm_ior(nr: u64, size: usize) -> u64 {
     (2 << 30) | ((size as u64) << 16) | (0xae << 8) | nr
+}
+
+/// `_IOWR(KVMIO, nr, size)`: a KVM request number that writes and reads `size` bytes.
+const fn kvm_iowr(nr: u64, size: usize) -> u64 {
+    (3 << 30) | ((size as u64) << 16) | (0xae << 8) | nr
 }
 
 /// `KVM_RUN` (`_IO(KVMIO, 0x80)`).
@@ -359,8 +399,14 @@ const REAPER: &[Entry] = &[
 /// The allowlist of `kind`: [`COMMON`] plus its own (for the device control thread, plus
 /// [`DEVICE`]).
 pub fn allowlist(kind: ThreadKind) -> Vec<Entry> {
+    allowlist_with(kind, snapshot::snapshots_enabled())
+}
+
+/// The allowlist of `kind`, with or without the [`snapshot`] lists.
+pub fn allowlist_with(kind: ThreadKind, snapshots: bool) -> Vec<Entry> {
     let own: &[&[Entry]] = match kind {
         ThreadKind::Main => &[MAIN],
+        ThreadKind::Control if snapshots => &[CONTROL, snapshot::CONTROL],
         ThreadKind::Control => &[CONTROL],
         ThreadKind::Vcpu => &[VCPU],
         // A worker inherits the device control thread's filter: that list must let the

@@ -1,20 +1,24 @@
 //! The `vm-vmm` process itself: read the configuration from the control channel, make sure the
-//! launcher is alive (and arm the parent-death signal), run the VM with the console on stdout,
-//! stop it on [`STOP`](super::STOP) or end of file, answer [`METRICS`](super::METRICS) on the
-//! log stream, and exit with an [`ExitKind`]. Everything it says goes through the log
+//! launcher is alive (and arm the parent-death signal), create the VM (or restore it from the
+//! configured snapshot), run it with the console on stdout, stop it on [`STOP`](super::STOP)
+//! or end of file, answer [`METRICS`](super::METRICS) and the snapshot commands
+//! ([`super::snapshot`]) on the log stream, and exit with an [`ExitKind`]. Everything it says goes through the log
 //! ([`crate::logger`], installed by the binary's `main`), never a std print macro.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
 
+use super::snapshot::{self as snap, DirError};
 use super::{ExitKind, MAX_CONFIG_BYTES, METRICS, ProcessConfig, STOP};
 use crate::config::ConsoleConfig;
 use crate::control::GuestFault;
 use crate::exit::VmExit;
+use crate::snapshot::{AfterSnapshot, SnapshotError};
 use crate::vm::{RunningVm, Vm, VmmError};
 use vm_jail as jail;
 use vm_jail::seccomp::{self, ThreadKind};
@@ -52,6 +56,18 @@ pub enum ChildError {
     /// Building or starting the VM failed.
     #[error("vm setup")]
     Vmm(#[source] VmmError),
+    /// The configured snapshot or restore directory is refused.
+    #[error("{what} directory")]
+    Dir {
+        /// `snapshot` or `restore`.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: DirError,
+    },
+    /// The snapshot could not be restored (or does not match the VM config).
+    #[error("restoring the snapshot in {0}")]
+    Restore(PathBuf, #[source] SnapshotError),
     /// The jail could not be built.
     #[error("jail")]
     Jail(#[source] jail::JailError),
@@ -68,6 +84,7 @@ impl ChildError {
         match self {
             ChildError::ParentGone { .. } => ExitKind::ParentGone,
             ChildError::Jail(_) => ExitKind::JailFailed,
+            ChildError::Restore(..) => ExitKind::RestoreFailed,
             _ => ExitKind::SetupFailed,
         }
     }
@@ -119,10 +136,31 @@ fn run() -> Result<ExitKind, ChildError> {
     jail::close_inherited_fds(read.as_ref().ok().and_then(|c| c.jail.as_ref()?.netns_fd));
     let mut cfg = read?;
     guard_parent(cfg.parent_pid)?;
+    let snapshot_dir = cfg.snapshot_dir.take();
+    if let Some(dir) = &snapshot_dir {
+        snap::check_snapshot_dir(dir).map_err(|source| ChildError::Dir {
+            what: "snapshot",
+            source,
+        })?;
+    }
+    let restore = cfg.restore.take();
+    if let Some(dir) = &restore {
+        snap::check_restore_dir(dir).map_err(|source| ChildError::Dir {
+            what: "restore",
+            source,
+        })?;
+    }
     if cfg.seccomp {
         seccomp::enable();
+        if snapshot_dir.is_some() {
+            seccomp::snapshot::enable_snapshots();
+        }
     }
-    let jail_cfg = cfg.jail.take();
+    let mut jail_cfg = cfg.jail.take();
+    if let (Some(j), Some(dir)) = (jail_cfg.as_mut(), &snapshot_dir) {
+        // The one place inside the jail the VMM may write, at its own path.
+        j.binds.push(dir.clone());
+    }
     if let Some(j) = &jail_cfg {
         // Still one thread here: the reaper side of the fork never returns.
         jail::enter(j).map_err(ChildError::Jail)?;
@@ -132,15 +170,27 @@ fn run() -> Result<ExitKind, ChildError> {
         sink: Some(Box::new(io::stdout())),
     };
     let guest_mib = cfg.vm.mem_mib;
-    let vm = Vm::create(cfg.into_vm_config(console)).map_err(ChildError::Vmm)?;
+    let vm_cfg = cfg.into_vm_config(console);
+    let vm = match &restore {
+        Some(dir) => Vm::restore(vm_cfg, dir).map_err(|e| ChildError::Restore(dir.clone(), e))?,
+        None => Vm::create(vm_cfg).map_err(ChildError::Vmm)?,
+    };
     if let Some(j) = &jail_cfg {
-        jail::confine(j, guest_mib).map_err(ChildError::Jail)?;
+        let writable = snapshot_dir.as_deref().map(|dir| jail::Writable {
+            dir,
+            max_file_bytes: snap::max_file_bytes(guest_mib),
+        });
+        jail::confine(j, guest_mib, writable).map_err(ChildError::Jail)?;
     }
     let running = Arc::new(vm.start().map_err(ChildError::Vmm)?);
     let for_control = running.clone();
+    // Held by the control thread while it runs a snapshot command and replies: a snapshot
+    // that stops the VM ends the wait below, and the process must not exit before the reply.
+    let replying = Arc::new(Mutex::new(()));
+    let for_reply = replying.clone();
     std::thread::Builder::new()
         .name("vmm-control".into())
-        .spawn(move || obey(control, &for_control))
+        .spawn(move || obey(control, &for_control, snapshot_dir.as_deref(), &for_reply))
         .map_err(ChildError::Thread)?;
     seccomp::apply(ThreadKind::Main).map_err(ChildError::Seccomp)?;
     let outcome = loop {
@@ -148,11 +198,18 @@ fn run() -> Result<ExitKind, ChildError> {
             break o;
         }
     };
+    drop(replying.lock().unwrap_or_else(|p| p.into_inner()));
     Ok(classify(outcome))
 }
 
-/// Reads control lines until [`STOP`] or end of file, then stops the VM.
-fn obey(mut control: impl BufRead, vm: &RunningVm) {
+/// Reads control lines until [`STOP`], a snapshot that stops the VM, or end of file, then
+/// stops the VM.
+fn obey(
+    mut control: impl BufRead,
+    vm: &RunningVm,
+    snapshot_dir: Option<&Path>,
+    replying: &Mutex<()>,
+) {
     seccomp::apply_or_exit(ThreadKind::Control);
     let mut warned = false;
     loop {
@@ -163,29 +220,55 @@ fn obey(mut control: impl BufRead, vm: &RunningVm) {
             .read_until(b'\n', &mut line)
         {
             Ok(0) | Err(_) => break,
-            Ok(_) if line.trim_ascii() == STOP.as_bytes() => break,
-            Ok(_) if line.trim_ascii() == METRICS.as_bytes() => {
-                crate::logger::write_metrics(&vm.metrics());
+            Ok(_) => {}
+        }
+        let whole = line.last() == Some(&b'\n');
+        let cmd = line.trim_ascii();
+        if cmd == STOP.as_bytes() {
+            break;
+        } else if cmd == METRICS.as_bytes() {
+            crate::logger::write_metrics(&vm.metrics());
+        } else if let Some(then) = snap::parse_command(cmd).filter(|_| whole) {
+            let _replying = replying.lock().unwrap_or_else(|p| p.into_inner());
+            let reply = snap::handle(vm, snapshot_dir, then);
+            let stopped = reply.ok && then == AfterSnapshot::Stop;
+            snap::write_reply(&reply);
+            if stopped {
+                break;
             }
-            #[cfg(feature = "test-hooks")]
-            Ok(_) if line.trim_ascii() == super::TEST_FORBIDDEN_SYSCALL.as_bytes() => {
-                // The control thread's filter kills the process here.
-                let _ = nix::unistd::getppid();
-            }
-            #[cfg(feature = "test-hooks")]
-            Ok(_) if line.trim_ascii() == super::TEST_LEAK.as_bytes() => {
-                let leak = vec![1u8; ((jail::VMM_OVERHEAD_MIB + 16) << 20) as usize];
-                std::hint::black_box(&leak);
-            }
-            Ok(_) => {
-                if !warned {
-                    tracing::warn!("ignoring unknown control commands");
-                    warned = true;
-                }
-            }
+        } else if cmd.starts_with(super::SNAPSHOT.as_bytes()) {
+            snap::write_reply(&snap::SnapshotReply::unknown_command());
+        } else if !test_hook(cmd, vm) && !warned {
+            tracing::warn!("ignoring unknown control commands");
+            warned = true;
         }
     }
     vm.stop();
+}
+
+/// The test hooks' commands (builds with the `test-hooks` feature only); true when `cmd` was
+/// one.
+#[cfg(feature = "test-hooks")]
+fn test_hook(cmd: &[u8], vm: &RunningVm) -> bool {
+    if cmd == super::TEST_FORBIDDEN_SYSCALL.as_bytes() {
+        // The control thread's filter kills the process here.
+        let _ = nix::unistd::getppid();
+    } else if cmd == super::TEST_LEAK.as_bytes() {
+        let leak = vec![1u8; ((jail::VMM_OVERHEAD_MIB + 16) << 20) as usize];
+        std::hint::black_box(&leak);
+    } else if cmd == super::TEST_SNAPSHOT_UNCHECKED.as_bytes() {
+        // The snapshot path without the configuration check: in a VMM not configured for
+        // snapshots, the control thread's filter kills the process at its first system call.
+        let _ = vm.snapshot(Path::new("/"), AfterSnapshot::Resume);
+    } else {
+        return false;
+    }
+    true
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn test_hook(_: &[u8], _: &RunningVm) -> bool {
+    false
 }
 
 fn classify(outcome: Result<VmExit, GuestFault>) -> ExitKind {

@@ -6,14 +6,17 @@
 //!
 //! - **stdin, the control channel (launcher → VMM).** The first line is the [`ProcessConfig`] as
 //!   one JSON object ([`write_config`]; at most [`MAX_CONFIG_BYTES`]). Every later line is a
-//!   command: [`STOP`], or [`METRICS`] (the device counters, answered on stderr). End of file
+//!   command: [`STOP`], [`METRICS`] (the device counters, answered on stderr), or
+//!   [`SNAPSHOT`] / [`SNAPSHOT_STOP`] (a snapshot into the configured
+//!   [`ProcessConfig::snapshot_dir`], answered on stderr: [`snapshot`]). End of file
 //!   (the launcher closed it, or died) also stops the VM, so a VMM never outlives the process
 //!   that talks to it.
 //! - **stdout: the guest console**, streamed as the guest writes it (flushed per line). The
 //!   launcher keeps the bounded tail, so the console survives the VMM process, crash included.
 //! - **stderr: the log** ([`crate::logger`]: one line per event — setup errors, guest faults,
 //!   rate-limited device warnings, how the VM ended — and the replies to [`METRICS`], lines
-//!   that start with [`crate::logger::METRICS_PREFIX`]). The kvm driver keeps it apart from
+//!   that start with [`crate::logger::METRICS_PREFIX`], and to [`SNAPSHOT`], lines that start
+//!   with [`snapshot::SNAPSHOT_PREFIX`]). The kvm driver keeps it apart from
 //!   the console, in the run directory's `vmm.log`. A log that cannot be written (a closed
 //!   pipe, a file under the jail's `RLIMIT_FSIZE` of 0) loses lines, never the VM.
 //! - **The exit status** says how the VM ended ([`ProcessExit::from_status`]): a code from
@@ -29,10 +32,11 @@
 //! test executables in `target/<profile>/deps`).
 
 pub mod child;
+pub mod snapshot;
 
 use std::io::{self, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
 use serde::{Deserialize, Serialize};
@@ -48,6 +52,14 @@ pub const STOP: &str = "stop";
 /// [`crate::logger::metrics_line`] on stderr.
 pub const METRICS: &str = "metrics";
 
+/// The control-channel line that snapshots the VM into the configured directory and lets it
+/// run on (the reply comes on stderr: [`snapshot::SnapshotReply`]).
+pub const SNAPSHOT: &str = "snapshot";
+
+/// The control-channel line that snapshots the VM and then stops it (the process exits with
+/// [`ExitKind::Ended`] once the snapshot is written; on an error the VM runs on).
+pub const SNAPSHOT_STOP: &str = "snapshot-stop";
+
 /// A control-channel line that makes the control thread call `getppid`, which its seccomp
 /// filter does not allow (builds with the `test-hooks` feature only: the tests' way to prove a
 /// forbidden system call kills the VM process).
@@ -59,6 +71,12 @@ pub const TEST_FORBIDDEN_SYSCALL: &str = "test-forbidden-syscall";
 /// prove the memory cap ends a leaking VMM).
 #[cfg(feature = "test-hooks")]
 pub const TEST_LEAK: &str = "test-leak";
+
+/// A control-channel line that runs the snapshot path without checking the VMM is configured
+/// for snapshots (builds with the `test-hooks` feature only: the tests' way to prove the
+/// filters of a VMM without a snapshot directory still kill on the snapshot's system calls).
+#[cfg(feature = "test-hooks")]
+pub const TEST_SNAPSHOT_UNCHECKED: &str = "test-snapshot-unchecked";
 
 /// Upper bound of the configuration line (a handful of paths and a command line).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -79,6 +97,18 @@ pub struct ProcessConfig {
     pub jail: Option<JailConfig>,
     /// Install the seccomp filters of [`vm_jail::seccomp`] on every thread.
     pub seccomp: bool,
+    /// Where [`SNAPSHOT`] writes (absolute; an existing directory of mode `0700` without
+    /// snapshot files, made by the launcher). Only a VMM given one accepts the command, gets
+    /// the snapshot system calls in its filters and may write files in its jail, where the
+    /// directory is bound read-write at its own path. `None`: no snapshots.
+    #[serde(default)]
+    pub snapshot_dir: Option<PathBuf>,
+    /// Restore the snapshot in this directory (absolute) instead of booting `vm.kernel`: the
+    /// VM config must match the snapshot's, or the process exits with
+    /// [`ExitKind::RestoreFailed`]. Read before the jail's root exists, so it is not bound
+    /// inside.
+    #[serde(default)]
+    pub restore: Option<PathBuf>,
 }
 
 impl ProcessConfig {
@@ -89,6 +119,8 @@ impl ProcessConfig {
             parent_pid: std::process::id(),
             jail: None,
             seccomp: false,
+            snapshot_dir: None,
+            restore: None,
         }
     }
 
@@ -123,6 +155,19 @@ pub fn send_stop(control: &mut impl Write) -> io::Result<()> {
     control.flush()
 }
 
+/// Asks the VMM to snapshot the VM into its snapshot directory, then run on or stop.
+pub fn send_snapshot(
+    control: &mut impl Write,
+    then: crate::snapshot::AfterSnapshot,
+) -> io::Result<()> {
+    let line = match then {
+        crate::snapshot::AfterSnapshot::Resume => SNAPSHOT,
+        crate::snapshot::AfterSnapshot::Stop => SNAPSHOT_STOP,
+    };
+    control.write_all(format!("{line}\n").as_bytes())?;
+    control.flush()
+}
+
 /// Asks the VMM for its device counters (the reply comes on its stderr).
 pub fn send_metrics_query(control: &mut impl Write) -> io::Result<()> {
     control.write_all(format!("{METRICS}\n").as_bytes())?;
@@ -146,10 +191,13 @@ pub enum ExitKind {
     ParentGone,
     /// The jail could not be built (the step is on stderr); the guest never ran.
     JailFailed,
+    /// The snapshot to restore was refused (unreadable, invalid, or its VM differs from the
+    /// config: the field is on stderr); no guest ran.
+    RestoreFailed,
 }
 
 impl ExitKind {
-    const ALL: [ExitKind; 7] = [
+    const ALL: [ExitKind; 8] = [
         ExitKind::Ended,
         ExitKind::SetupFailed,
         ExitKind::TripleFault,
@@ -157,6 +205,7 @@ impl ExitKind {
         ExitKind::GuestFault,
         ExitKind::ParentGone,
         ExitKind::JailFailed,
+        ExitKind::RestoreFailed,
     ];
 
     /// The process exit code.
@@ -169,6 +218,7 @@ impl ExitKind {
             ExitKind::GuestFault => 4,
             ExitKind::ParentGone => 5,
             ExitKind::JailFailed => 6,
+            ExitKind::RestoreFailed => 7,
         }
     }
 

@@ -35,9 +35,11 @@
 //! must program it again. The KVM state of the in-kernel devices (PIC, IOAPIC, PIT, LAPIC) is
 //! saved.
 //!
-//! Not yet: the `vm` CLI has no snapshot command, and `vm-vmm`'s seccomp filters
-//! (`jail/src/seccomp/`) allow none of the snapshot path's system calls; snapshots are a
-//! library call of an unjailed VMM for now.
+//! Through the `vm-vmm` process (`crate::process::snapshot`): the control commands
+//! `snapshot` and `snapshot-stop` write into the one directory the launcher configured
+//! (bound into the jail, with the snapshot system calls added to that VMM's seccomp filters
+//! only), and `ProcessConfig::restore` restores at start. Not yet: the `vm` CLI has no
+//! snapshot command.
 
 pub mod format;
 pub mod memory_file;
