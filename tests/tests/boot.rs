@@ -105,6 +105,26 @@ async fn no_nested_virtualization(vm: &MicroVm, driver: &str) -> Result<(), Stri
     Ok(())
 }
 
+/// On kvm the guest's LAPIC timer runs in TSC-deadline mode (`vmm::cpuid::supported_for_vm`):
+/// its kernel then never calibrates the LAPIC timer against the PIT, a boot-time wait for ten
+/// timer interrupts where the nested runner's guests were seen stalled.
+async fn lapic_timer_is_tsc_deadline(vm: &MicroVm, driver: &str) -> Result<(), String> {
+    if driver != "kvm" {
+        return Ok(());
+    }
+    let cpuinfo = exec_ok(vm, "cat /proc/cpuinfo").await?;
+    let offered = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace())
+        .any(|f| f == "tsc_deadline_timer");
+    ensure!(
+        offered,
+        "no tsc_deadline_timer flag in /proc/cpuinfo:\n{cpuinfo}"
+    );
+    Ok(())
+}
+
 #[test]
 fn boot_and_kernel() {
     vm_tests::scenario("boot", |driver| async move {
@@ -115,6 +135,11 @@ fn boot_and_kernel() {
         c.run(
             "no_nested_virtualization",
             no_nested_virtualization(&vm, driver),
+        )
+        .await;
+        c.run(
+            "lapic_timer_is_tsc_deadline",
+            lapic_timer_is_tsc_deadline(&vm, driver),
         )
         .await;
         vm.close().await;

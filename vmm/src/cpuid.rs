@@ -18,7 +18,8 @@
 //! `cx16` is on the list because SLUB's `cmpxchg16b` stops the emulator (seen as an internal
 //! error in `___slab_alloc` when booting the 6.12 guest kernel).
 
-use kvm_bindings::kvm_cpuid_entry2;
+use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2};
+use kvm_ioctls::{Cap, Kvm};
 
 /// A feature bit: (leaf, subleaf or None for any, register, bit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +99,8 @@ pub const ZEROED_LEAVES: &[u32] = &[0xa, 0x8000_000a, 0x8000_0022];
 /// The processor brand string the guest sees (`model name` in its /proc/cpuinfo).
 pub const BRAND: &str = "vm microVM vCPU";
 
+/// Leaf 1 ECX: the LAPIC's TSC-deadline timer mode.
+pub const TSC_DEADLINE_BIT: u32 = 24;
 /// Leaf 1 ECX: hypervisor present.
 const HYPERVISOR_BIT: u32 = 31;
 /// Leaf 1 EDX: HTT (more than one logical processor per package).
@@ -119,6 +122,27 @@ fn reg_mut(e: &mut kvm_cpuid_entry2, reg: Reg) -> &mut u32 {
         Reg::Ebx => &mut e.ebx,
         Reg::Ecx => &mut e.ecx,
         Reg::Edx => &mut e.edx,
+    }
+}
+
+/// What KVM can offer a vCPU of this VM, before [`normalize`]: `KVM_GET_SUPPORTED_CPUID` plus the
+/// TSC-deadline timer, which KVM's in-kernel LAPIC emulates but reports only as
+/// `KVM_CAP_TSC_DEADLINE_TIMER` (as Firecracker and Cloud Hypervisor add it). With it the guest
+/// kernel programs its timer by deadline and skips calibrating the LAPIC timer against the
+/// PIT: a boot-time loop that waits for ten timer interrupts (`setup_boot_APIC_clock`), where
+/// the nested-KVM runner's guests were seen stalled, and ~100 ms of every boot. Not for the
+/// baseline profile: the PVM hosts it is for keep the table they were measured with.
+pub fn supported_for_vm(kvm: &Kvm, baseline: bool) -> Result<CpuId, kvm_ioctls::Error> {
+    let mut cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)?;
+    if !baseline && kvm.check_extension(Cap::TscDeadlineTimer) {
+        add_tsc_deadline(cpuid.as_mut_slice());
+    }
+    Ok(cpuid)
+}
+
+fn add_tsc_deadline(entries: &mut [kvm_cpuid_entry2]) {
+    for e in entries.iter_mut().filter(|e| e.function == 1) {
+        e.ecx |= 1 << TSC_DEADLINE_BIT;
     }
 }
 
@@ -232,6 +256,32 @@ fn cpuinfo_has_hw_virt() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tsc_deadline_goes_into_leaf_1_only() {
+        let mut e = [entry(1, 0, 0, 0, 0x11, 0), entry(7, 0, 0, 0, 0, 0)];
+        add_tsc_deadline(&mut e);
+        assert_eq!(e[0].ecx, 0x11 | 1 << TSC_DEADLINE_BIT);
+        assert_eq!(e[1].ecx, 0);
+    }
+
+    /// On a host whose KVM has the capability (the nested runner's, real hosts; PVM too), the
+    /// table for the host profile offers the TSC-deadline timer and the baseline's does not.
+    #[test]
+    fn supported_for_vm_offers_tsc_deadline_except_to_the_baseline() {
+        let Ok(kvm) = Kvm::new() else {
+            vm_test_support::skip("supported_for_vm", "/dev/kvm unavailable");
+            return;
+        };
+        let bit = |c: CpuId| {
+            let e = c.as_slice().iter().find(|e| e.function == 1).copied();
+            e.unwrap().ecx & (1 << TSC_DEADLINE_BIT) != 0
+        };
+        let raw = bit(kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap());
+        let cap = kvm.check_extension(Cap::TscDeadlineTimer);
+        assert_eq!(bit(supported_for_vm(&kvm, false).unwrap()), raw || cap);
+        assert_eq!(bit(supported_for_vm(&kvm, true).unwrap()), raw);
+    }
 
     fn entry(
         function: u32,

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
+use kvm_bindings::{KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
 use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -340,9 +340,7 @@ impl Vm {
             },
         )?;
         let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
-        let supported = vm
-            .kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        let supported = crate::cpuid::supported_for_vm(&vm.kvm, profile == CpuProfile::Baseline)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let setup = VcpuSetup {
             supported_cpuid: &supported,

@@ -14,7 +14,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::VmFd;
 
 use super::state::{ConfigFacts, VmState, VmWideState};
@@ -158,9 +157,7 @@ impl Vm {
         let cmdline = build_cmdline(profile, 0, &cfg.cmdline);
         let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
         restore_devices(&vm, &state.devices)?;
-        let supported = vm
-            .kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        let supported = crate::cpuid::supported_for_vm(&vm.kvm, profile == CpuProfile::Baseline)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         for (index, saved) in (0..cfg.vcpus).zip(&state.vcpus) {
             let v = vm
