@@ -218,6 +218,9 @@ kvm_nested() {
     check_detail="$result cases on kvm"
     ! grep -q '^kvm-nested: retried after an L1 stall' "$work/kvm-nested.result" ||
         check_detail+=", after one L1 stall (see its log)"
+    local nudged
+    nudged=$(sed -n 's/^kvm-nested: nudged a silent L1 with an NMI \([0-9]*\) times$/\1/p' "$work/kvm-nested.result")
+    [[ -z $nudged ]] || check_detail+=", the L1 nudged by an NMI $nudged times"
 }
 check kvm-nested kvm_nested
 rm -rf "$kvm_pack"
