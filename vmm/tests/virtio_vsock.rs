@@ -1,9 +1,11 @@
 //! virtio-vsock end to end in-process: host clients on the hybrid Unix socket <-> device <->
 //! a harness "guest" (vmm::virtio::test_utils::vsock_guest).
 
+mod vsock_common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -12,69 +14,7 @@ use std::time::{Duration, Instant};
 use vmm::virtio::test_utils::vsock_guest::VsockGuest;
 use vmm::virtio::vsock::muxer::{MAX_CONNECTIONS, guest_connects_refused};
 use vmm::virtio::vsock::packet::{HOST_CID, Header, TYPE_STREAM, op};
-
-const CID: u64 = 3;
-const PORT: u32 = 1234;
-
-fn setup() -> (tempfile::TempDir, PathBuf, VsockGuest) {
-    let dir = tempfile::tempdir().unwrap();
-    let uds = dir.path().join("v.sock");
-    let g = VsockGuest::new(CID, &uds).unwrap();
-    (dir, uds, g)
-}
-
-/// Connect as a host client; returns the stream after `OK <n>`, or the error text.
-fn host_connect(uds: &Path, port: u32) -> Result<UnixStream, String> {
-    let s = UnixStream::connect(uds).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    (&s).write_all(format!("CONNECT {port}\n").as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    loop {
-        match (&s).read(&mut b) {
-            Ok(0) => return Err("eof".into()),
-            Ok(_) if b[0] == b'\n' => break,
-            Ok(_) => line.push(b[0]),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    let line = String::from_utf8(line).map_err(|e| e.to_string())?;
-    if !line.starts_with("OK ") {
-        return Err(line);
-    }
-    Ok(s)
-}
-
-fn pump_until(
-    g: &mut VsockGuest,
-    timeout: Duration,
-    mut done: impl FnMut(&mut VsockGuest) -> bool,
-) {
-    let end = Instant::now() + timeout;
-    while !done(g) {
-        assert!(Instant::now() < end, "timed out");
-        g.pump(Duration::from_millis(5));
-    }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
+use vsock_common::*;
 
 /// A host client that sends `len` bytes and checks the echo; returns whether the checksum matched.
 fn echo_client(uds: PathBuf, seed: u64, len: usize) -> JoinHandle<bool> {
@@ -423,23 +363,6 @@ fn read_to_eof_then_reply(
     })
 }
 
-/// A connection opened the only way there is, by a host client to a guest listener on
-/// `port`: the guest's key and the host's stream.
-fn established(g: &mut VsockGuest, uds: &Path, port: u32) -> ((u32, u32), UnixStream) {
-    g.listen(port);
-    let uds = uds.to_path_buf();
-    let c = std::thread::spawn(move || host_connect(&uds, port));
-    pump_until(g, Duration::from_secs(10), |_| c.is_finished());
-    let s = c.join().unwrap().expect("host connect");
-    let key = g
-        .conns
-        .iter()
-        .find(|(k, c)| k.0 == port && c.established)
-        .map(|(k, _)| *k)
-        .expect("guest side of the connection");
-    (key, s)
-}
-
 /// Linux 6.12 queues a guest write above ~32 KiB as a nonlinear skb: one descriptor for the
 /// header, then one per page fragment (and a linear part may share the header's buffer).
 /// Every such packet must be accepted and delivered in order, byte for byte.
@@ -563,93 +486,4 @@ fn host_half_close_reaches_guest_as_shutdown_send() {
     g.shutdown_send(key);
     pump_until(&mut g, Duration::from_secs(20), |_| client.is_finished());
     assert_eq!(client.join().unwrap().as_deref(), Ok(&b"answer"[..]));
-}
-
-/// Writes `data` from the guest while the host reads nothing, until the guest is out of
-/// credit (the host socket full, the device's own buffer full); then closes the guest's side
-/// (SHUTDOWN with RCV and SEND, what `close()` sends). Returns how many bytes the device took.
-fn guest_writes_until_stalled_then_closes(
-    g: &mut VsockGuest,
-    key: (u32, u32),
-    data: &[u8],
-) -> usize {
-    g.write(key, data);
-    let (mut left, mut still) = (usize::MAX, 0);
-    // The outbox has stopped shrinking for a whole second: the guest has no credit left.
-    while still < 50 {
-        g.pump(Duration::from_millis(20));
-        let now = g.conns[&key].outbox.len();
-        if now == left {
-            still += 1;
-        } else {
-            (left, still) = (now, 0);
-        }
-    }
-    assert!(left > 0, "the host socket took all {} bytes", data.len());
-    g.conns.get_mut(&key).unwrap().outbox.clear();
-    g.close(key);
-    g.pump(Duration::from_millis(20));
-    data.len() - left
-}
-
-/// A guest that closes its socket while what it sent last still waits for a slow host: every
-/// byte the device took reaches the host, then EOF (cli/tests/cp_guest.rs lost the agent's last
-/// frame this way under load: the device reset the connection with it still buffered).
-#[test]
-fn guest_close_with_data_buffered_for_a_slow_host_delivers_every_byte() {
-    let (_d, uds, mut g) = setup();
-    let (key, s) = established(&mut g, &uds, 5012);
-    let data = pattern(12, 4 << 20);
-    let sent = guest_writes_until_stalled_then_closes(&mut g, key, &data);
-    assert!(
-        !g.resets.contains(&key),
-        "reset before the host read anything"
-    );
-    let reader = std::thread::spawn(move || {
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut got = Vec::new();
-        (&s).read_to_end(&mut got)
-            .map(|_| got)
-            .map_err(|e| e.to_string())
-    });
-    pump_until(&mut g, Duration::from_secs(20), |_| reader.is_finished());
-    let got = reader.join().unwrap().expect("the host read to EOF");
-    assert_eq!(
-        got.len(),
-        sent,
-        "bytes the host received vs bytes the device took"
-    );
-    assert!(got == data[..sent], "the delivered bytes differ");
-    // Drained: the device then tells the guest the connection is gone.
-    pump_until(&mut g, Duration::from_secs(5), |g| g.resets.contains(&key));
-}
-
-/// A closed guest connection whose host never reads is dropped after `CLOSE_LINGER`: the
-/// host gets what fitted in its socket, then EOF; the device holds nothing longer.
-#[test]
-fn guest_close_to_a_host_that_never_reads_is_dropped_after_the_linger() {
-    use vmm::virtio::vsock::connection::CLOSE_LINGER;
-    let (_d, uds, mut g) = setup();
-    let (key, s) = established(&mut g, &uds, 5013);
-    let data = pattern(13, 4 << 20);
-    let sent = guest_writes_until_stalled_then_closes(&mut g, key, &data);
-    let closed = Instant::now();
-    pump_until(&mut g, CLOSE_LINGER + Duration::from_secs(10), |g| {
-        g.resets.contains(&key)
-    });
-    assert!(
-        closed.elapsed() + Duration::from_secs(2) >= CLOSE_LINGER,
-        "dropped after {:?}, before the linger",
-        closed.elapsed()
-    );
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut got = Vec::new();
-    (&s).read_to_end(&mut got)
-        .expect("EOF after the device dropped it");
-    assert!(
-        got.len() < sent,
-        "the host got {} of {sent} bytes",
-        got.len()
-    );
-    assert!(got == data[..got.len()], "the delivered bytes differ");
 }
