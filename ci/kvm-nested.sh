@@ -23,6 +23,7 @@
 #                    runs the CLI's checks on kvm and must pass (stall after 30 s unless given)
 #   ci/kvm-nested.sh --print-l1          build (cached) the L1 and print its directory
 #   --cli-only   (debugging the runner) only the L1's CLI checks, not the pack's run.sh
+#   --only NAME  (debugging a scenario) run.sh runs only the e2e tests whose name holds NAME
 #   --kernel-arg ARG  (debugging the runner) one more word for the L1 kernel's command line
 #   --qemu PATH  another qemu-system-x86_64 for the L1 (e.g. QEMU 10 extracted from
 #                bookworm-backports into its own prefix; its firmware from PREFIX/share/qemu)
@@ -50,7 +51,7 @@ modules=(virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio virtio_p
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/vm/kvm-nested
 l1_mem=6G
 
-pack= out= full=0 timeout= stall_after= mode=run append_extra= qemu=qemu-system-x86_64 smp=1
+only= pack= out= full=0 timeout= stall_after= mode=run append_extra= qemu=qemu-system-x86_64 smp=1
 while (($#)); do
     case $1 in
     --pack) pack=${2:?--pack DIR}; shift ;;
@@ -60,6 +61,7 @@ while (($#)); do
     --stall-after) stall_after=${2:?--stall-after SECONDS}; shift ;;
     --self-test-stall) mode=stall ;;
     --cli-only) append_extra+=" l1.cli-only=1" ;;
+    --only) only=${2:?--only NAME}; shift ;;
     --kernel-arg) append_extra+=" ${2:?--kernel-arg ARG}"; shift ;;
     --qemu) qemu=${2:?--qemu PATH}; shift ;;
     --smp) smp=${2:?--smp N}; shift ;;
@@ -304,6 +306,10 @@ if ((full)); then
 else
     timeout=${timeout:-1200}
     append+=" l1.proof=--quick"
+fi
+if [[ -n $only ]]; then
+    [[ $only =~ ^[A-Za-z0-9_:]+$ ]] || die "--only: letters, digits, _ and : only, not $only"
+    if ((full)); then append+=" l1.proof=--only,$only"; else append+=",--only,$only"; fi
 fi
 
 share() { # share TAG DIR [ro]

@@ -54,6 +54,8 @@ pub enum Command {
     Drivers(DriversArgs),
     #[command(subcommand)]
     Images(ImagesCommand),
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Internal: the detached supervisor of a `vm run -d` VM.
     #[command(name = "__supervise", hide = true)]
     Supervise(SuperviseArgs),
@@ -177,6 +179,10 @@ pub struct ExecArgs {
     /// Run in this running VM (see `vm run -d`) instead of booting one
     #[arg(value_name = "NAME")]
     pub name: Option<String>,
+    /// Restore this snapshot (see `vm snapshot create`) instead of booting: its memory, mounts,
+    /// environment and image are the snapshot's
+    #[arg(long, value_name = "SNAPSHOT", conflicts_with = "name")]
+    pub from: Option<String>,
     #[command(flatten)]
     pub vm: VmOpts,
     #[command(flatten)]
@@ -492,6 +498,48 @@ the image and all its names.")]
         #[arg(required = true)]
         images: Vec<String>,
     },
+}
+
+/// Snapshots: a VM saved after its boot (and a warm-up command), restored in milliseconds.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Boot a VM, run an optional warm-up command, and save it as the snapshot NAME
+    #[command(after_help = "Examples:
+  vm snapshot create base
+  vm snapshot create py --image 127.0.0.1:5000/python:3.11 --memory 512M -- python3 -c 'import numpy'
+  vm exec --from py -- python3 -c 'import numpy; print(numpy.__version__)'
+
+The VM boots as `vm exec` would boot it; the warm-up command (if any) must exit 0, then the VM
+is paused and written to ${XDG_CACHE_HOME:-$HOME/.cache}/vm/snapshots/NAME (or $VM_SNAPSHOTS_DIR)
+and ended. Its memory, mounts, environment and wall limit are recorded with it: every VM
+restored from it gets them again, and each mounted file must be unchanged at restore.
+Snapshots need the kvm driver (`vm drivers` says why another cannot).")]
+    Create(Box<SnapshotCreateArgs>),
+    /// List snapshots
+    Ls {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove snapshots (VMs restored from one keep running)
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+/// `vm snapshot create` arguments.
+#[derive(Debug, Args)]
+pub struct SnapshotCreateArgs {
+    /// The snapshot's name
+    pub name: String,
+    #[command(flatten)]
+    pub vm: VmOpts,
+    #[command(flatten)]
+    pub cmd: CmdOpts,
+    /// The warm-up command, after `--`
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// Internal supervisor arguments.

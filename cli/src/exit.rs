@@ -144,11 +144,16 @@ pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
                 return Some(USAGE);
             }
             SandboxError::Unsupported(_) => return Some(FAILED),
+            // Transparent: its own error is not in the chain, so it is classified here.
+            SandboxError::Snapshot(s) => return Some(snapshot_code(s)),
             _ => {}
         }
     }
     if e.is::<PublishError>() {
         return Some(USAGE);
+    }
+    if let Some(s) = e.downcast_ref::<vm_sandbox::SnapshotError>() {
+        return Some(snapshot_code(s));
     }
     if let Some(r) = e.downcast_ref::<vm_sandbox::ImageRootError>()
         && r.is_bad_reference()
@@ -168,6 +173,19 @@ pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
         return Some(FAILED);
     }
     None
+}
+
+/// The exit code of a snapshot error: a bad name or an existing snapshot is usage, what a
+/// restore cannot honour (another driver, a changed mount, another version, a driver without
+/// snapshots) is refused, the rest is `vm` failing.
+fn snapshot_code(s: &vm_sandbox::SnapshotError) -> u8 {
+    use vm_sandbox::SnapshotError as S;
+    match s {
+        S::Name(_) | S::Exists(_) => USAGE,
+        S::Changed { .. } | S::Driver { .. } | S::Unsupported { .. } | S::Version { .. } => REFUSED,
+        S::Machine(vm_sandbox::drivers::SnapshotError::Unsupported { .. }) => REFUSED,
+        _ => FAILED,
+    }
 }
 
 /// The code and the agent's shell-like message when `e` says the guest command itself

@@ -35,9 +35,17 @@ pub enum DriverError {
         #[source]
         source: io::Error,
     },
-    /// A helper process could not be started.
+    /// A VM restored from a snapshot did not take its new agent token (`Request::Resume`).
+    #[error("the restored agent did not take its new token")]
+    Resume {
+        /// The agent's answer.
+        #[source]
+        source: ClientError,
+    },
+    /// The agent token could not be made, read or written.
     #[error("agent token")]
     Token(#[source] guest_agent::token::TokenError),
+    /// A helper process (or thread) could not be started.
     #[error("cannot start {program}")]
     Spawn {
         /// The program.

@@ -53,6 +53,7 @@ mod pause;
 mod process;
 mod registry;
 mod ring;
+pub mod snapshot;
 pub mod sys;
 pub mod tcg;
 #[cfg(test)]
@@ -82,6 +83,7 @@ pub use jail::JailReport;
 pub use kvm::KvmDriver;
 pub use machine::{Machine, MachineError, MachineInfo, VmHandle};
 pub use registry::{NoDriverError, Registry};
+pub use snapshot::{RestoreFrom, Snapshotted};
 pub use tcg::TcgDriver;
 
 /// Whether a driver can run a guest on this host right now, and why (or why not), in plain
@@ -125,6 +127,21 @@ pub trait Driver: Send + Sync {
     /// The jail this driver builds around each VM's host processes (`None`: it boots nothing).
     fn jail(&self) -> Option<JailReport> {
         None
+    }
+    /// Whether this driver can snapshot its VMs and restore them here, and why not.
+    fn snapshots(&self) -> Availability {
+        Availability::no("this driver has no snapshots")
+    }
+    /// Starts `plan`'s VM from the snapshot in `from` instead of booting it, and hands the
+    /// restored agent a new token (see [`snapshot`]). The plan must describe the VM the
+    /// snapshot was taken of (vcpus, memory, the same disks in the same order); an error
+    /// means no guest is left running.
+    fn restore(&self, plan: BootPlan, from: &RestoreFrom) -> Result<Machine, DriverError> {
+        let _ = (plan, from);
+        Err(DriverError::Unsupported {
+            driver: self.name(),
+            reason: self.snapshots().detail,
+        })
     }
 }
 
@@ -239,4 +256,8 @@ pub struct BootPlan {
     /// explicit choice, `--allow-weaker-jail`); otherwise such a boot is refused
     /// ([`DriverError::JailUnavailable`]).
     pub allow_weaker_jail: bool,
+    /// A VM that may be snapshotted ([`Machine::snapshot`]): its snapshot is written into this
+    /// directory (absolute, empty, mode 0700). `None` keeps the snapshot's system calls and
+    /// file writes out of the VM process's jail and filters.
+    pub snapshot_dir: Option<PathBuf>,
 }

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use vm_spec::Containment;
 
 use crate::DriverError;
+use crate::snapshot::{BackendSnapshot, SNAPSHOT_TIMEOUT, SnapshotError, Snapshotted};
 
 /// A backend's handle on one running VM. Implemented by the drivers (child processes for
 /// `tcg`, the `vm-vmm` process for `kvm`); public so test doubles can build a [`Machine`].
@@ -58,6 +59,15 @@ pub trait VmHandle: Send + Sync {
     /// not answer in time.
     fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
         None
+    }
+    /// Writes a snapshot of the VM into its plan's `snapshot_dir` and ends it, waiting at most
+    /// `timeout` (see [`crate::snapshot`]).
+    fn snapshot(&self, timeout: Duration) -> Result<BackendSnapshot, SnapshotError> {
+        let _ = timeout;
+        Err(SnapshotError::Unsupported {
+            driver: "this backend",
+            reason: "its VM handle cannot write snapshots".into(),
+        })
     }
 }
 
@@ -447,6 +457,41 @@ impl Machine {
         while self.shared.handle.is_running() {
             tokio::time::sleep(VM_POLL).await;
         }
+    }
+
+    /// Snapshots the VM into its plan's `snapshot_dir` and ends it: afterwards the machine is
+    /// closed, as after [`Machine::close`]. Refused (the VM runs on) on a machine booted
+    /// without a snapshot directory, a paused or stopped one, or a driver without snapshots.
+    pub fn snapshot(&self) -> Result<Snapshotted, SnapshotError> {
+        if self.is_paused() {
+            return Err(SnapshotError::Machine(MachineError::Paused {
+                name: self.info.name.clone(),
+            }));
+        }
+        let state = self.shared.state();
+        if state != State::Running || !self.shared.handle.is_running() {
+            return Err(SnapshotError::Machine(self.state_error(state)));
+        }
+        let token = self.agent.token().cloned();
+        let written = match self.shared.handle.snapshot(SNAPSHOT_TIMEOUT) {
+            Err(SnapshotError::Unsupported { reason, .. }) => {
+                return Err(SnapshotError::Unsupported {
+                    driver: self.info.driver,
+                    reason,
+                });
+            }
+            Err(e @ SnapshotError::Timeout(_)) => {
+                self.close_now();
+                return Err(e);
+            }
+            other => other?,
+        };
+        self.close_now();
+        // Every real driver's client presents a token; a snapshot without one is unusable.
+        let token = token.ok_or(SnapshotError::NoToken {
+            name: self.info.name.clone(),
+        })?;
+        Ok(written.with_token(token))
     }
 
     /// Asks the agent to power the guest off (bounded to a few seconds), then kills and reaps

@@ -9,12 +9,15 @@ use guest_agent::protocol::ExecRequest;
 use vm_spec::Containment;
 
 use super::*;
+use crate::snapshot::{BackendSnapshot, SnapshotError};
 
 #[derive(Default)]
 struct FakeState {
     killed: AtomicBool,
     kills: AtomicUsize,
     metrics_queries: AtomicUsize,
+    /// What `snapshot` answers: `true` writes (and ends the VM), `false` refuses.
+    snapshot_ok: AtomicBool,
 }
 
 struct FakeHandle(Arc<FakeState>);
@@ -39,6 +42,19 @@ impl VmHandle for FakeHandle {
     fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
         self.0.metrics_queries.fetch_add(1, Ordering::SeqCst);
         Some(vmm::metrics::MetricsReport::collect([]))
+    }
+    fn snapshot(&self, _timeout: Duration) -> Result<BackendSnapshot, SnapshotError> {
+        if !self.0.snapshot_ok.load(Ordering::SeqCst) {
+            return Err(SnapshotError::Refused("no room".into()));
+        }
+        self.0.killed.store(true, Ordering::SeqCst);
+        Ok(BackendSnapshot {
+            state_bytes: 1,
+            memory_bytes: 2,
+            memory_written: 3,
+            pause: Duration::from_micros(4),
+            took: Duration::from_micros(5),
+        })
     }
 }
 
@@ -245,4 +261,47 @@ fn agent_socket_is_the_one_the_driver_recorded() {
     let (m, _state) = machine(None, nowhere());
     assert_eq!(m.agent_socket(), std::path::Path::new("/run/t/vsock.sock"));
     assert_eq!(m.info().agent_socket, m.agent_socket());
+}
+
+#[test]
+fn a_snapshot_ends_the_machine_and_carries_its_token_a_refusal_does_not() {
+    let token = guest_agent::token::AgentToken::from_bytes([9; 32]);
+    let (m, state) = machine(None, nowhere().with_token(token.clone()));
+    let e = m.snapshot().unwrap_err();
+    assert!(
+        matches!(&e, SnapshotError::Refused(r) if r == "no room"),
+        "{e:?}"
+    );
+    assert!(m.is_running(), "a refused snapshot ended the VM");
+    state.snapshot_ok.store(true, Ordering::SeqCst);
+    let s = m.snapshot().unwrap();
+    assert_eq!((s.state_bytes, s.memory_written, s.token), (1, 3, token));
+    assert!(!m.is_running());
+    assert!(state.kills.load(Ordering::SeqCst) >= 1, "not torn down");
+    assert!(matches!(
+        m.snapshot(),
+        Err(SnapshotError::Machine(MachineError::Closed { .. }))
+    ));
+}
+
+#[test]
+fn drivers_without_snapshots_refuse_a_restore_with_their_reason() {
+    use crate::{Driver, KvmDriver, RestoreFrom, TcgDriver};
+    let from = RestoreFrom {
+        dir: "/nonexistent/snap".into(),
+        token: guest_agent::token::AgentToken::from_bytes([1; 32]),
+    };
+    let tcg = TcgDriver::new();
+    assert!(!tcg.snapshots().ok);
+    let e = tcg
+        .restore(crate::test_support::dummy_plan(), &from)
+        .unwrap_err();
+    assert!(
+        matches!(&e, DriverError::Unsupported { driver: "tcg", reason }
+            if reason == crate::tcg::SNAPSHOTS_UNSUPPORTED),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("vhost-user-vsock"), "{e}");
+    assert!(KvmDriver::new().snapshots().ok);
+    assert!(!crate::HvfDriver::new().snapshots().ok);
 }

@@ -21,5 +21,6 @@ pub(crate) fn dummy_plan() -> BootPlan {
         wall: None,
         boot_timeout: Duration::from_secs(1),
         allow_weaker_jail: false,
+        snapshot_dir: None,
     }
 }

@@ -56,6 +56,7 @@ fn kvm_boot_reports_the_truth() {
         // banner must be in the console by then; 20 s was too short at a load of 10.
         boot_timeout: Duration::from_secs(if available { 60 } else { 45 }),
         allow_weaker_jail: false,
+        snapshot_dir: None,
     };
     match driver.boot(plan) {
         Ok(machine) => {

@@ -248,6 +248,16 @@ pub enum Request {
     /// binary from the guest root (a minimal image has no `mkdir`). An older agent answers
     /// `Unsupported`.
     MakeDirs { path: String, owner: Option<String> },
+    /// Reply `Ok`: the host restored this VM from a snapshot. From now on every `Hello` must
+    /// carry `token` (the old one, which the snapshot holds, is refused: two VMs restored
+    /// from one snapshot end with different tokens), and, when the agent is PID 1, the
+    /// guest's `CLOCK_REALTIME` is stepped to `unix_nanos` (the host's wall clock; the
+    /// guest's clock stood still while the snapshot lay on disk). Connections already open
+    /// keep running. An older agent answers `Unsupported`.
+    Resume {
+        token: [u8; crate::token::TOKEN_LEN],
+        unix_nanos: u64,
+    },
 }
 
 /// Host -> agent frames.

@@ -57,9 +57,10 @@ fn request_ordinal(r: &Request) -> usize {
         Request::Shutdown => 10,
         Request::ExecInteractive(_) => 11,
         Request::MakeDirs { .. } => 12,
+        Request::Resume { .. } => 13,
     }
 }
-const REQUESTS: usize = 13;
+const REQUESTS: usize = 14;
 
 fn client_ordinal(f: &ClientFrame) -> usize {
     match f {
@@ -178,6 +179,13 @@ fn requests() -> Vec<(Request, &'static str)> {
                 owner: Some("app".into()),
             },
             "0d000000010c052f776f726b0103617070",
+        ),
+        (
+            Request::Resume {
+                token: std::array::from_fn(|i| i as u8),
+                unix_nanos: 300,
+            },
+            "24000000010d000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1fac02",
         ),
     ]
 }

@@ -61,6 +61,9 @@ pub enum SandboxError {
     Serve(#[from] ServeError),
     #[error("cannot create the guest root: {0}")]
     Root(String),
+    /// A snapshot was not taken, or a restore refused (the cause says which and why).
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshots::SnapshotError),
     #[error("a blocking boot task failed: {0}")]
     Join(String),
 }

@@ -109,6 +109,7 @@ mod running;
 mod select;
 mod serving;
 pub mod snapshot_root;
+pub mod snapshots;
 pub mod state;
 
 pub use error::SandboxError;
@@ -127,6 +128,7 @@ pub use serving::{
     UNREACHABLE_AFTER, describe_exit,
 };
 pub use snapshot_root::{SnapshotRootError, SnapshotRoots};
+pub use snapshots::{SnapshotError, SnapshotRecord, SnapshotStore};
 /// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):
 /// `vm_drivers::sys`, the one place the host side calls them.
 pub use vm_drivers::sys;
@@ -147,5 +149,6 @@ pub mod agent {
 
 /// The driver registry and the driver-level errors a caller may need to tell apart.
 pub mod drivers {
+    pub use vm_drivers::snapshot::SnapshotError;
     pub use vm_drivers::{Availability, Driver, MachineError, NoDriverError, Registry};
 }

@@ -45,6 +45,12 @@ pub struct Options {
     /// containerd shim: an image without `mkdir` still runs); its file operations under the
     /// root then fail where the root does not exist.
     pub prepare_root: bool,
+    /// Allow [`MicroVm::snapshot`] (refused before booting on a driver without snapshots,
+    /// with its reason): the VM's snapshot is staged in a private directory made
+    /// under this one at boot (created 0700 if missing; the snapshot's final path must be on
+    /// the same filesystem). `None` (the default) keeps the snapshot's system calls and file
+    /// writes out of the VM process's jail and filters.
+    pub snapshots: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -59,6 +65,7 @@ impl Default for Options {
             max_mount_bytes: DEFAULT_MAX_DIR_BYTES,
             run_dir_parent: None,
             prepare_root: true,
+            snapshots: None,
         }
     }
 }
@@ -88,6 +95,12 @@ pub struct MicroVm {
     guest: Guest,
     machine: Arc<Machine>,
     spec: ValidSpec,
+    /// The spec as the caller gave it (a snapshot records it).
+    pub(crate) source: Spec,
+    /// The plan's block devices, in attachment order (a snapshot records their identity).
+    pub(crate) devices: Vec<vm_drivers::BlockDevice>,
+    /// The snapshot staging directory ([`Options::snapshots`]), until a snapshot takes it.
+    pub(crate) staging: Mutex<Option<tempfile::TempDir>>,
     /// The per-VM run directory (removed by `close`/drop; the path stays for callers).
     run_dir_path: PathBuf,
     run_dir: Mutex<Option<tempfile::TempDir>>,
@@ -120,73 +133,45 @@ impl MicroVm {
             options.trust,
             &options.policy,
         )?;
-        let env_allow = spec.guarantees.env_allow.clone();
-        MicroVm::create_on(driver, valid, env_allow, options)
+        MicroVm::create_on(driver, valid, spec.clone(), options)
     }
 
     fn create_on(
         driver: &dyn Driver,
         spec: ValidSpec,
-        env_allow: Vec<String>,
+        source: Spec,
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
-        let image = spec.image();
-        let Some(initramfs) = image.initrd.clone() else {
-            return Err(SandboxError::Unsupported(
-                "image.initrd is required (it holds the agent)",
-            ));
-        };
-        let cache = match &options.mount_cache {
-            Some(dir) => MountCache::new(dir),
-            None => MountCache::default_location()?,
+        if options.snapshots.is_some() {
+            let can = driver.snapshots();
+            if !can.ok {
+                return Err(crate::snapshots::SnapshotError::Unsupported {
+                    driver: driver.name(),
+                    reason: can.detail,
+                }
+                .into());
+            }
         }
-        .with_max_dir_bytes(options.max_mount_bytes);
-        let disks = cache.prepare(spec.mounts())?;
-        let parent = options
-            .run_dir_parent
-            .clone()
-            .unwrap_or_else(std::env::temp_dir);
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&parent)
-                .map_err(SandboxError::RunDir)?;
-        }
-        let run_dir = tempfile::Builder::new()
-            .prefix(crate::rundir::RUN_DIR_PREFIX)
-            .tempdir_in(parent)
-            .map_err(SandboxError::RunDir)?;
-        // So a later sweep can tell this directory's owner died (crate::rundir).
-        crate::rundir::claim(run_dir.path()).map_err(SandboxError::RunDir)?;
-        let limits = spec.limits();
-        let plan = BootPlan {
-            name: options.name.clone(),
-            images: ImagePaths {
-                vmlinux: image.kernel.clone(),
-                bz_image: image
-                    .bz_image
-                    .clone()
-                    .unwrap_or_else(|| image.kernel.clone()),
-                initramfs,
-            },
-            vcpus: limits.vcpus,
-            mem_mib: limits.mem_mib,
-            pids_max: limits.pids,
-            disks,
-            rootfs: rootfs_plan(image),
-            run_dir: run_dir.path().to_path_buf(),
-            wall: limits.wall,
-            boot_timeout: options.boot_timeout,
-            allow_weaker_jail: options.policy.allow_weaker_jail
-                || options.trust != vm_spec::Trust::Untrusted,
-        };
+        let prepared = Prepared::new(&spec, options)?;
         let name = driver.name();
-        let machine = driver.boot(plan).map_err(|source| SandboxError::Boot {
-            driver: name,
-            source,
-        })?;
+        let machine = driver
+            .boot(prepared.plan.clone())
+            .map_err(|source| SandboxError::Boot {
+                driver: name,
+                source,
+            })?;
+        MicroVm::wrap(machine, spec, source, options, prepared)
+    }
+
+    /// The sandbox over a machine `driver` booted or restored from `prepared`'s plan: its
+    /// containment re-checked, its confinement the spec's.
+    pub(crate) fn wrap(
+        machine: Machine,
+        spec: ValidSpec,
+        source: Spec,
+        options: &Options,
+        prepared: Prepared,
+    ) -> Result<MicroVm, SandboxError> {
         // The machine reports its own containment; re-check it so a driver that booted
         // something weaker than it claimed is never used.
         if let Err(e) = vm_spec::admit_level(
@@ -202,7 +187,7 @@ impl MicroVm {
         let confinement = Confinement {
             root: spec.root().to_string(),
             env: spec.env().to_vec(),
-            env_allow,
+            env_allow: source.guarantees.env_allow.clone(),
             defaults: ProcessDefaults {
                 user: spec.user().map(str::to_string),
                 working_dir: spec.working_dir().map(str::to_string),
@@ -217,8 +202,11 @@ impl MicroVm {
             ),
             machine,
             spec,
-            run_dir_path: run_dir.path().to_path_buf(),
-            run_dir: Mutex::new(Some(run_dir)),
+            source,
+            devices: prepared.plan.block_devices(),
+            staging: Mutex::new(prepared.staging),
+            run_dir_path: prepared.run_dir.path().to_path_buf(),
+            run_dir: Mutex::new(Some(prepared.run_dir)),
         })
     }
 
@@ -235,6 +223,10 @@ impl MicroVm {
     /// The validated spec the guest runs under.
     pub fn spec(&self) -> &ValidSpec {
         &self.spec
+    }
+
+    pub(crate) fn machine_arc(&self) -> Arc<Machine> {
+        self.machine.clone()
     }
 
     /// The underlying machine (console tail, host pids, liveness).
@@ -276,7 +268,7 @@ impl MicroVm {
         self.remove_run_dir();
     }
 
-    fn remove_run_dir(&self) {
+    pub(crate) fn remove_run_dir(&self) {
         let dir = self
             .run_dir
             .lock()
@@ -304,6 +296,84 @@ impl Drop for MicroVm {
         self.machine.close_now();
         self.remove_run_dir();
     }
+}
+
+/// What a boot or a restore needs before the driver runs: the plan, its run directory and
+/// the snapshot staging directory when [`Options::snapshots`] asks for one.
+pub(crate) struct Prepared {
+    pub(crate) plan: BootPlan,
+    pub(crate) run_dir: tempfile::TempDir,
+    pub(crate) staging: Option<tempfile::TempDir>,
+}
+
+impl Prepared {
+    /// Prepares the read-only disks and the run directory of `spec`, and the plan.
+    pub(crate) fn new(spec: &ValidSpec, options: &Options) -> Result<Prepared, SandboxError> {
+        let image = spec.image();
+        let Some(initramfs) = image.initrd.clone() else {
+            return Err(SandboxError::Unsupported(
+                "image.initrd is required (it holds the agent)",
+            ));
+        };
+        let cache = match &options.mount_cache {
+            Some(dir) => MountCache::new(dir),
+            None => MountCache::default_location()?,
+        }
+        .with_max_dir_bytes(options.max_mount_bytes);
+        let disks = cache.prepare(spec.mounts())?;
+        let parent = options
+            .run_dir_parent
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        private_dir(&parent).map_err(SandboxError::RunDir)?;
+        let run_dir = tempfile::Builder::new()
+            .prefix(crate::rundir::RUN_DIR_PREFIX)
+            .tempdir_in(parent)
+            .map_err(SandboxError::RunDir)?;
+        // So a later sweep can tell this directory's owner died (crate::rundir).
+        crate::rundir::claim(run_dir.path()).map_err(SandboxError::RunDir)?;
+        let staging = match &options.snapshots {
+            Some(dir) => Some(crate::snapshots::staging_dir(dir)?),
+            None => None,
+        };
+        let limits = spec.limits();
+        let plan = BootPlan {
+            name: options.name.clone(),
+            images: ImagePaths {
+                vmlinux: image.kernel.clone(),
+                bz_image: image
+                    .bz_image
+                    .clone()
+                    .unwrap_or_else(|| image.kernel.clone()),
+                initramfs,
+            },
+            vcpus: limits.vcpus,
+            mem_mib: limits.mem_mib,
+            pids_max: limits.pids,
+            disks,
+            rootfs: rootfs_plan(image),
+            run_dir: run_dir.path().to_path_buf(),
+            wall: limits.wall,
+            boot_timeout: options.boot_timeout,
+            allow_weaker_jail: options.policy.allow_weaker_jail
+                || options.trust != vm_spec::Trust::Untrusted,
+            snapshot_dir: staging.as_ref().map(|d| d.path().to_path_buf()),
+        };
+        Ok(Prepared {
+            plan,
+            run_dir,
+            staging,
+        })
+    }
+}
+
+/// Creates `dir` and its missing parents, mode 0700.
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 /// The root disk of a validated image: its file and filesystem.

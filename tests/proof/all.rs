@@ -38,6 +38,8 @@ mod rootfs;
 mod rootfs_debian;
 #[path = "../tests/serve.rs"]
 mod serve;
+#[path = "../tests/snapshot.rs"]
+mod snapshot;
 #[path = "../tests/stalled.rs"]
 mod stalled;
 #[path = "../tests/vsock_host.rs"]

@@ -46,33 +46,65 @@ async fn relay(
 
 /// `vm exec`.
 pub async fn run(a: ExecArgs) -> anyhow::Result<u8> {
-    match a.name.clone() {
-        Some(name) => in_named(a, name).await,
-        None => boot_and_exec(a).await,
+    match (a.name.clone(), a.from.clone()) {
+        (Some(name), _) => in_named(a, name).await,
+        (None, Some(from)) => restore_and_exec(a, from).await,
+        (None, None) => boot_and_exec(a).await,
     }
 }
 
-/// Flags that configure a VM to boot, which mean nothing for an existing one.
-fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
-    let v = &a.vm;
-    let mut given = Vec::new();
-    let mut check = |on: bool, flag| {
-        if on {
-            given.push(flag);
+/// `vm exec --from SNAPSHOT -- CMD`: restore, run the command as in a named VM (`-e`, `-w`,
+/// `--user` apply to it, `--timeout` bounds it), tear the VM down.
+async fn restore_and_exec(a: ExecArgs, from: String) -> anyhow::Result<u8> {
+    crate::cmd::snapshot::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
+    if a.command.is_empty() {
+        return Err(exit::usage(format!(
+            "vm exec --from {from} needs a command after --"
+        )));
+    }
+    if a.vm.timeout.is_some_and(|t| t.is_zero()) {
+        return Err(exit::usage(
+            "--timeout: 0 refused; give a positive duration, or none",
+        ));
+    }
+    mode(&a).terminal()?;
+    let mut signals = Signals::install()?;
+    let name = format!("exec-{}", std::process::id());
+    let vm = tokio::select! {
+        vm = crate::cmd::snapshot::restore(&from, &a.vm, name) => vm?,
+        sig = signals.recv() => {
+            tracing::info!("{sig} while restoring");
+            return Ok(exit::INTERRUPTED);
         }
     };
-    check(v.memory.is_some(), "--memory");
-    check(v.cpus.is_some(), "--cpus");
-    check(v.pids.is_some(), "--pids");
-    check(!v.volumes.is_empty(), "-v");
-    check(v.kernel.is_some(), "--kernel");
-    check(v.initrd.is_some(), "--initrd");
-    check(v.rootfs.is_some(), "--rootfs");
-    check(v.image.is_some(), "--image");
-    check(v.driver.is_some(), "--driver");
-    check(v.trust != crate::args::TrustArg::Untrusted, "--trust");
-    check(v.allow_emulation, "--allow-emulation");
-    check(a.dry.dry_run, "--dry-run");
+    let run = Run {
+        command: Command::Argv(a.command.clone()),
+        cwd: a.cmd.workdir.clone(),
+        timeout: a.vm.timeout,
+        env: resolve::env(&a.cmd.env),
+        env_allow: a.cmd.env_allow.clone(),
+        user: a.cmd.user.clone(),
+        ..Default::default()
+    };
+    let result = relay(&vm, run, mode(&a), &mut signals).await;
+    vm.close().await;
+    result
+}
+
+/// Flags that configure a VM to boot, which mean nothing for an existing one: the ones that
+/// shape it (as for a restore) and the ones that choose and admit its driver.
+fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
+    let v = &a.vm;
+    let mut given = crate::cmd::snapshot::shaping_flags_given(v, a.dry.dry_run);
+    if v.driver.is_some() {
+        given.push("--driver");
+    }
+    if v.trust != crate::args::TrustArg::Untrusted {
+        given.push("--trust");
+    }
+    if v.allow_emulation {
+        given.push("--allow-emulation");
+    }
     given
 }
 

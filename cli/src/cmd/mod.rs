@@ -8,4 +8,5 @@ pub mod manage;
 pub mod pause;
 pub mod run;
 pub mod serve;
+pub mod snapshot;
 pub mod stats;

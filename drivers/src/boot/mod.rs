@@ -18,7 +18,7 @@ use guest_agent::config::{AgentConfig, DiskMount, RootDisk};
 use crate::{BootPlan, DriverError};
 
 pub use run_dir::attach_client;
-pub(crate) use run_dir::{RUN_FILES, RunDir, boot_secret};
+pub(crate) use run_dir::{RUN_FILES, RunDir, boot_secret, rekey};
 pub(crate) use wait::{AGENT_READY_MARKER, wait_for_agent, wait_for_agent_after_console};
 
 /// The guest's vsock context id.

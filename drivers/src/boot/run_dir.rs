@@ -61,6 +61,39 @@ pub(crate) fn boot_secret(
     Ok((token, path))
 }
 
+/// Re-keys a VM restored from a snapshot: `client` (presenting the snapshot's token) hands the
+/// agent a fresh token and this host's clock (`Request::Resume`); the new token is written
+/// to the run directory's [`AGENT_TOKEN`] for later `vm` processes. Returns the client that
+/// presents it. Runs the async client on a private thread with its own runtime, as
+/// [`super::wait_for_agent`] does.
+pub(crate) fn rekey(run: &RunDir, client: &AgentClient) -> Result<AgentClient, DriverError> {
+    let token = AgentToken::generate().map_err(DriverError::Token)?;
+    let resumed = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|source| DriverError::Spawn {
+                    program: "a runtime to re-key the restored agent".into(),
+                    source,
+                })?;
+            rt.block_on(client.resume(token.clone()))
+                .map_err(|source| DriverError::Resume { source })
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(DriverError::Spawn {
+                program: "the re-keying thread".into(),
+                source: io::Error::other("it panicked"),
+            })
+        })
+    })?;
+    token
+        .write_file(&run.path(AGENT_TOKEN))
+        .map_err(DriverError::Token)?;
+    Ok(resumed)
+}
+
 /// The agent client for a VM whose hybrid-vsock socket is `agent_socket`, presenting the token
 /// its boot left beside it. For a process other than the one that booted it (`vm exec NAME`).
 pub fn attach_client(agent_socket: &Path) -> Result<AgentClient, DriverError> {

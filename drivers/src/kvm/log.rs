@@ -3,7 +3,8 @@
 //! and nothing more, so a guest that makes the VMM log cannot fill the host disk) and a
 //! bounded in-memory tail; the VMM's replies to the `metrics` control command
 //! (`vmm::logger::METRICS_PREFIX` lines) are taken out of the stream and kept as the latest
-//! [`MetricsReport`].
+//! [`MetricsReport`], and so are its replies to `snapshot` (`SNAPSHOT_PREFIX` lines, the
+//! latest [`SnapshotReply`]).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use vmm::logger::parse_metrics_line;
 use vmm::metrics::MetricsReport;
+use vmm::process::snapshot::{SnapshotReply, parse_reply_line};
 
 use crate::ring::SharedRing;
 
@@ -69,6 +71,9 @@ struct Latest {
     /// Replies seen so far.
     seq: u64,
     report: Option<MetricsReport>,
+    /// Snapshot replies seen so far.
+    snapshot_seq: u64,
+    snapshot: Option<SnapshotReply>,
 }
 
 /// The reader side of a VMM's log stream.
@@ -101,13 +106,16 @@ impl VmmLog {
                     line.clear();
                     match src.by_ref().take(MAX_LINE).read_until(b'\n', &mut line) {
                         Ok(0) => break,
-                        Ok(_) => match parse_metrics_line(&line) {
-                            Some(report) => reader.store(report),
-                            None => {
+                        Ok(_) => {
+                            if let Some(report) = parse_metrics_line(&line) {
+                                reader.store(report);
+                            } else if let Some(reply) = parse_reply_line(&line) {
+                                reader.store_snapshot(reply);
+                            } else {
                                 file.push(&line);
                                 tail.push(&line);
                             }
-                        },
+                        }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(_) => break,
                     }
@@ -138,16 +146,33 @@ impl VmmLog {
         self.latest.1.notify_all();
     }
 
-    /// How many metrics replies have arrived.
-    pub(crate) fn replies(&self) -> u64 {
-        self.lock().seq
+    fn store_snapshot(&self, reply: SnapshotReply) {
+        let mut l = self.lock();
+        l.snapshot_seq += 1;
+        l.snapshot = Some(reply);
+        self.latest.1.notify_all();
     }
 
-    /// The first report newer than reply number `seen`, waiting at most `timeout`.
-    pub(crate) fn report_after(&self, seen: u64, timeout: Duration) -> Option<MetricsReport> {
+    /// How many snapshot replies have arrived.
+    pub(crate) fn snapshot_replies(&self) -> u64 {
+        self.lock().snapshot_seq
+    }
+
+    /// The first snapshot reply newer than number `seen`, waiting at most `timeout`.
+    pub(crate) fn snapshot_after(&self, seen: u64, timeout: Duration) -> Option<SnapshotReply> {
+        self.newer_than(seen, timeout, |l| (l.snapshot_seq, l.snapshot.clone()))
+    }
+
+    /// Waits at most `timeout` until the counter `pick` reads passes `seen`, then its value.
+    fn newer_than<T>(
+        &self,
+        seen: u64,
+        timeout: Duration,
+        pick: impl Fn(&Latest) -> (u64, Option<T>),
+    ) -> Option<T> {
         let deadline = Instant::now() + timeout;
         let mut l = self.lock();
-        while l.seq <= seen {
+        while pick(&l).0 <= seen {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return None;
@@ -159,7 +184,17 @@ impl VmmLog {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        l.report.clone()
+        pick(&l).1
+    }
+
+    /// How many metrics replies have arrived.
+    pub(crate) fn replies(&self) -> u64 {
+        self.lock().seq
+    }
+
+    /// The first report newer than reply number `seen`, waiting at most `timeout`.
+    pub(crate) fn report_after(&self, seen: u64, timeout: Duration) -> Option<MetricsReport> {
+        self.newer_than(seen, timeout, |l| (l.seq, l.report.clone()))
     }
 
     /// The log's tail (bounded); once the VMM has exited, waits briefly for its last lines.
@@ -213,5 +248,24 @@ mod tests {
         assert_eq!(tail.lines().count(), 2, "{tail:?}");
         assert!(!tail.contains("metrics"), "{tail:?}");
         assert_eq!(file.text(), tail);
+    }
+
+    #[test]
+    fn snapshot_replies_are_taken_out_of_the_log() {
+        let reply = SnapshotReply {
+            ok: true,
+            state_bytes: 4096,
+            ..SnapshotReply::default()
+        };
+        let mut stream = b"2026-12-02T00:00:00Z  INFO vmm: paused\n".to_vec();
+        stream.extend(vmm::process::snapshot::reply_line(&reply));
+        let file = Captured::default();
+        let log = VmmLog::start(io::Cursor::new(stream), file.clone());
+        assert_eq!(log.snapshot_after(0, Duration::from_secs(5)), Some(reply));
+        assert_eq!((log.snapshot_replies(), log.replies()), (1, 0));
+        assert_eq!(log.snapshot_after(1, Duration::from_millis(20)), None);
+        let tail = log.tail(true);
+        assert!(!tail.contains("snapshot"), "{tail:?}");
+        assert_eq!(tail.lines().count(), 1, "{tail:?}");
     }
 }

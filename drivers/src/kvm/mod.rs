@@ -56,4 +56,14 @@ impl Driver for KvmDriver {
     fn jail(&self) -> Option<crate::JailReport> {
         Some(crate::jail::kvm_report())
     }
+
+    fn snapshots(&self) -> Availability {
+        Availability::yes(
+            "vm-vmm writes the vCPU, device and memory state; restores map it copy-on-write",
+        )
+    }
+
+    fn restore(&self, plan: BootPlan, from: &crate::RestoreFrom) -> Result<Machine, DriverError> {
+        vm::restore(plan, from)
+    }
 }

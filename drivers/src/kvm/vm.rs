@@ -18,6 +18,7 @@ use vmm::{ConsoleConfig, CpuProfile, KernelFormat, VmConfig};
 use crate::boot::{self, GUEST_CID, RunDir, VSOCK_SOCKET};
 use crate::machine::{MachineInfo, VmHandle};
 use crate::process::{Supervised, spawn_supervised};
+use crate::snapshot::{BackendSnapshot, RestoreFrom, SnapshotError};
 use crate::{BootPlan, DriverError, Machine};
 
 use super::locate;
@@ -129,6 +130,18 @@ fn spawn_vmm(
 }
 
 pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
+    start(plan, None)
+}
+
+/// Starts the VM of `plan` from the snapshot `from` (see [`crate::snapshot`]).
+pub(super) fn restore(plan: BootPlan, from: &RestoreFrom) -> Result<Machine, DriverError> {
+    start(plan, Some(from))
+}
+
+/// Boots `plan` (`from` = `None`) or restores it from a snapshot: the same run directory,
+/// jail, filters and supervision either way. A restore boots no kernel (so no boot initrd
+/// carries a token: the snapshot's agent has one) and re-keys the agent once it answers.
+fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     let cmdline = boot::agent_cmdline(&plan)?;
@@ -136,7 +149,10 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
     files.extend(boot::RUN_FILES);
     let mut run = RunDir::prepare(&plan.run_dir, &files)?;
     let uds = run.path(VSOCK_SOCKET);
-    let (token, initrd) = boot::boot_secret(&plan, &run)?;
+    let (token, initrd) = match from {
+        None => boot::boot_secret(&plan, &run)?,
+        Some(f) => (f.token.clone(), plan.images.initramfs.clone()),
+    };
     let jailed = crate::jail::kvm_report()
         .decide(plan.allow_weaker_jail)
         .map_err(|reason| DriverError::JailUnavailable {
@@ -148,15 +164,25 @@ pub(super) fn boot(plan: BootPlan) -> Result<Machine, DriverError> {
         cfg.jail = Some(jail_config(&mut run)?);
     }
     cfg.seccomp = true;
+    cfg.snapshot_dir = plan.snapshot_dir.clone();
+    cfg.restore = from.map(|f| f.dir.clone());
     let (child, log) = spawn_vmm(&cfg, &run.path(VMM_LOG))?;
-    tracing::info!(name = %plan.name, pid = child.pid(), "kvm vm process started");
+    tracing::info!(name = %plan.name, pid = child.pid(), restore = from.is_some(), "kvm vm process started");
     let handle = KvmHandle {
         child,
         log,
         run: std::sync::Mutex::new(run),
+        snapshots: plan.snapshot_dir.is_some(),
     };
-    let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
-    if let Err(e) = boot::wait_for_agent(&handle, &client, plan.boot_timeout) {
+    let mut client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
+    let ready = boot::wait_for_agent(&handle, &client, plan.boot_timeout).and_then(|()| {
+        if from.is_some() {
+            let run = handle.run.lock().unwrap_or_else(|p| p.into_inner());
+            client = boot::rekey(&run, &client)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = ready {
         // The wait's error carries the stop detail and the console tail (the guest's last
         // words, as on every driver); only a seccomp kill is worth a variant of its own.
         let exit = handle.child.exit_status().map(ProcessExit::from_status);
@@ -206,6 +232,8 @@ struct KvmHandle {
     child: Supervised,
     log: VmmLog,
     run: std::sync::Mutex<RunDir>,
+    /// The VMM was given a snapshot directory.
+    snapshots: bool,
 }
 
 impl VmHandle for KvmHandle {
@@ -256,6 +284,38 @@ impl VmHandle for KvmHandle {
             .with_stdin(vmm::process::send_metrics_query)?
             .ok()?;
         self.log.report_after(seen, METRICS_WAIT)
+    }
+
+    fn snapshot(&self, timeout: Duration) -> Result<BackendSnapshot, SnapshotError> {
+        if !self.snapshots {
+            return Err(SnapshotError::NotConfigured {
+                name: "kvm vm".into(),
+            });
+        }
+        let seen = self.log.snapshot_replies();
+        let stop = vmm::snapshot::AfterSnapshot::Stop;
+        self.child
+            .with_stdin(|w| vmm::process::send_snapshot(w, stop))
+            .unwrap_or_else(|| Err(std::io::Error::other("no control channel")))
+            .map_err(SnapshotError::Control)?;
+        let Some(reply) = self.log.snapshot_after(seen, timeout) else {
+            self.kill();
+            return Err(SnapshotError::Timeout(timeout));
+        };
+        if !reply.ok {
+            return Err(SnapshotError::Refused(reply.error.unwrap_or_default()));
+        }
+        // `snapshot-stop`: the VMM exits once the files are written.
+        if !self.child.wait_exit(timeout) {
+            tracing::warn!("the vm process did not exit after its snapshot; killing it");
+        }
+        Ok(BackendSnapshot {
+            state_bytes: reply.state_bytes,
+            memory_bytes: reply.memory_bytes,
+            memory_written: reply.memory_written,
+            pause: Duration::from_micros(reply.pause_us),
+            took: Duration::from_micros(reply.took_us),
+        })
     }
 }
 
@@ -366,6 +426,7 @@ mod tests {
             child,
             log,
             run: std::sync::Mutex::new(run),
+            snapshots: false,
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let report = loop {

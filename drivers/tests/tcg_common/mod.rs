@@ -125,5 +125,6 @@ pub fn plan(name: &str, images: ImagePaths, run_dir: PathBuf) -> BootPlan {
         wall: None,
         boot_timeout: Duration::from_secs(60),
         allow_weaker_jail: false,
+        snapshot_dir: None,
     }
 }

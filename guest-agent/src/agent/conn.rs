@@ -48,9 +48,7 @@ pub(super) async fn authenticate<S: Stream>(agent: &Agent, s: &mut S) -> Result<
         Err(FrameError::Timeout) => return Err("no Hello before the deadline"),
         Err(_) => return Err("malformed or oversized Hello"),
     };
-    if let Some(expected) = agent.token()
-        && !expected.matches(&token)
-    {
+    if agent.token_matches(&token) == Some(false) {
         return Err("wrong token");
     }
     if version != PROTOCOL_VERSION {
@@ -120,6 +118,12 @@ pub(super) async fn handle<S: Stream>(
             match files::make_dirs(agent.base_fd(), &path, owner.as_deref()) {
                 Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
                 Err(e) => file_error(&mut s, e, t).await,
+            }
+        }
+        Request::Resume { token, unix_nanos } => {
+            match super::resume::resume(agent, token, unix_nanos) {
+                Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
+                Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
             }
         }
         Request::Shutdown => {

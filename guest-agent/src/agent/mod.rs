@@ -25,6 +25,7 @@ pub mod pid1;
 pub mod process;
 mod pty;
 pub mod reaper;
+mod resume;
 mod serve;
 pub mod slots;
 pub mod sys;
@@ -129,6 +130,8 @@ pub struct Agent {
     slots: Slots,
     pending: Arc<Semaphore>,
     refusals: RefusalLog,
+    /// The token every `Hello` must carry: `opts.token` at start, replaced by `Resume`.
+    token: std::sync::RwLock<Option<AgentToken>>,
 }
 
 impl Agent {
@@ -147,7 +150,9 @@ impl Agent {
         };
         let slots = Slots::new(opts.slots);
         let pending = Arc::new(Semaphore::new(opts.max_pending));
+        let token = std::sync::RwLock::new(opts.token.clone());
         Ok(Arc::new(Agent {
+            token,
             opts,
             base,
             reaper,
@@ -175,8 +180,18 @@ impl Agent {
         self.refusals.total()
     }
 
-    pub(crate) fn token(&self) -> Option<&AgentToken> {
-        self.opts.token.as_ref()
+    /// Whether `presented` is the current token (constant-time); `None` when the agent has
+    /// none (the host test server without `--token-file`).
+    pub(crate) fn token_matches(&self, presented: &[u8; crate::token::TOKEN_LEN]) -> Option<bool> {
+        let token = self.token.read().unwrap_or_else(|p| p.into_inner());
+        token.as_ref().map(|t| t.matches(presented))
+    }
+    /// Replaces the token every later `Hello` must carry.
+    pub(crate) fn set_token(&self, token: AgentToken) {
+        *self.token.write().unwrap_or_else(|p| p.into_inner()) = Some(token);
+    }
+    pub(crate) fn is_pid1(&self) -> bool {
+        self.opts.pid1
     }
     /// The handshake deadline: `auth_timeout`, or `io_timeout` when that is shorter.
     pub(crate) fn auth_timeout(&self) -> Duration {

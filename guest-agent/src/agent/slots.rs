@@ -42,7 +42,8 @@ impl Class {
             | Request::ServeStatus(_)
             | Request::ServeStop(_)
             | Request::Shutdown
-            | Request::MakeDirs { .. } => Class::Control,
+            | Request::MakeDirs { .. }
+            | Request::Resume { .. } => Class::Control,
             Request::Exec(_) | Request::ExecStream(_) | Request::ExecInteractive(_) => Class::Exec,
             Request::Forward { .. } | Request::ReadFile { .. } | Request::WriteFile { .. } => {
                 Class::Data

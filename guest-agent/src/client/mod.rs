@@ -15,6 +15,7 @@ use tokio::time::Instant;
 mod dirs;
 mod files;
 mod interactive;
+mod resume;
 mod stream;
 
 pub use interactive::{Interactive, InteractiveInput, InteractiveOutput};
@@ -250,6 +251,11 @@ impl AgentClient {
 
     pub fn limits(&self) -> &ClientLimits {
         &self.limits
+    }
+
+    /// The token this client presents, if any.
+    pub fn token(&self) -> Option<&AgentToken> {
+        self.token.as_ref()
     }
 
     /// Connects and shakes hands. A connection the agent drops before its handshake answers

@@ -72,14 +72,18 @@ pub struct Args {
     /// pipeline on `tcg` (the only driver that runs a guest on this host) so that the runner's
     /// suite and benchmark paths are exercised, not only its "cannot run kvm" answer.
     pub driver: &'static str,
+    /// `--only NAME`: run only the suite's tests whose name contains NAME (libtest's filter;
+    /// debugging one scenario on a host where the whole suite takes long).
+    pub only: Option<String>,
 }
 
 impl Args {
-    /// `--pack DIR --out DIR [--quick] [--driver NAME]`; `--quick` measures less (3 boots,
+    /// `--pack DIR --out DIR [--quick] [--driver NAME] [--only NAME]`; `--quick` measures less (3 boots,
     /// 50 execs, 4 at once, 200 keystrokes).
     pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         let (mut pack, mut out, mut plan) = (None, None, BenchPlan::default());
         let mut driver = DRIVER;
+        let mut only = None;
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--pack" => pack = it.next().map(PathBuf::from),
@@ -99,6 +103,9 @@ impl Args {
                         .map(|d| d.name())
                         .ok_or_else(|| format!("--driver {name:?} is not a registered driver"))?;
                 }
+                "--only" => {
+                    only = Some(it.next().filter(|n| !n.is_empty()).ok_or("--only NAME")?);
+                }
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -109,6 +116,7 @@ impl Args {
             out: out.ok_or("--out DIR is required")?,
             plan,
             driver,
+            only,
         })
     }
 }
@@ -234,6 +242,7 @@ fn run_suite(args: &Args) -> Result<Vec<CaseResult>, String> {
     );
     let status = Command::new(args.pack.e2e())
         .args(["--test-threads=1", "--nocapture"])
+        .args(args.only.iter())
         .env("VM_TEST_DRIVERS", args.driver)
         .env("VM_TEST_SKIP_LOG", args.out.join("skipped.log"))
         .stdin(Stdio::null())
@@ -311,6 +320,9 @@ mod tests {
         assert_eq!(t.driver, "tcg");
         let bad = args(&["--pack", "/p", "--out", "/o", "--driver", "xen"]).unwrap_err();
         assert_eq!(bad, "--driver \"xen\" is not a registered driver");
+        let one = args(&["--pack", "/p", "--out", "/o", "--only", "snapshot"]).unwrap();
+        assert_eq!(one.only.as_deref(), Some("snapshot"));
+        assert!(args(&["--pack", "/p", "--out", "/o", "--only"]).is_err());
     }
 
     #[test]
@@ -323,6 +335,7 @@ mod tests {
             out: dir.path().join("out"),
             plan: BenchPlan::default(),
             driver: DRIVER,
+            only: None,
         };
         assert_eq!(a.pack.missing().len(), 5);
         let code = run(&a);

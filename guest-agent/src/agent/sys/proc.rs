@@ -1,6 +1,6 @@
 //! Process calls: signals, reaping, sessions and identities (the ones marked async-signal-safe
 //! may run between `fork` and `exec`: they allocate nothing and take no lock), the agent's own
-//! process attributes (`prctl`), the hostname and power-off.
+//! process attributes (`prctl`), the hostname, the wall clock and power-off.
 
 use std::ffi::CStr;
 
@@ -112,6 +112,18 @@ pub fn write_file_raw(path: &CStr, data: &[u8]) -> bool {
 pub fn set_hostname(name: &str) -> std::io::Result<()> {
     // SAFETY: the pointer and length describe `name`, which outlives the call.
     check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    Ok(())
+}
+
+/// `clock_settime(CLOCK_REALTIME)` to `unix_nanos` nanoseconds after the epoch (needs
+/// `CAP_SYS_TIME`: PID 1 in the guest).
+pub fn set_realtime(unix_nanos: u64) -> std::io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: (unix_nanos / 1_000_000_000) as libc::time_t,
+        tv_nsec: (unix_nanos % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: the kernel reads the timespec we own, which outlives the call.
+    check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) })?;
     Ok(())
 }
 

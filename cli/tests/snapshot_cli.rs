@@ -1,0 +1,114 @@
+//! `vm snapshot` and `vm exec --from` as a user meets them on this host: the store listed and
+//! names checked, flags a restore cannot honour refused by name, an unknown snapshot named,
+//! `vm drivers --json` saying which drivers snapshot, and (with a tcg guest) `vm snapshot
+//! create` on the tcg road refused with QEMU's reason, writing nothing.
+
+mod common;
+
+use common::Env;
+
+fn run(env: &Env, args: &[&str]) -> common::Out {
+    common::Out::from(
+        env.cmd()
+            .env("VM_SNAPSHOTS_DIR", env.dir.path().join("snapshots"))
+            .args(args)
+            .output()
+            .expect("running vm"),
+    )
+}
+
+#[test]
+fn the_store_and_the_refusals_before_anything_boots() {
+    let env = Env::new();
+    let ls = run(&env, &["snapshot", "ls"]);
+    assert_eq!(ls.code, 0, "{}", ls.stderr);
+    assert_eq!(
+        ls.stdout.lines().count(),
+        1,
+        "only the header: {}",
+        ls.stdout
+    );
+    assert!(ls.stdout.starts_with("NAME"), "{}", ls.stdout);
+    let json = run(&env, &["snapshot", "ls", "--json"]);
+    assert_eq!(json.stdout.trim(), "[]");
+
+    let rm = run(&env, &["snapshot", "rm", "nope"]);
+    assert_eq!(rm.code, 125, "{}", rm.stderr);
+    assert!(
+        rm.stderr.contains("no snapshot named \"nope\""),
+        "{}",
+        rm.stderr
+    );
+    let bad = run(&env, &["snapshot", "rm", "../x"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("invalid snapshot name"),
+        "{}",
+        bad.stderr
+    );
+
+    let shaped = run(
+        &env,
+        &[
+            "exec", "--from", "base", "--memory", "1G", "-v", "/tmp:/t", "--", "true",
+        ],
+    );
+    assert_eq!(shaped.code, 2, "{}", shaped.stderr);
+    assert!(
+        shaped.stderr.contains("--memory, -v refused with --from"),
+        "{}",
+        shaped.stderr
+    );
+    let absent = run(&env, &["exec", "--from", "base", "--", "true"]);
+    assert_eq!(absent.code, 125, "{}", absent.stderr);
+    assert!(
+        absent.stderr.contains("no snapshot named \"base\""),
+        "{}",
+        absent.stderr
+    );
+    let both = run(&env, &["exec", "box", "--from", "base", "--", "true"]);
+    assert_eq!(both.code, 2, "NAME and --from: {}", both.stderr);
+
+    let drivers = run(&env, &["drivers", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&drivers.stdout).unwrap();
+    let supported = |name: &str| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .map(|d| d["snapshots"]["supported"].clone())
+    };
+    assert_eq!(supported("kvm"), Some(true.into()));
+    assert_eq!(supported("tcg"), Some(false.into()));
+}
+
+#[test]
+fn create_on_the_tcg_road_is_refused_with_the_reason() {
+    let env = Env::new();
+    if common::no_guest_here(&env, "create_on_the_tcg_road_is_refused_with_the_reason") {
+        return;
+    }
+    let out = run(
+        &env,
+        &[
+            "snapshot",
+            "create",
+            "base",
+            "--driver",
+            "tcg",
+            "--allow-emulation",
+        ],
+    );
+    assert_eq!(out.code, 126, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("tcg: no snapshots: QEMU 7.2 refuses to migrate a vhost-user-vsock device"),
+        "{}",
+        out.stderr
+    );
+    let store = env.dir.path().join("snapshots");
+    let left: Vec<_> = std::fs::read_dir(&store)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in the store: {left:?}");
+}
