@@ -480,6 +480,12 @@ impl Machine {
                     reason,
                 });
             }
+            // The handle does not know the machine's name.
+            Err(SnapshotError::NotConfigured { .. }) => {
+                return Err(SnapshotError::NotConfigured {
+                    name: self.info.name.clone(),
+                });
+            }
             Err(e @ SnapshotError::Timeout(_)) => {
                 self.close_now();
                 return Err(e);

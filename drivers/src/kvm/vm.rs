@@ -288,8 +288,9 @@ impl VmHandle for KvmHandle {
 
     fn snapshot(&self, timeout: Duration) -> Result<BackendSnapshot, SnapshotError> {
         if !self.snapshots {
+            // Named by the machine, which knows its name.
             return Err(SnapshotError::NotConfigured {
-                name: "kvm vm".into(),
+                name: String::new(),
             });
         }
         let seen = self.log.snapshot_replies();
