@@ -21,23 +21,27 @@ source ci/lib.sh
 say() { echo "setup-tests: $*" >&2; }
 die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
+[[ $# -eq 0 || ($# -eq 1 && $1 == --packages) ]] || die "unknown arguments: $* (only --packages)"
 ci_timed "setup-tests: apt packages" apt_install_missing setup-tests e2fsprogs python3 python3-venv \
     docker-registry skopeo containerd mmdebstrap cmake g++ make ||
     die "cannot install the packages the tests need"
 
-# The longest step, the static llama-server (~15 min of a cold run on 2 cores), starts now in the
-# background: the steps below are mostly downloads, dpkg and mmdebstrap, which leave the cores
-# idle much of the time. images/llama-server.sh, at the end, finds it built (build-server.sh
-# caches it under a lock). Its output goes to a log, printed if it fails.
-llama_pid=
-if ! images/llama/build-server.sh --print-path >/dev/null 2>&1; then
-    llama_log=$(mktemp "${TMPDIR:-/tmp}/vm-llama-build.XXXXXX.log")
-    say "building llama-server in the background beside the rest (log: $llama_log)"
-    llama_start=$SECONDS
-    # Its own process group (setsid: its pid is the group id), so a failure here stops all of it.
-    setsid images/llama/build-server.sh >"$llama_log" 2>&1 &
-    llama_pid=$!
-    trap '[[ -z $llama_pid ]] || kill -- -"$llama_pid" 2>/dev/null || true' EXIT
+# `--packages`: only the packages (ci/test-all.sh installs them first: the llama-server build it
+# starts at once needs cmake, g++ and make).
+[[ ${1:-} != --packages ]] || exit 0
+
+# The longest step, the static llama-server (~11 min of a cold run on 2 cores), runs in the
+# background (ci/setup-llama.sh). Under ci/test-all.sh it started before everything else
+# ($VM_CI_LLAMA_DIR) and ci/test.sh joins it before the test tiers; run alone, this script
+# starts it now, beside the steps below (mostly downloads, dpkg and mmdebstrap, which leave
+# the cores idle much of the time), and joins it at the end.
+llama_dir=${VM_CI_LLAMA_DIR:-}
+llama_own=0
+if [[ -z $llama_dir ]]; then
+    llama_dir=$(mktemp -d "${TMPDIR:-/tmp}/vm-llama.XXXXXX")
+    llama_own=1
+    trap 'bash ci/setup-llama.sh --stop "$llama_dir"' EXIT
+    bash ci/setup-llama.sh --start "$llama_dir"
 fi
 
 # Lints run in ci/test.sh.
@@ -119,30 +123,14 @@ else
 fi
 ci_time "setup-tests: images/onnx-image.sh" "$start"
 
-# The llama.cpp model server the llama tests and the llama_serve bench boot: a static
-# llama-server built from the llama-cpp-python sdist (the long step, only when its key —
-# sdist version, cmake flags, the build script — is not cached under ~/.cache/vm/llama),
-# then its OCI image, the tiny GGUF and the venv (seconds).
-# (images/llama-server.sh records the llama-server build apart.)
-if [[ -n $llama_pid ]]; then
-    say "waiting for the background llama-server build (log: $llama_log)"
-    if ! wait "$llama_pid"; then
-        llama_pid=
-        tail -n 40 "$llama_log" >&2
-        die "images/llama/build-server.sh failed (log: $llama_log)"
-    fi
-    llama_pid=
-    ci_time "setup-tests: llama/build-server.sh (background, start to joined)" "$llama_start"
-    rm -f "$llama_log"
+# The llama.cpp model server the llama test and the llama_serve bench boot: the static
+# llama-server (cached by key: sdist version, cmake flags, the build script), then its OCI
+# image, the tiny GGUF and the openai client's venv (seconds). Joined here only when this script
+# started it.
+if ((llama_own)); then
+    bash ci/setup-llama.sh --join "$llama_dir" || die "the llama.cpp server image failed"
+    rm -rf "$llama_dir"
 fi
-start=$SECONDS
-if ! images/llama-server.sh --print-path >/dev/null 2>&1; then
-    say "building the llama.cpp server image (images/llama-server.sh)"
-    images/llama-server.sh >/dev/null || die "images/llama-server.sh failed"
-else
-    say "llama.cpp server image present: $(images/llama-server.sh --print-path)"
-fi
-ci_time "setup-tests: images/llama-server.sh (all)" "$start"
 
 # The Python SDK (python/, the `vm_sandbox` package): a venv with maturin and pytest
 # (~/.cache/vm/venv-sdk, made once), then the abi3 wheel built by `maturin build --release`
@@ -158,19 +146,27 @@ if ! "$sdk_venv/bin/python" -c 'import maturin, pytest' 2>/dev/null ||
     "$sdk_venv/bin/pip" install --quiet $sdk_pins || die "pip install $sdk_pins failed"
     echo "$sdk_pins" >"$sdk_venv/.pins"
 fi
-say "building the Python SDK wheel (maturin build --release)"
 # The wheel carries the VM processes the drivers start (vm-vmm for kvm, vm-vsock for tcg's
-# QEMU): a pip-installed SDK finds them in its package (vm_sandbox/bin, git-ignored).
-cargo build --release --locked -p vmm --bin vm-vmm --bin vm-vsock >&2 ||
-    die "cargo build --release of vm-vmm and vm-vsock failed"
-mkdir -p python/vm_sandbox/bin
-for b in vm-vmm vm-vsock; do
-    install -m 0755 "${CARGO_TARGET_DIR:-target}/release/$b" "python/vm_sandbox/bin/$b" ||
-        die "copying $b into python/vm_sandbox/bin failed"
-done
-rm -rf "$sdk_venv/wheels"
-"$sdk_venv/bin/maturin" build --release --quiet -m python/Cargo.toml -i "$sdk_venv/bin/python" \
-    --out "$sdk_venv/wheels" >&2 || die "maturin build of python/ failed"
-"$sdk_venv/bin/pip" install --quiet --force-reinstall --no-deps "$sdk_venv"/wheels/vm_sandbox-*.whl ||
-    die "pip install of the vm_sandbox wheel failed"
-say "Python SDK installed in $sdk_venv: $(basename "$sdk_venv"/wheels/vm_sandbox-*.whl)"
+# QEMU): a pip-installed SDK finds them in its package (vm_sandbox/bin, git-ignored). They are
+# built by the same cargo command as the kvm proof pack's release binaries (ci/kvm-proof.sh
+# pack), so that one release build serves both: built apart, each package set resolves its
+# dependencies' features differently and cargo compiles them twice (~1 min of a cold run).
+sdk_wheel() {
+    say "building the Python SDK wheel (maturin build --release)"
+    cargo build --release --locked -p vm-cli --bin vm -p vmm --bin vm-vmm --bin vm-vsock \
+        -p vm-tests --bin vm-kvm-proof >&2 ||
+        die "cargo build --release of vm, vm-vmm, vm-vsock and vm-kvm-proof failed"
+    mkdir -p python/vm_sandbox/bin
+    local b
+    for b in vm-vmm vm-vsock; do
+        install -m 0755 "${CARGO_TARGET_DIR:-target}/release/$b" "python/vm_sandbox/bin/$b" ||
+            die "copying $b into python/vm_sandbox/bin failed"
+    done
+    rm -rf "$sdk_venv/wheels"
+    "$sdk_venv/bin/maturin" build --release --quiet -m python/Cargo.toml -i "$sdk_venv/bin/python" \
+        --out "$sdk_venv/wheels" >&2 || die "maturin build of python/ failed"
+    "$sdk_venv/bin/pip" install --quiet --force-reinstall --no-deps "$sdk_venv"/wheels/vm_sandbox-*.whl ||
+        die "pip install of the vm_sandbox wheel failed"
+    say "Python SDK installed in $sdk_venv: $(basename "$sdk_venv"/wheels/vm_sandbox-*.whl)"
+}
+ci_timed "setup-tests: the Python SDK wheel (release builds, maturin)" sdk_wheel

@@ -20,7 +20,8 @@
 # (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), the same pack on
 # real KVM nested in TCG (ci/kvm-nested.sh: every case must pass; `kvm-nested ok (N/N cases
 # on kvm)`) after the nested runner's own self-test of its stall diagnosis and retry, and a 60 s
-# cargo-fuzz run per target (as many at once as there are cores) from its seed corpus
+# cargo-fuzz run per target (in the background beside the nested road's one-vCPU L1, one at
+# a time, then one per core) from its seed corpus
 # (fuzz/seeds/<target>, plus what earlier runs found in the git-ignored fuzz/corpus/<target>);
 # without a nightly toolchain the fuzz check is skipped, visibly. A failed check fails the run.
 #
@@ -129,6 +130,14 @@ step "lint: cargo fmt --check, cargo clippy -D warnings"
 check fmt cargo fmt --all --check
 check clippy cargo clippy --workspace --all-targets -- -D warnings
 
+# The llama.cpp server image (the fast tier's llama test boots it): under ci/test-all.sh its
+# llama-server build has run in the background since the start; wait for it here. Its failure
+# ends the run (a set-up failure, not a test's).
+if [[ -n ${VM_CI_LLAMA_DIR:-} ]]; then
+    step "set-up: joining the background llama-server build (ci/setup-llama.sh --join)"
+    bash ci/setup-llama.sh --join "$VM_CI_LLAMA_DIR" || { echo "ci: ERROR: the llama.cpp server image failed" >&2; exit 1; }
+fi
+
 step "tests"
 run_tests "tests"
 
@@ -164,7 +173,7 @@ run_pytest() {
 }
 
 step "python sdk: pytest python/tests (the vm_sandbox wheel against real guests)"
-run_pytest
+ci_timed "tier: python sdk" run_pytest || true
 
 step "guest images: images/verify.sh"
 dir=$(images/build.sh --print-dir) || dir=
@@ -196,6 +205,74 @@ kvm_proof() {
 }
 check kvm-proof kvm_proof
 
+# The fuzz smoke: a 60 s cargo-fuzz run per target from its seeds, started in the background
+# beside the nested kvm road. The nested L1 has one vCPU (ci/kvm-nested.sh says why), so for
+# its ~7 min one core is idle: the fuzz build and one target at a time run there (nice 10, the
+# L1 keeps its core), then, once the nested road is done, one target per core. libFuzzer runs
+# one process on one core and 60 s is wall time, so each target gets the same executions
+# either way. Each target's log is apart, printed and counted in order by fuzz_finish.
+# fuzz_target <target>: a 60 s run from the in-repo seeds (read only) plus the corpus earlier
+# runs grew (fuzz/corpus/<target>, git-ignored, where libFuzzer writes what it finds).
+fuzz_dir_args=()
+[[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
+fuzz_target() {
+    local t=$1
+    [[ -d fuzz/seeds/$t ]] || { echo "ci: no seed corpus fuzz/seeds/$t" >&2; return 1; }
+    mkdir -p "fuzz/corpus/$t"
+    timeout 1200 cargo +nightly fuzz run "${fuzz_dir_args[@]}" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" \
+        -- -max_total_time=60
+}
+fuzz_state=none fuzz_pid= fuzz_targets= fuzz_wide=$work/fuzz-wide
+# fuzz_limit: how many targets may run at once now (1 until fuzz_finish creates $fuzz_wide).
+fuzz_limit() { if [[ -e $fuzz_wide ]]; then echo "${VM_CI_FUZZ_JOBS:-$(nproc)}"; else echo 1; fi; }
+fuzz_start() {
+    [[ -d fuzz ]] || return 0
+    if ! cargo +nightly --version >/dev/null 2>&1; then fuzz_state=skipped; return 0; fi
+    if ! fuzz_targets=$(cargo +nightly fuzz list 2>"$work/fuzz-list.err"); then
+        fuzz_state=unlisted
+        return 0
+    fi
+    step "fuzz smoke starts in the background: built, then 60 s per target (logs in $work)"
+    fuzz_state=started
+    (
+        renice -n 10 -p "$BASHPID" >/dev/null
+        ci_timed "fuzz: build every target (beside the nested road)" \
+            cargo +nightly fuzz build "${fuzz_dir_args[@]}" >"$work/fuzz-build.log" 2>&1 ||
+            echo "ci: cargo fuzz build failed; each target's check will say why" >>"$work/fuzz-build.log"
+        for t in $fuzz_targets; do
+            while (($(jobs -rp | wc -l) >= $(fuzz_limit))); do sleep 2; done
+            (
+                rc=0
+                ci_timed "check: fuzz $t" fuzz_target "$t" >"$work/fuzz-$t.log" 2>&1 || rc=$?
+                echo "$rc" >"$work/fuzz-$t.rc"
+            ) &
+        done
+        wait
+    ) </dev/null &
+    fuzz_pid=$!
+}
+fuzz_finish() {
+    case $fuzz_state in
+        none) return 0 ;;
+        skipped) check_skipped fuzz "no nightly Rust toolchain on this machine; cargo-fuzz needs one"; return 0 ;;
+        unlisted)
+            cat "$work/fuzz-list.err" >&2
+            check "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup-tests.sh)" false
+            return 0 ;;
+    esac
+    step "fuzz smoke: the rest, one target per core"
+    touch "$fuzz_wide"
+    wait "$fuzz_pid" || true
+    tail -n 5 "$work/fuzz-build.log" >&2
+    local t rc
+    for t in $fuzz_targets; do
+        rc=$(cat "$work/fuzz-$t.rc" 2>/dev/null || echo 1)
+        echo "---- fuzz $t (exit $rc) ----" >&2
+        if ((rc == 0)); then tail -n 20 "$work/fuzz-$t.log" >&2; else cat "$work/fuzz-$t.log" >&2; fi
+        record_check "fuzz $t" "$rc" "$work/fuzz-$t.log"
+    done
+}
+
 step "the kvm road on real KVM nested in TCG: ci/kvm-nested.sh"
 # The same pack, run inside an L1 Linux that runs Debian's kvm_amd under QEMU's emulated
 # AMD-V: the whole end-to-end suite on the kvm driver, and the CLI's checks on kvm. First the
@@ -204,6 +281,7 @@ kvm_nested_stall() {
     [[ -x $kvm_pack/run.sh ]] || { echo "ci: no kvm proof pack (the kvm-proof check failed)" >&2; return 1; }
     bash ci/kvm-nested.sh --self-test-stall --pack "$kvm_pack"
 }
+fuzz_start
 check kvm-nested-stall-retry kvm_nested_stall
 kvm_nested() {
     local result
@@ -225,50 +303,7 @@ kvm_nested() {
 check kvm-nested kvm_nested
 rm -rf "$kvm_pack"
 
-# fuzz_target <target>: a 60 s run from the in-repo seeds (read only) plus the corpus earlier
-# runs grew (fuzz/corpus/<target>, git-ignored, where libFuzzer writes what it finds).
-fuzz_dir_args=()
-[[ -z ${CARGO_TARGET_DIR:-} ]] || fuzz_dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
-fuzz_target() {
-    local t=$1
-    [[ -d fuzz/seeds/$t ]] || { echo "ci: no seed corpus fuzz/seeds/$t" >&2; return 1; }
-    mkdir -p "fuzz/corpus/$t"
-    timeout 1200 cargo +nightly fuzz run "${fuzz_dir_args[@]}" "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" \
-        -- -max_total_time=60
-}
-if [[ -d fuzz ]] && ! cargo +nightly --version >/dev/null 2>&1; then
-    check_skipped fuzz "no nightly Rust toolchain on this machine; cargo-fuzz needs one"
-elif [[ -d fuzz ]]; then
-    step "fuzz smoke: 60 s per target, one target per core at a time"
-    if targets=$(cargo +nightly fuzz list 2>"$work/fuzz-list.err"); then
-        # libFuzzer runs one process on one core and 60 s is wall time: on N cores N targets at
-        # once each get the same executions as one at a time, in 1/N of the time. Built first
-        # (one cargo build; a failure shows again in each target's check), then each target in
-        # the background with its log apart, printed and counted in order.
-        ci_timed "fuzz: build every target" cargo +nightly fuzz build "${fuzz_dir_args[@]}" ||
-            echo "ci: cargo fuzz build failed; each target's check will say why" >&2
-        fuzz_jobs=${VM_CI_FUZZ_JOBS:-$(nproc)}
-        for t in $targets; do
-            while (($(jobs -rp | wc -l) >= fuzz_jobs)); do wait -n || true; done
-            echo "fuzz: $t (log $work/fuzz-$t.log)" >&2
-            (
-                rc=0
-                ci_timed "check: fuzz $t" fuzz_target "$t" >"$work/fuzz-$t.log" 2>&1 || rc=$?
-                echo "$rc" >"$work/fuzz-$t.rc"
-            ) &
-        done
-        wait
-        for t in $targets; do
-            rc=$(cat "$work/fuzz-$t.rc" 2>/dev/null || echo 1)
-            echo "---- fuzz $t (exit $rc) ----" >&2
-            if ((rc == 0)); then tail -n 20 "$work/fuzz-$t.log" >&2; else cat "$work/fuzz-$t.log" >&2; fi
-            record_check "fuzz $t" "$rc" "$work/fuzz-$t.log"
-        done
-    else
-        cat "$work/fuzz-list.err" >&2
-        check "cargo +nightly fuzz list (is cargo-fuzz installed? run ci/setup-tests.sh)" false
-    fi
-fi
+fuzz_finish
 
 counts=$(awk -v passed="$passed" -v failed="$failed" -f ci/count-tests.awk "$VM_TEST_SKIP_LOG")
 read -r _ passed failed skipped < <(grep '^COUNTS ' <<<"$counts")
