@@ -144,6 +144,52 @@ cli_checks() {
     else
         echo "FAIL cli/drivers_says_kvm_runs: $($vm drivers 2>&1 | $bb head -n 3)"
     fi
+    snapshot_checks
+}
+
+# Snapshots through the CLI on kvm: a snapshot whose warm-up wrote a file, then that file seen
+# by `vm exec --from`, by `vm exec NAME` in a `vm run -d --from` VM, and served by busybox
+# httpd under `vm serve --from` (the URL it prints answers with the file).
+snapshot_checks() {
+    export VM_SNAPSHOTS_DIR=/tmp/cli-snapshots
+    if ! $vm snapshot create warm -- sh -c 'echo warm-file >/work/index.html' </dev/null >/tmp/cli-snap.out 2>&1; then
+        echo "FAIL cli/snapshot_create: $($bb tail -c 400 /tmp/cli-snap.out)"
+        return
+    fi
+    out=$($vm exec --from warm -- cat /work/index.html </dev/null 2>/tmp/cli-from.err)
+    if [ "$out" = warm-file ]; then
+        echo "ok cli/exec_from_a_snapshot"
+    else
+        echo "FAIL cli/exec_from_a_snapshot: got '$out'; $($bb tail -c 400 /tmp/cli-from.err)"
+    fi
+    out=
+    if $vm run -d --name warmd --from warm </dev/null >/tmp/cli-rund.out 2>&1; then
+        out=$($vm exec warmd -- cat /work/index.html </dev/null 2>>/tmp/cli-rund.out)
+    fi
+    if [ "$out" = warm-file ]; then
+        echo "ok cli/run_d_from_a_snapshot"
+    else
+        echo "FAIL cli/run_d_from_a_snapshot: got '$out'; $($bb tail -c 400 /tmp/cli-rund.out)"
+    fi
+    $vm rm -f warmd >/dev/null 2>&1
+    $vm serve --from warm -p 0:8000 -- httpd -f -p 8000 -h /work </dev/null >/tmp/cli-serve.out 2>/tmp/cli-serve.err &
+    serve=$!
+    url= i=0
+    while [ $i -lt 120 ] && [ -z "$url" ] && kill -0 $serve 2>/dev/null; do
+        url=$($bb head -n 1 /tmp/cli-serve.out)
+        [ -n "$url" ] || $bb sleep 1
+        i=$((i + 1))
+    done
+    out=
+    [ -z "$url" ] || out=$($bb wget -q -O - "$url/index.html" 2>&1)
+    if [ "$out" = warm-file ]; then
+        echo "ok cli/serve_from_a_snapshot"
+    else
+        echo "FAIL cli/serve_from_a_snapshot: url '$url', got '$out'; $($bb tail -c 400 /tmp/cli-serve.err)"
+    fi
+    kill -INT $serve 2>/dev/null
+    wait $serve 2>/dev/null
+    $vm snapshot rm warm >/dev/null 2>&1
 }
 
 case ${1:-} in

@@ -46,7 +46,11 @@ start() {
     fi
     say "building llama-server in the background at nice 10 (log: $dir/log)"
     # setsid: its pid is its process group's id, so --stop reaches cmake's and make's children.
+    # A new session is a new scheduler autogroup (CONFIG_SCHED_AUTOGROUP, on in Debian's
+    # kernels), and autogroups share the CPU equally whatever their tasks' nice: the group
+    # itself gets nice 10 (/proc/self/autogroup), or the build would take half the cores.
     setsid nice -n 10 bash -c '
+        echo 10 >/proc/self/autogroup 2>/dev/null || true
         start=$SECONDS rc=0
         images/llama/build-server.sh >"$1/log" 2>&1 || rc=$?
         echo $((SECONDS - start)) >"$1/seconds"

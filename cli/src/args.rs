@@ -219,6 +219,10 @@ pub struct RunArgs {
     /// Name of the VM ([a-z0-9][a-z0-9_.-]{0,62})
     #[arg(long, value_parser = parse::vm_name)]
     pub name: String,
+    /// Restore this snapshot (see `vm snapshot create`) instead of booting: its memory, mounts,
+    /// environment and image are the snapshot's
+    #[arg(long, value_name = "SNAPSHOT")]
+    pub from: Option<String>,
     #[command(flatten)]
     pub vm: VmOpts,
     #[command(flatten)]
@@ -260,6 +264,10 @@ pub struct ServeArgs {
     /// Name of the VM, for `vm logs`, `vm stop`, `vm exec NAME` ([a-z0-9][a-z0-9_.-]{0,62})
     #[arg(long, value_parser = parse::vm_name)]
     pub name: Option<String>,
+    /// Restore this snapshot (see `vm snapshot create`) instead of booting, then start the
+    /// server in it: its memory, mounts, environment and image are the snapshot's
+    #[arg(long, value_name = "SNAPSHOT")]
+    pub from: Option<String>,
     /// Ready only when GET PATH on the first published port answers 2xx (e.g. /health)
     #[arg(long, value_name = "PATH", value_parser = parse::http_path)]
     pub ready: Option<String>,

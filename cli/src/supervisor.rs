@@ -196,8 +196,14 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
         run_dir_parent: Some(dir.clone()),
         ..Options::default()
     };
+    let start = async {
+        match &req.from {
+            Some(path) => MicroVm::restore(path.clone(), options).await,
+            None => MicroVm::boot(req.spec.clone(), options).await,
+        }
+    };
     let vm = tokio::select! {
-        vm = MicroVm::boot(req.spec.clone(), options) => vm?,
+        vm = start => vm?,
         sig = signals.recv() => anyhow::bail!("{sig} while booting; VM not started"),
     };
     // Creates the guest root (the sandbox does so lazily) and proves the agent works.

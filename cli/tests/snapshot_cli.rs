@@ -112,3 +112,49 @@ fn create_on_the_tcg_road_is_refused_with_the_reason() {
         .unwrap_or_default();
     assert!(left.is_empty(), "left in the store: {left:?}");
 }
+
+#[test]
+fn run_d_and_serve_from_refuse_what_a_snapshot_fixes_and_name_a_missing_one() {
+    let env = Env::new();
+    let shaped = run(
+        &env,
+        &[
+            "run", "-d", "--name", "warm", "--from", "base", "--cpus", "2",
+        ],
+    );
+    assert_eq!(shaped.code, 2, "{}", shaped.stderr);
+    assert!(
+        shaped.stderr.contains("--cpus refused with --from"),
+        "{}",
+        shaped.stderr
+    );
+    let env_flags = run(
+        &env,
+        &[
+            "serve", "-p", "8000", "--from", "base", "-e", "A=1", "--user", "1000", "--", "httpd",
+        ],
+    );
+    assert_eq!(env_flags.code, 2, "{}", env_flags.stderr);
+    assert!(
+        env_flags.stderr.contains(
+            "-e, --user refused with --from: a restored VM has the snapshot's environment and user"
+        ),
+        "{}",
+        env_flags.stderr
+    );
+    for args in [
+        &["run", "-d", "--name", "warm", "--from", "base"][..],
+        &["serve", "-p", "8000", "--from", "base", "--", "httpd"][..],
+    ] {
+        let absent = run(&env, args);
+        assert_eq!(absent.code, 125, "{args:?}: {}", absent.stderr);
+        assert!(
+            absent.stderr.contains("no snapshot named \"base\""),
+            "{args:?}: {}",
+            absent.stderr
+        );
+    }
+    // Nothing was recorded for the refused starts.
+    let ps = common::Out::from(env.cmd().args(["ps"]).output().expect("vm ps"));
+    assert!(!ps.stdout.contains("warm"), "{}", ps.stdout);
+}

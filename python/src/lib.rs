@@ -22,6 +22,7 @@
 mod failure;
 mod images;
 mod serve;
+mod snapshot;
 mod stream;
 mod vm;
 
@@ -149,6 +150,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<serve::Server>()?;
     m.add_function(wrap_pyfunction!(vm::boot, m)?)?;
     m.add_function(wrap_pyfunction!(vm::attach, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot::restore, m)?)?;
     m.add_function(wrap_pyfunction!(ps, m)?)?;
     m.add_function(wrap_pyfunction!(drivers, m)?)?;
     m.add_function(wrap_pyfunction!(parse_mem_mib, m)?)?;

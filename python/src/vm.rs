@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 use vm_sandbox::agent::{Command, Plain};
 use vm_sandbox::state::Runtime as StateDir;
 use vm_sandbox::state::named::NamedVm;
@@ -24,7 +24,7 @@ use crate::stream::Stream;
 use crate::{blocking, runtime};
 
 /// A trust level by name, as the CLI's `--trust` takes it.
-fn trust(name: &str) -> Result<Trust, Failure> {
+pub(crate) fn trust(name: &str) -> Result<Trust, Failure> {
     match name {
         "untrusted" => Ok(Trust::Untrusted),
         "semi" => Ok(Trust::Semi),
@@ -51,7 +51,7 @@ fn mount(host: String, guest: String) -> Mount {
     }
 }
 
-fn secs(field: &str, s: Option<f64>) -> Result<Option<Duration>, Failure> {
+pub(crate) fn secs(field: &str, s: Option<f64>) -> Result<Option<Duration>, Failure> {
     s.map(|s| {
         Duration::try_from_secs_f64(s)
             .map_err(|e| Failure::refused(field, format!("{s} seconds: {e}")))
@@ -65,7 +65,8 @@ fn secs(field: &str, s: Option<f64>) -> Result<Option<Duration>, Failure> {
 #[pyo3(signature = (*, memory_mib=None, cpus=None, pids=None, timeout=None, mounts=vec![],
     env=vec![], env_allow=vec![], mount_secret_allow=vec![], kernel=None, initrd=None,
     rootfs=None, image=None, user=None, trust="untrusted", allow_emulation=false,
-    allow_weaker_jail=false, driver=None, name=None, run_dir=None, boot_timeout=300.0))]
+    allow_weaker_jail=false, driver=None, name=None, run_dir=None, boot_timeout=300.0,
+    snapshots=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn boot(
     py: Python<'_>,
@@ -89,8 +90,8 @@ pub fn boot(
     name: Option<String>,
     run_dir: Option<PathBuf>,
     boot_timeout: f64,
+    snapshots: Option<PathBuf>,
 ) -> PyResult<Vm> {
-    static COUNT: AtomicU64 = AtomicU64::new(0);
     let request = Request {
         memory_mib,
         cpus,
@@ -113,12 +114,10 @@ pub fn boot(
             allow_weaker_jail,
         },
         driver,
-        name: name.unwrap_or_else(|| {
-            let n = COUNT.fetch_add(1, Ordering::Relaxed);
-            format!("sdk-{}-{n}", std::process::id())
-        }),
+        name: name.unwrap_or_else(vm_name),
         boot_timeout: secs("boot_timeout", Some(boot_timeout))?.unwrap_or_default(),
         run_dir_parent: run_dir,
+        snapshots,
         ..Options::default()
     };
     blocking(py, move || {
@@ -131,6 +130,13 @@ pub fn boot(
         let vm = rt.block_on(MicroVm::boot(spec, options))?;
         Ok(Vm::new(Held::Booted(Arc::new(vm))))
     })
+}
+
+/// A VM's default name in this process: `sdk-PID-N`.
+pub fn vm_name() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    format!("sdk-{}-{n}", std::process::id())
 }
 
 /// Attaches to the named VM `name` that `vm run -d --name NAME` started (its record in the
@@ -173,7 +179,7 @@ pub struct Vm {
 }
 
 impl Vm {
-    fn new(vm: Held) -> Vm {
+    pub(crate) fn new(vm: Held) -> Vm {
         Vm {
             vm,
             detached: AtomicBool::new(false),
@@ -311,6 +317,22 @@ impl Vm {
             self.guest()?;
             Server::start(self.vm.clone(), argv, &ports, ready, ready_timeout)
         })
+    }
+
+    /// Snapshots a VM booted with `snapshots=DIR` into the new directory `path` (on DIR's
+    /// filesystem) and ends it; returns what was written. Refused, the VM still running, on a
+    /// driver without snapshots (tcg) and on an attached VM.
+    fn snapshot<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+        let Held::Booted(vm) = &self.vm else {
+            return Err(Failure::new(
+                Kind::VmError,
+                "an attached VM cannot be snapshotted here: its holder owns it".to_string(),
+            )
+            .into());
+        };
+        let vm = vm.clone();
+        let record = blocking(py, move || Ok(runtime().block_on(vm.snapshot(&path))?))?;
+        crate::snapshot::record_dict(py, &record)
     }
 
     /// Stops every host process of the VM until `resume`; guest calls fail meanwhile. An

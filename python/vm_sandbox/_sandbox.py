@@ -211,7 +211,9 @@ class Sandbox:
     ``env`` (exactly these variables over the image's; secret-looking names are refused
     unless listed in ``env_allow``), ``image`` (an OCI reference, pulled when missing),
     ``rootfs``, ``user``, ``trust`` and ``allow_emulation`` (accept QEMU emulation — a
-    weaker boundary — on a host without hardware virtualization). A refusal raises
+    weaker boundary — on a host without hardware virtualization). ``snapshots`` (a
+    directory) allows ``snapshot()``, which saves the VM for ``Sandbox.restore`` (kvm only: on
+    another driver the sandbox is refused with the reason). A refusal raises
     ``SpecRefused`` naming the field; nothing has booted then.
 
     >>> with Sandbox(memory="256M", allow_emulation=True) as sb:   # doctest: +SKIP
@@ -243,6 +245,7 @@ class Sandbox:
         name: Optional[str] = None,
         run_dir: Optional[str] = None,
         boot_timeout: Union[int, float, str] = 300,
+        snapshots: Optional[str] = None,
     ) -> None:
         self._vm = _native.boot(
             memory_mib=_size(memory, "memory"),
@@ -265,6 +268,7 @@ class Sandbox:
             name=name,
             run_dir=run_dir,
             boot_timeout=_seconds(boot_timeout, "boot_timeout"),
+            snapshots=None if snapshots is None else os.fspath(snapshots),
         )
         self._workdir = workdir
         self.files = Files(self._vm)
@@ -290,6 +294,61 @@ class Sandbox:
         sb._workdir = sb._vm.workdir
         sb.files = Files(sb._vm)
         return sb
+
+    @classmethod
+    def restore(
+        cls,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        workdir: Optional[str] = None,
+        trust: str = "untrusted",
+        allow_emulation: bool = False,
+        allow_weaker_jail: bool = False,
+        driver: Optional[str] = None,
+        name: Optional[str] = None,
+        run_dir: Optional[str] = None,
+        boot_timeout: Union[int, float, str] = 300,
+    ) -> "Sandbox":
+        """A new VM restored from the snapshot directory ``path`` (``Sandbox.snapshot`` or
+        ``vm snapshot create`` wrote it; ``vm snapshot ls`` lists the CLI's under
+        ``~/.cache/vm/snapshots``), instead of booting one.
+
+        Its memory, mounts, environment and image are the snapshot's: only the admission is
+        given here (``trust``, ``allow_emulation``, ``driver``: a restore passes the same gate
+        as a boot). Each mounted file must be unchanged since the snapshot, or ``VmError``
+        names the mount. The VM has its own run directory and agent token; restoring one
+        snapshot twice gives two VMs that share no writable state. Snapshots need the kvm
+        driver.
+
+        >>> with Sandbox.restore(os.path.expanduser("~/.cache/vm/snapshots/py")) as sb:   # doctest: +SKIP
+        ...     sb.exec(["python3", "-c", "import numpy"]).check()
+        """
+        sb = cls.__new__(cls)
+        sb._vm = _native.restore(
+            os.fspath(path),
+            trust=trust,
+            allow_emulation=allow_emulation,
+            allow_weaker_jail=allow_weaker_jail,
+            driver=driver,
+            name=name,
+            run_dir=run_dir,
+            boot_timeout=_seconds(boot_timeout, "boot_timeout"),
+        )
+        sb._workdir = workdir
+        sb.files = Files(sb._vm)
+        return sb
+
+    def snapshot(self, path: Union[str, "os.PathLike[str]"]) -> Dict[str, object]:
+        """Saves this VM into the new directory ``path`` and ends it; ``Sandbox.restore(path)``
+        makes new VMs from it. The sandbox must have been made with ``snapshots=DIR`` (the
+        directory ``path`` is on: its filesystem holds the memory file while it is written),
+        and the driver must take snapshots (kvm; on tcg ``Sandbox(snapshots=...)`` is already
+        refused, with QEMU's reason). Returns what was written: ``driver``,
+        ``memory_bytes``, ``memory_written``, ``state_bytes``, ``took_us``.
+        """
+        record = self._vm.snapshot(os.fspath(path))
+        self.close()
+        return record
 
     # -- commands ---------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-//! `vm run -d --name NAME`: start a long-lived VM held by a detached supervisor.
+//! `vm run -d --name NAME`: start a long-lived VM held by a detached supervisor, booted, or
+//! restored from a snapshot with `--from`.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::process::Stdio;
@@ -32,20 +33,38 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         ));
     }
     let mut signals = Signals::install()?;
-    let resolved = resolve::flags(&a.vm, &a.cmd).await?;
-    if a.dry.dry_run {
-        let plan = dryrun::Plan {
-            workdir: a.cmd.workdir.as_deref(),
-            name: Some(&a.name),
-            ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
-        };
-        return dryrun::report(&plan, a.dry.json);
-    }
-    let resolve::Resolved {
-        spec,
-        trust,
-        policy,
-    } = resolved;
+    let (spec, trust, policy, from) = match &a.from {
+        Some(snapshot) => {
+            // The VM is the snapshot's: its shape, environment and user are recorded with it.
+            crate::cmd::snapshot::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
+            crate::cmd::snapshot::refuse_env_flags(&a.cmd)?;
+            let opened = crate::cmd::snapshot::open(snapshot)?;
+            let policy = resolve::policy(&a.vm);
+            (
+                opened.record.spec,
+                a.vm.trust.into(),
+                policy,
+                Some(opened.path),
+            )
+        }
+        None => {
+            let resolved = resolve::flags(&a.vm, &a.cmd).await?;
+            if a.dry.dry_run {
+                let plan = dryrun::Plan {
+                    workdir: a.cmd.workdir.as_deref(),
+                    name: Some(&a.name),
+                    ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
+                };
+                return dryrun::report(&plan, a.dry.json);
+            }
+            let resolve::Resolved {
+                spec,
+                trust,
+                policy,
+            } = resolved;
+            (spec, trust, policy, None)
+        }
+    };
     // Refuse before anything is created: the same checks the boot runs first.
     resolve::check_workdir(&spec, a.cmd.workdir.as_deref())?;
     let options = Options {
@@ -63,6 +82,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         policy,
         driver: a.vm.driver.clone(),
         workdir: a.cmd.workdir.clone(),
+        from,
     };
     let record = Record::starting(
         &a.name,

@@ -1,5 +1,5 @@
-//! `vm serve -p [IP:]HOSTPORT:GUESTPORT [--ready PATH] -- CMD`: a server in a VM, published
-//! on the host, reported once it answers.
+//! `vm serve -p [IP:]HOSTPORT:GUESTPORT [--ready PATH] [--from SNAPSHOT] -- CMD`: a server in
+//! a VM (booted, or restored from a snapshot), published on the host, reported once it answers.
 //!
 //! The VM gets a record like a `vm run -d` one (named `--name`, else `serve-PID`), held by
 //! this process: `vm stop NAME` signals it, `vm logs NAME` reads the server output it
@@ -34,22 +34,41 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     }
     let publish = PublishSpec::parse_all(&a.publish)?;
     let signals = Signals::install()?;
-    let resolved = resolve::flags(&a.vm, &a.cmd).await?;
-    resolve::require_command(&resolved.spec, &a.command)?;
-    if a.dry.dry_run {
-        let plan = dryrun::Plan {
-            command: Some(&a.command),
-            publish: Some(publish.iter().map(|p| p.to_string()).collect()),
-            name: a.name.as_deref(),
-            ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
-        };
-        return dryrun::report(&plan, a.dry.json);
-    }
-    let resolve::Resolved {
-        spec,
-        trust,
-        policy,
-    } = resolved;
+    let (spec, trust, policy, from) = match &a.from {
+        Some(snapshot) => {
+            // The VM is the snapshot's: its shape, environment and user are recorded with it.
+            crate::cmd::snapshot::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
+            crate::cmd::snapshot::refuse_env_flags(&a.cmd)?;
+            let opened = crate::cmd::snapshot::open(snapshot)?;
+            resolve::require_command(&opened.record.spec, &a.command)?;
+            let policy = resolve::policy(&a.vm);
+            (
+                opened.record.spec,
+                a.vm.trust.into(),
+                policy,
+                Some(opened.path),
+            )
+        }
+        None => {
+            let resolved = resolve::flags(&a.vm, &a.cmd).await?;
+            resolve::require_command(&resolved.spec, &a.command)?;
+            if a.dry.dry_run {
+                let plan = dryrun::Plan {
+                    command: Some(&a.command),
+                    publish: Some(publish.iter().map(|p| p.to_string()).collect()),
+                    name: a.name.as_deref(),
+                    ..dryrun::Plan::new(&resolved, a.vm.driver.as_deref())
+                };
+                return dryrun::report(&plan, a.dry.json);
+            }
+            let resolve::Resolved {
+                spec,
+                trust,
+                policy,
+            } = resolved;
+            (spec, trust, policy, None)
+        }
+    };
     let options = Options {
         trust,
         policy,
@@ -70,6 +89,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         policy,
         driver: a.vm.driver.clone(),
         workdir: None,
+        from: from.clone(),
     };
     let mut record = Record::starting(
         &name,
@@ -96,7 +116,11 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         trust,
         signals,
     };
-    let result = session.boot_and_serve(spec, options, publish).await;
+    let start = match from {
+        Some(path) => Start::Restore(path),
+        None => Start::Boot(Box::new(spec)),
+    };
+    let result = session.boot_and_serve(start, options, publish).await;
     let (code, reason) = match &result {
         Ok((code, reason)) => (*code, reason.clone()),
         Err(e) => (exit::classify(e), exit::one_line(e)),
@@ -118,6 +142,12 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     result.map(|(code, _)| code)
 }
 
+/// How the server's VM starts: booted from the spec, or restored from a snapshot (`--from`).
+enum Start {
+    Boot(Box<vm_spec::Spec>),
+    Restore(std::path::PathBuf),
+}
+
 /// One `vm serve` run: its record (held by this process) and what it was asked.
 struct Session<'a> {
     rt: &'a Runtime,
@@ -132,12 +162,18 @@ impl Session<'_> {
     /// exit. Returns the exit code and the reason recorded.
     async fn boot_and_serve(
         &mut self,
-        spec: vm_spec::Spec,
+        start: Start,
         options: Options,
         publish: Vec<PublishSpec>,
     ) -> anyhow::Result<(u8, String)> {
+        let started = async {
+            match start {
+                Start::Boot(spec) => MicroVm::boot(*spec, options).await,
+                Start::Restore(path) => MicroVm::restore(path, options).await,
+            }
+        };
         let vm = tokio::select! {
-            vm = MicroVm::boot(spec, options) => vm?,
+            vm = started => vm?,
             sig = self.signals.recv() => {
                 return Ok((exit::INTERRUPTED, format!("{sig} while booting")));
             }

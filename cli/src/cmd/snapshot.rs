@@ -191,19 +191,60 @@ pub fn refuse_shaping_flags(v: &VmOpts, dry_run: bool) -> anyhow::Result<()> {
     )))
 }
 
-/// Restores the snapshot `name` with the admission the flags ask for (`--trust`,
+/// A snapshot a `--from` start restores: where it is and what it recorded (the spec the VM
+/// will run under, which `vm run -d` records and `vm serve` reads the default command from).
+pub struct OpenedSnapshot {
+    pub path: std::path::PathBuf,
+    pub record: vm_sandbox::SnapshotRecord,
+}
+
+/// Finds the snapshot `name` and reads its record (a missing, unreadable or other-version
+/// snapshot is refused here, before anything is created).
+pub fn open(name: &str) -> anyhow::Result<OpenedSnapshot> {
+    let path = SnapshotStore::default_location()?.existing(name)?;
+    let record = vm_sandbox::snapshots::read_record(&path)?;
+    Ok(OpenedSnapshot { path, record })
+}
+
+/// The options of `vm run -d`/`vm serve` that would configure a restored VM's processes (its
+/// environment and user are the snapshot's): refused by name, pointing at `vm exec NAME`.
+pub fn refuse_env_flags(c: &CmdOpts) -> anyhow::Result<()> {
+    let given: Vec<&str> = [
+        (!c.env.is_empty(), "-e"),
+        (!c.env_allow.is_empty(), "--env-allow"),
+        (c.user.is_some(), "--user"),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, f)| f)
+    .collect();
+    if given.is_empty() {
+        return Ok(());
+    }
+    Err(exit::usage(format!(
+        "{} refused with --from: a restored VM has the snapshot's environment and user (give them to `vm exec NAME` per command)",
+        given.join(", ")
+    )))
+}
+
+/// The options a restore runs under: the admission the flags ask for (`--trust`,
 /// `--allow-emulation`, `--driver`: a restore still passes the gate).
-pub async fn restore(name: &str, v: &VmOpts, vm_name: String) -> anyhow::Result<MicroVm> {
-    let store = SnapshotStore::default_location()?;
-    let path = store.existing(name)?;
-    let options = Options {
+pub fn restore_options(v: &VmOpts, vm_name: String) -> anyhow::Result<Options> {
+    Ok(Options {
         trust: v.trust.into(),
         policy: resolve::policy(v),
         driver: v.driver.clone(),
         name: vm_name,
         run_dir_parent: Some(crate::state::Runtime::from_env()?.ephemeral_parent()),
         ..Options::default()
-    };
+    })
+}
+
+/// Restores the snapshot `name` with the admission the flags ask for (`--trust`,
+/// `--allow-emulation`, `--driver`: a restore still passes the gate).
+pub async fn restore(name: &str, v: &VmOpts, vm_name: String) -> anyhow::Result<MicroVm> {
+    let path = SnapshotStore::default_location()?.existing(name)?;
+    let options = restore_options(v, vm_name)?;
     let start = Instant::now();
     let vm = MicroVm::restore(path, options).await?;
     tracing::info!(

@@ -31,6 +31,10 @@ pub struct StartRequest {
     pub driver: Option<String>,
     /// Default working directory for `vm exec NAME` (guest path).
     pub workdir: Option<String>,
+    /// The snapshot directory to restore instead of booting (`vm run -d --from`); `spec` is
+    /// then the snapshot's own, recorded with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<std::path::PathBuf>,
 }
 
 /// Errors of attaching to a named VM and of pausing it.
