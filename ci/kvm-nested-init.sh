@@ -174,22 +174,40 @@ snapshot_checks() {
     $vm rm -f warmd >/dev/null 2>&1
     $vm serve --from warm -p 0:8000 -- httpd -f -p 8000 -h /work </dev/null >/tmp/cli-serve.out 2>/tmp/cli-serve.err &
     serve=$!
+    served_page serve_from_a_snapshot warm-file /tmp/cli-serve
+    $vm snapshot rm warm >/dev/null 2>&1
+    # A snapshot taken serving: httpd started by `snapshot create -p --ready`, running on in
+    # the restored VM; `vm serve --from` with no command publishes it.
+    if ! $vm snapshot create web -p 8000 --ready /index.html -- \
+        sh -c 'echo served-file >/work/index.html; exec httpd -f -p 8000 -h /work' \
+        </dev/null >/tmp/cli-snapweb.out 2>&1; then
+        echo "FAIL cli/snapshot_create_serving: $($bb tail -c 400 /tmp/cli-snapweb.out)"
+        return
+    fi
+    $vm serve --from web -p 0:8000 </dev/null >/tmp/cli-serveweb.out 2>/tmp/cli-serveweb.err &
+    serve=$!
+    served_page serve_from_a_serving_snapshot served-file /tmp/cli-serveweb
+    $vm snapshot rm web >/dev/null 2>&1
+}
+
+# served_page NAME CONTENT PREFIX: waits (120 s at most) for the `vm serve` in $serve to print
+# its URL in PREFIX.out, fetches /index.html, checks it is CONTENT, then stops the server.
+served_page() {
     url= i=0
     while [ $i -lt 120 ] && [ -z "$url" ] && kill -0 $serve 2>/dev/null; do
-        url=$($bb head -n 1 /tmp/cli-serve.out)
+        url=$($bb head -n 1 "$3.out")
         [ -n "$url" ] || $bb sleep 1
         i=$((i + 1))
     done
     out=
     [ -z "$url" ] || out=$($bb wget -q -O - "$url/index.html" 2>&1)
-    if [ "$out" = warm-file ]; then
-        echo "ok cli/serve_from_a_snapshot"
+    if [ "$out" = "$2" ]; then
+        echo "ok cli/$1"
     else
-        echo "FAIL cli/serve_from_a_snapshot: url '$url', got '$out'; $($bb tail -c 400 /tmp/cli-serve.err)"
+        echo "FAIL cli/$1: url '$url', got '$out'; $($bb tail -c 400 "$3.err")"
     fi
     kill -INT $serve 2>/dev/null
     wait $serve 2>/dev/null
-    $vm snapshot rm warm >/dev/null 2>&1
 }
 
 case ${1:-} in

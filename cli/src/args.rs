@@ -265,7 +265,8 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse::vm_name)]
     pub name: Option<String>,
     /// Restore this snapshot (see `vm snapshot create`) instead of booting, then start the
-    /// server in it: its memory, mounts, environment and image are the snapshot's
+    /// server in it: its memory, mounts, environment and image are the snapshot's. With no
+    /// CMD, a snapshot taken serving (`vm snapshot create -p`) publishes its own server
     #[arg(long, value_name = "SNAPSHOT")]
     pub from: Option<String>,
     /// Ready only when GET PATH on the first published port answers 2xx (e.g. /health)
@@ -516,8 +517,11 @@ pub enum SnapshotCommand {
   vm snapshot create base
   vm snapshot create py --image 127.0.0.1:5000/python:3.11 --memory 512M -- python3 -c 'import numpy'
   vm exec --from py -- python3 -c 'import numpy; print(numpy.__version__)'
+  vm snapshot create web -p 8000 --ready / -- httpd -f -p 8000 -h /srv
+  vm serve --from web -p 0:8000                # the snapshot's httpd, answering at once
 
-The VM boots as `vm exec` would boot it; the warm-up command (if any) must exit 0, then the VM
+The VM boots as `vm exec` would boot it; the warm-up command (if any) must exit 0 (with -p it
+is a server instead, and the snapshot is taken once its ports answer), then the VM
 is paused and written to ${XDG_CACHE_HOME:-$HOME/.cache}/vm/snapshots/NAME (or $VM_SNAPSHOTS_DIR)
 and ended. Its memory, mounts, environment and wall limit are recorded with it: every VM
 restored from it gets them again, and each mounted file must be unchanged at restore.
@@ -541,11 +545,23 @@ Snapshots need the kvm driver (`vm drivers` says why another cannot).")]
 pub struct SnapshotCreateArgs {
     /// The snapshot's name
     pub name: String,
+    /// Serve CMD instead of running it to its end: start it as `vm serve` does and take the
+    /// snapshot once this guest port accepts (and `--ready` answers); repeatable. The server
+    /// runs on in every VM restored from the snapshot (`vm serve --from NAME -p HOSTPORT:GUESTPORT`)
+    #[arg(short = 'p', long = "port", value_name = "GUESTPORT",
+        value_parser = clap::value_parser!(u16).range(1..))]
+    pub ports: Vec<u16>,
+    /// With -p: snapshot only once GET PATH on the first port answers 2xx (e.g. /health)
+    #[arg(long, value_name = "PATH", value_parser = parse::http_path, requires = "ports")]
+    pub ready: Option<String>,
+    /// With -p: how long to wait for the server to be ready
+    #[arg(long, value_name = "DURATION", value_parser = parse::duration, default_value = "300s")]
+    pub ready_timeout: std::time::Duration,
     #[command(flatten)]
     pub vm: VmOpts,
     #[command(flatten)]
     pub cmd: CmdOpts,
-    /// The warm-up command, after `--`
+    /// The warm-up command (with -p: the server), after `--`
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }

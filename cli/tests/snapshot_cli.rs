@@ -158,3 +158,35 @@ fn run_d_and_serve_from_refuse_what_a_snapshot_fixes_and_name_a_missing_one() {
     let ps = common::Out::from(env.cmd().args(["ps"]).output().expect("vm ps"));
     assert!(!ps.stdout.contains("warm"), "{}", ps.stdout);
 }
+
+#[test]
+fn create_serving_flags_are_checked_before_anything_boots() {
+    let env = Env::new();
+    // --ready waits on a served port: without -p there is none.
+    let ready = run(
+        &env,
+        &["snapshot", "create", "web", "--ready", "/", "--", "true"],
+    );
+    assert_eq!(ready.code, 2, "{}", ready.stderr);
+    assert!(
+        ready.stderr.contains("--port <GUESTPORT>"),
+        "{}",
+        ready.stderr
+    );
+    // Guest port 0 is no port.
+    let zero = run(
+        &env,
+        &["snapshot", "create", "web", "-p", "0", "--", "httpd"],
+    );
+    assert_eq!(zero.code, 2, "{}", zero.stderr);
+    assert!(zero.stderr.contains("'0'"), "{}", zero.stderr);
+    // A ready path goes into a request line: it must be one.
+    let path = run(
+        &env,
+        &[
+            "snapshot", "create", "web", "-p", "80", "--ready", "health", "--", "httpd",
+        ],
+    );
+    assert_eq!(path.code, 2, "{}", path.stderr);
+    assert!(!env.dir.path().join("snapshots").join("web").exists());
+}

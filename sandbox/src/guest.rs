@@ -28,7 +28,8 @@ use crate::confine;
 use crate::error::SandboxError;
 use crate::glob::Glob;
 use crate::link::Link;
-use crate::serving::{GuestProcess, ServeSpec, Serving};
+use crate::publish::PublishSpec;
+use crate::serving::{GuestProcess, ServeSpec, ServedProcess, Serving};
 
 mod transfer;
 
@@ -378,6 +379,17 @@ impl Guest {
             user: self.confinement.defaults.user.clone(),
         };
         Ok(Serving::start(self.link.clone(), spec, process).await?)
+    }
+
+    /// Publishes a process that already runs in the guest: the server a snapshot was taken
+    /// with (its record's `serving`), in a VM restored from it. Nothing starts in the guest;
+    /// the host ports and the monitor are [`Guest::serve`]'s.
+    pub async fn attach_served(
+        &self,
+        served: &ServedProcess,
+        publish: &[PublishSpec],
+    ) -> Result<Serving, SandboxError> {
+        Ok(Serving::attach(self.link.clone(), served, publish).await?)
     }
 }
 

@@ -124,8 +124,8 @@ pub use request::{DEFAULT_MEM_MIB, DEFAULT_PIDS, NoImage, Request, RequestError}
 pub use running::{Attach, RunningVm};
 pub use select::{Diagnosis, SelectError, select, select_driver, select_named};
 pub use serving::{
-    FORWARD_BUSY_WAIT, MAX_CONNECTIONS, POLL_INTERVAL, Published, ServeError, ServeSpec, Serving,
-    UNREACHABLE_AFTER, describe_exit,
+    FORWARD_BUSY_WAIT, MAX_CONNECTIONS, POLL_INTERVAL, Published, ServeError, ServeSpec,
+    ServedProcess, Serving, UNREACHABLE_AFTER, describe_exit,
 };
 pub use snapshot_root::{SnapshotRootError, SnapshotRoots};
 pub use snapshots::{SnapshotError, SnapshotRecord, SnapshotStore};

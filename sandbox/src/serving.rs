@@ -59,6 +59,15 @@ pub struct ServeSpec {
     pub publish: Vec<PublishSpec>,
 }
 
+/// A served process as a snapshot records it: the agent's id for it (the agent, in the
+/// snapshot's memory, still knows it after a restore), its argv and its guest ports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedProcess {
+    pub id: u64,
+    pub argv: Vec<String>,
+    pub guest_ports: Vec<u16>,
+}
+
 /// Why serving failed.
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -129,6 +138,7 @@ pub(crate) struct GuestProcess {
 pub struct Serving {
     published: Vec<Published>,
     id: ServeId,
+    argv: Vec<String>,
     pub(crate) machine: Link,
     state: Arc<watch::Sender<State>>,
     tasks: Mutex<Option<Tasks>>,
@@ -165,25 +175,9 @@ impl Serving {
         if spec.argv.is_empty() {
             return Err(ServeError::EmptyArgv);
         }
-        if spec.publish.is_empty() {
-            return Err(ServeError::NoPublish);
-        }
-        let mut listeners = Vec::with_capacity(spec.publish.len());
-        for p in &spec.publish {
-            let want = p.host_addr();
-            let bound = TcpListener::bind(want)
-                .await
-                .and_then(|l| Ok((l.local_addr()?, l)));
-            let (host, listener) =
-                bound.map_err(|source| ServeError::Bind { addr: want, source })?;
-            let published = Published {
-                host,
-                guest_port: p.guest_port,
-            };
-            listeners.push((published, listener));
-        }
+        let listeners = bind_all(&spec.publish).await?;
         let req = ServeRequest {
-            command: Command::Argv(spec.argv),
+            command: Command::Argv(spec.argv.clone()),
             env: process.env,
             cwd: Some(process.cwd),
             user: process.user,
@@ -192,6 +186,32 @@ impl Serving {
             .call(|c| c.serve_start(req))
             .await
             .map_err(ServeError::Start)?;
+        Ok(Serving::run(machine, id, spec.argv, listeners))
+    }
+
+    /// Publishes a process the agent already serves (one a snapshot recorded, running on in
+    /// the restored guest): the host listeners and the monitor of [`Serving::start`], without
+    /// starting anything in the guest.
+    pub(crate) async fn attach(
+        machine: Link,
+        served: &ServedProcess,
+        publish: &[PublishSpec],
+    ) -> Result<Serving, ServeError> {
+        let listeners = bind_all(publish).await?;
+        Ok(Serving::run(
+            machine,
+            ServeId(served.id),
+            served.argv.clone(),
+            listeners,
+        ))
+    }
+
+    fn run(
+        machine: Link,
+        id: ServeId,
+        argv: Vec<String>,
+        listeners: Vec<(Published, TcpListener)>,
+    ) -> Serving {
         let initial = State {
             running: true,
             ..Default::default()
@@ -209,13 +229,39 @@ impl Serving {
             published.push(p);
         }
         let monitor = tokio::spawn(monitor(machine.clone(), id, state.clone()));
-        Ok(Serving {
+        Serving {
             published,
             id,
+            argv,
             machine,
             state,
             tasks: Mutex::new(Some(Tasks { accept, monitor })),
-        })
+        }
+    }
+
+    /// The argv the process was started with.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// What a snapshot records of this server, to publish it again after a restore
+    /// ([`crate::Guest::attach_served`]).
+    pub fn served(&self) -> ServedProcess {
+        let mut guest_ports: Vec<u16> = self.published.iter().map(|p| p.guest_port).collect();
+        guest_ports.dedup();
+        ServedProcess {
+            id: self.id.0,
+            argv: self.argv.clone(),
+            guest_ports,
+        }
+    }
+
+    /// Closes the host ports and ends the monitor, leaving the guest process running (a
+    /// snapshot keeps it). Afterwards this handle serves nothing; `stop` does nothing.
+    pub fn detach(&self) {
+        if let Some(tasks) = self.take_tasks() {
+            tasks.abort();
+        }
     }
 
     /// The host address of the first published port.
@@ -300,6 +346,27 @@ impl Drop for Serving {
             }
         }
     }
+}
+
+/// Binds every host listener first, so a taken port fails before anything starts.
+async fn bind_all(publish: &[PublishSpec]) -> Result<Vec<(Published, TcpListener)>, ServeError> {
+    if publish.is_empty() {
+        return Err(ServeError::NoPublish);
+    }
+    let mut listeners = Vec::with_capacity(publish.len());
+    for p in publish {
+        let want = p.host_addr();
+        let bound = TcpListener::bind(want)
+            .await
+            .and_then(|l| Ok((l.local_addr()?, l)));
+        let (host, listener) = bound.map_err(|source| ServeError::Bind { addr: want, source })?;
+        let published = Published {
+            host,
+            guest_port: p.guest_port,
+        };
+        listeners.push((published, listener));
+    }
+    Ok(listeners)
 }
 
 async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {

@@ -31,6 +31,7 @@ use guest_agent::token::{AgentToken, TokenError};
 use crate::error::SandboxError;
 use crate::microvm::{MicroVm, Options, Prepared, private_dir};
 use crate::select::select;
+use crate::serving::{ServedProcess, Serving};
 
 /// The record of a snapshot, inside its directory.
 pub const RECORD_FILE: &str = "snapshot.json";
@@ -149,6 +150,10 @@ pub struct SnapshotRecord {
     pub memory_written: u64,
     /// Microseconds from the snapshot request until its files were written.
     pub took_us: u64,
+    /// The server the snapshot was taken with, running on in it (`vm snapshot create -p`):
+    /// a restore publishes it again instead of starting one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ServedProcess>,
 }
 
 /// Makes a private staging directory under `parent` (created 0700 if missing).
@@ -266,6 +271,26 @@ impl MicroVm {
     /// [`Options::snapshots`], and `path` must not exist and be on that directory's
     /// filesystem. Refused with the VM still running when the driver cannot (tcg).
     pub async fn snapshot(&self, path: &Path) -> Result<SnapshotRecord, SandboxError> {
+        self.snapshot_with(path, None).await
+    }
+
+    /// [`MicroVm::snapshot`] of a VM serving: the guest process keeps running in the
+    /// snapshot and its record names it ([`SnapshotRecord::serving`]), so a VM restored from
+    /// it publishes the same server, ready at once. `serving`'s host ports close first.
+    pub async fn snapshot_serving(
+        &self,
+        path: &Path,
+        serving: &Serving,
+    ) -> Result<SnapshotRecord, SandboxError> {
+        serving.detach();
+        self.snapshot_with(path, Some(serving.served())).await
+    }
+
+    async fn snapshot_with(
+        &self,
+        path: &Path,
+        serving: Option<ServedProcess>,
+    ) -> Result<SnapshotRecord, SandboxError> {
         let staging = self
             .staging
             .lock()
@@ -298,6 +323,7 @@ impl MicroVm {
             memory_bytes: written.memory_bytes,
             memory_written: written.memory_written,
             took_us: u64::try_from(written.took.as_micros()).unwrap_or(u64::MAX),
+            serving,
         };
         let json = serde_json::to_vec_pretty(&record).map_err(|source| SnapshotError::Record {
             path: staging.join(RECORD_FILE),

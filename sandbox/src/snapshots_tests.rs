@@ -40,6 +40,7 @@ fn record(spec: Spec, disks: Vec<DiskIdentity>) -> SnapshotRecord {
         memory_bytes: 20,
         memory_written: 5,
         took_us: 7,
+        serving: None,
     }
 }
 
@@ -100,6 +101,29 @@ fn a_record_round_trips_and_another_version_or_garbage_is_refused() {
         read_record(&other),
         Err(SnapshotError::RecordTooLarge(_))
     ));
+}
+
+/// A record with the server it was taken with round-trips; one written without the field
+/// (every record before it) reads as serving nothing.
+#[test]
+fn the_served_process_is_recorded_and_optional() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = record(spec_with_mount(tmp.path()), Vec::new());
+    let plain = serde_json::to_value(&r).unwrap();
+    assert!(plain.get("serving").is_none(), "{plain}");
+    r.serving = Some(crate::ServedProcess {
+        id: 3,
+        argv: vec!["httpd".into(), "-f".into()],
+        guest_ports: vec![8000, 9000],
+    });
+    let dir = tmp.path().join("snap");
+    std::fs::create_dir(&dir).unwrap();
+    write_private(&dir.join(RECORD_FILE), &serde_json::to_vec(&r).unwrap()).unwrap();
+    assert_eq!(read_record(&dir).unwrap(), r);
+    let old = tmp.path().join("old");
+    std::fs::create_dir(&old).unwrap();
+    write_private(&old.join(RECORD_FILE), &serde_json::to_vec(&plain).unwrap()).unwrap();
+    assert_eq!(read_record(&old).unwrap().serving, None);
 }
 
 #[test]

@@ -154,15 +154,60 @@ async fn serve_forwards_a_loopback_port_and_stop_closes_it() {
         "host port still open"
     );
     // The guest process is gone too: its port is free again.
-    let mut freed = false;
-    for _ in 0..50 {
-        if std::net::TcpListener::bind(("127.0.0.1", guest_port)).is_ok() {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(freed, "guest server still holds its port");
+    assert!(
+        common::echo::port_freed(guest_port).await,
+        "guest server still holds its port"
+    );
+    vm.close().await;
+}
+
+/// What a snapshot taken serving relies on: `detach` closes the host port but leaves the
+/// guest process running, and `attach_served` with what `served()` recorded publishes that
+/// same process again (nothing new starts in the guest: its output is the first run's) on a
+/// new host port; its `stop` then ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_server_runs_on_and_is_published_again_by_attach_served() {
+    let Some((_tmp, registry, spec, options)) = setup("attach_served", Duration::ZERO) else {
+        return;
+    };
+    let vm = MicroVm::create_with(&registry, &spec, &options).unwrap();
+    let (serving, guest_port) = common::echo::serve(&vm).await;
+    let first = serving.addr();
+    assert_eq!(common::echo::ping(first).await, b"echo:ping");
+    let served = serving.served();
+    assert_eq!(served.guest_ports, [guest_port]);
+    assert_eq!(served.argv, common::echo::server_argv(guest_port));
+    serving.detach();
+    drop(serving); // no stop sent: the process is the snapshot's to keep
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        tokio::net::TcpStream::connect(first).await.is_err(),
+        "the detached host port is still open"
+    );
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", guest_port)).is_err(),
+        "the guest server ended with the detach"
+    );
+
+    let again = vm
+        .attach_served(&served, &[PublishSpec::loopback(0, guest_port)])
+        .await
+        .unwrap();
+    assert_ne!(again.addr(), first);
+    assert_eq!(common::echo::ping(again.addr()).await, b"echo:ping");
+    assert_eq!(again.argv(), served.argv.as_slice());
+    tokio::time::sleep(vm_sandbox::POLL_INTERVAL * 2).await;
+    assert!(again.running());
+    assert_eq!(
+        again.output(),
+        "listening\n",
+        "a second process was started"
+    );
+    again.stop().await.unwrap();
+    assert!(
+        common::echo::port_freed(guest_port).await,
+        "stop after attach_served left the guest server running"
+    );
     vm.close().await;
 }
 

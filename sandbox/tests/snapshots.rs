@@ -83,6 +83,7 @@ async fn snapshots_are_refused_where_they_cannot_be_taken() {
         memory_bytes: 0,
         memory_written: 0,
         took_us: 0,
+        serving: None,
     };
     std::fs::write(dir.join(RECORD_FILE), serde_json::to_vec(&record).unwrap()).unwrap();
     guest_agent::AgentToken::generate()

@@ -40,13 +40,18 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
             crate::cmd::snapshot::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
             crate::cmd::snapshot::refuse_env_flags(&a.cmd)?;
             let opened = crate::cmd::snapshot::open(snapshot)?;
-            resolve::require_command(&opened.record.spec, &a.command)?;
+            // A snapshot taken serving (`vm snapshot create -p`) holds its server: without a
+            // command, that one is published.
+            let served = opened.record.serving.filter(|_| a.command.is_empty());
+            if served.is_none() {
+                resolve::require_command(&opened.record.spec, &a.command)?;
+            }
             let policy = resolve::policy(&a.vm);
             (
                 opened.record.spec,
                 a.vm.trust.into(),
                 policy,
-                Some(opened.path),
+                Some((opened.path, served)),
             )
         }
         None => {
@@ -89,7 +94,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         policy,
         driver: a.vm.driver.clone(),
         workdir: None,
-        from: from.clone(),
+        from: from.as_ref().map(|(path, _)| path.clone()),
     };
     let mut record = Record::starting(
         &name,
@@ -117,7 +122,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         signals,
     };
     let start = match from {
-        Some(path) => Start::Restore(path),
+        Some((path, served)) => Start::Restore(path, served),
         None => Start::Boot(Box::new(spec)),
     };
     let result = session.boot_and_serve(start, options, publish).await;
@@ -142,10 +147,11 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     result.map(|(code, _)| code)
 }
 
-/// How the server's VM starts: booted from the spec, or restored from a snapshot (`--from`).
+/// How the server's VM starts: booted from the spec, or restored from a snapshot (`--from`),
+/// with the server the snapshot holds when it is the one to publish.
 enum Start {
     Boot(Box<vm_spec::Spec>),
-    Restore(std::path::PathBuf),
+    Restore(std::path::PathBuf, Option<vm_sandbox::ServedProcess>),
 }
 
 /// One `vm serve` run: its record (held by this process) and what it was asked.
@@ -166,10 +172,14 @@ impl Session<'_> {
         options: Options,
         publish: Vec<PublishSpec>,
     ) -> anyhow::Result<(u8, String)> {
+        let served = match &start {
+            Start::Restore(_, served) => served.clone(),
+            Start::Boot(_) => None,
+        };
         let started = async {
             match start {
                 Start::Boot(spec) => MicroVm::boot(*spec, options).await,
-                Start::Restore(path) => MicroVm::restore(path, options).await,
+                Start::Restore(path, _) => MicroVm::restore(path, options).await,
             }
         };
         let vm = tokio::select! {
@@ -179,7 +189,11 @@ impl Session<'_> {
             }
         };
         let argv = self.args.command.clone();
-        let serving = match vm.serve(ServeSpec { argv, publish }).await {
+        let serving = match &served {
+            Some(served) => vm.attach_served(served, &publish).await,
+            None => vm.serve(ServeSpec { argv, publish }).await,
+        };
+        let serving = match serving {
             Ok(s) => s,
             Err(e) => {
                 vm.close().await;
@@ -234,10 +248,7 @@ impl Session<'_> {
         for url in &urls {
             outln!("{url}");
         }
-        let shown = match self.args.command.is_empty() {
-            true => vm.spec().default_command().join(" "),
-            false => self.args.command.join(" "),
-        };
+        let shown = serving.argv().join(" ");
         errln!(
             "vm: serving {shown} as {name} on {} ({} driver); Ctrl-C or `vm stop {name}` stops it",
             urls.join(" "),

@@ -4,9 +4,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use vm_sandbox::agent::Command;
-use vm_sandbox::{MicroVm, Options, Run, SnapshotStore};
+use vm_sandbox::{
+    MicroVm, Options, PublishSpec, Readiness, Run, ServeSpec, Serving, SnapshotStore,
+};
 
-use crate::args::{CmdOpts, SnapshotCommand, VmOpts};
+use crate::args::{CmdOpts, SnapshotCommand, SnapshotCreateArgs, VmOpts};
 use crate::exit;
 use crate::output::{Table, errln, outln, print_json, print_table};
 use crate::resolve;
@@ -16,7 +18,7 @@ use crate::stream::{self, Signals};
 pub async fn run(cmd: SnapshotCommand) -> anyhow::Result<u8> {
     let store = SnapshotStore::default_location()?;
     match cmd {
-        SnapshotCommand::Create(a) => create(&store, &a.name, &a.vm, &a.cmd, a.command).await,
+        SnapshotCommand::Create(a) => create(&store, &a).await,
         SnapshotCommand::Ls { json } => ls(&store, json),
         SnapshotCommand::Rm { names } => {
             for n in &names {
@@ -32,14 +34,9 @@ fn mib(bytes: u64) -> String {
     format!("{:.1}M", bytes as f64 / f64::from(1 << 20))
 }
 
-/// `vm snapshot create NAME [OPTIONS] [-- CMD]`.
-async fn create(
-    store: &SnapshotStore,
-    name: &str,
-    vm: &VmOpts,
-    cmd: &CmdOpts,
-    warmup: Vec<String>,
-) -> anyhow::Result<u8> {
+/// `vm snapshot create NAME [OPTIONS] [-p GUESTPORT [--ready PATH]] [-- CMD]`.
+async fn create(store: &SnapshotStore, a: &SnapshotCreateArgs) -> anyhow::Result<u8> {
+    let (name, vm, cmd) = (a.name.as_str(), &a.vm, &a.cmd);
     let path = store.path(name)?;
     if path.exists() {
         return Err(exit::usage(format!(
@@ -69,22 +66,34 @@ async fn create(
             return Ok(exit::INTERRUPTED);
         }
     };
-    if !warmup.is_empty() {
-        let run = Run {
-            command: Command::Argv(warmup),
-            cwd: cmd.workdir.clone(),
-            ..Default::default()
-        };
-        let code = stream::relay_stream(async { Ok(booted.exec_stream(run).await?) }, &mut signals)
-            .await?;
-        if code != exit::OK {
-            booted.close().await;
-            return Err(exit::failed(format!(
-                "the warm-up command exited {code}: no snapshot written"
-            )));
+    let serving = if a.ports.is_empty() {
+        if !a.command.is_empty() {
+            let code = warm_up(&booted, a, &mut signals).await?;
+            if code != exit::OK {
+                booted.close().await;
+                return Err(exit::failed(format!(
+                    "the warm-up command exited {code}: no snapshot written"
+                )));
+            }
         }
-    }
-    let r = booted.snapshot(&path).await;
+        None
+    } else {
+        match serve_until_ready(&booted, a, &mut signals).await {
+            Ok(Some(s)) => Some(s),
+            Ok(None) => {
+                booted.close().await;
+                return Ok(exit::INTERRUPTED);
+            }
+            Err(e) => {
+                booted.close().await;
+                return Err(e);
+            }
+        }
+    };
+    let r = match &serving {
+        Some(s) => booted.snapshot_serving(&path, s).await,
+        None => booted.snapshot(&path).await,
+    };
     booted.close().await;
     let r = r?;
     errln!(
@@ -94,8 +103,72 @@ async fn create(
         r.state_bytes,
         r.took_us / 1000
     );
+    if let Some(served) = &r.serving {
+        errln!(
+            "snapshot {name}: serving {} on guest port(s) {:?}; publish it with `vm serve --from {name} -p HOSTPORT:GUESTPORT`",
+            served.argv.join(" "),
+            served.guest_ports
+        );
+    }
     outln!("{name}");
     Ok(exit::OK)
+}
+
+/// Runs the warm-up command to its end, streaming its output; returns its exit code.
+async fn warm_up(
+    vm: &MicroVm,
+    a: &SnapshotCreateArgs,
+    signals: &mut Signals,
+) -> anyhow::Result<u8> {
+    let run = Run {
+        command: Command::Argv(a.command.clone()),
+        cwd: a.cmd.workdir.clone(),
+        ..Default::default()
+    };
+    stream::relay_stream(async { Ok(vm.exec_stream(run).await?) }, signals).await
+}
+
+/// `-p`: starts the server (CMD, else the image's Entrypoint + Cmd) and waits until every
+/// port accepts and `--ready` answers. `None` when a signal came first.
+async fn serve_until_ready(
+    vm: &MicroVm,
+    a: &SnapshotCreateArgs,
+    signals: &mut Signals,
+) -> anyhow::Result<Option<Serving>> {
+    // The host side of these ports is never used: a loopback port the kernel picks.
+    let publish = a
+        .ports
+        .iter()
+        .map(|p| PublishSpec::loopback(0, *p))
+        .collect();
+    let serving = vm
+        .serve(ServeSpec {
+            argv: a.command.clone(),
+            publish,
+        })
+        .await?;
+    let ready = Readiness {
+        http_path: a.ready.clone(),
+        timeout: a.ready_timeout,
+    };
+    let waited = tokio::select! {
+        r = serving.wait_ready(&ready) => r,
+        sig = signals.recv() => {
+            tracing::info!("{sig} before the server was ready");
+            let _ = serving.stop().await;
+            return Ok(None);
+        }
+    };
+    if let Err(e) = waited {
+        let output = serving.output();
+        let _ = serving.stop().await;
+        let tail: Vec<&str> = output.lines().rev().take(5).collect();
+        for l in tail.into_iter().rev() {
+            errln!("{l}");
+        }
+        return Err(exit::failed(format!("{e}: no snapshot written")));
+    }
+    Ok(Some(serving))
 }
 
 fn ls(store: &SnapshotStore, json: bool) -> anyhow::Result<u8> {

@@ -54,3 +54,14 @@ pub async fn serve(guest: &vm_sandbox::Guest) -> (vm_sandbox::Serving, u16) {
         .unwrap();
     (serving, guest_port)
 }
+
+/// Whether `port` on loopback becomes free (its server gone) within 2.5 s.
+pub async fn port_freed(port: u16) -> bool {
+    for _ in 0..50 {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

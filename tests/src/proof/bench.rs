@@ -1,5 +1,7 @@
 //! The proof's benchmarks on one driver: cold boot → agent ready, exec round trip in a warm
-//! guest, and many guests booted at once. They report figures; only a boot or exec that
+//! guest, many guests booted at once, and (on a driver with snapshots) restore → agent ready
+//! against the cold boot, each start followed by one `true` exec as `vm exec --from NAME --
+//! true` and `vm exec -- true` do. They report figures; only a boot, restore or exec that
 //! fails counts against the run (speed targets are read, never asserted).
 
 use std::time::{Duration, Instant};
@@ -7,7 +9,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::{GuestSpec, boot, error_chain};
+use vm_drivers::Registry;
+
+use crate::{GuestSpec, boot, error_chain, options_for, spec_for};
 
 /// How much to measure.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +68,13 @@ pub struct BenchReport {
     pub driver: String,
     /// Call to agent answering, per cold boot.
     pub cold_boot_ms: Option<Millis>,
+    /// Call to the restored, re-keyed agent answering, then one `true` exec, per restore of
+    /// one snapshot (as many restores as cold boots).
+    pub restore_ms: Option<Millis>,
+    /// Cold boot + one `true` exec, per cold boot: what `restore_ms` is compared with.
+    pub cold_exec_ms: Option<Millis>,
+    /// Why restores were not measured (a driver without snapshots).
+    pub restore_skipped: Option<String>,
     /// One `true` exec, call to exit status.
     pub exec_round_trip_ms: Option<Millis>,
     /// One byte typed into a raw guest terminal to its echo (warm guest).
@@ -102,6 +113,7 @@ impl BenchReport {
                 fmt(&self.cold_boot_ms)
             ),
             format!("exec round trip (true): {}", fmt(&self.exec_round_trip_ms)),
+            self.restore_line(fmt(&self.restore_ms)),
             format!("keystroke echo (-t): {}", fmt(&self.keystroke_echo_ms)),
             format!(
                 "parallel boots: {}/{} ok{}",
@@ -116,6 +128,26 @@ impl BenchReport {
     }
 }
 
+impl BenchReport {
+    /// `restore+exec vs boot+exec`: both p50s and their ratio, or why restores were skipped.
+    fn restore_line(&self, restore: String) -> String {
+        if let Some(why) = &self.restore_skipped {
+            return format!("restore -> agent ready + exec true: not measured ({why})");
+        }
+        let ratio = match (self.restore_ms, self.cold_exec_ms) {
+            (Some(r), Some(c)) if r.p50 > 0.0 => {
+                format!(
+                    "; cold boot + exec true p50 {:.1} ms: {:.2}x",
+                    c.p50,
+                    c.p50 / r.p50
+                )
+            }
+            _ => String::new(),
+        };
+        format!("restore -> agent ready + exec true: {restore}{ratio}")
+    }
+}
+
 /// Runs the benchmarks on `driver`.
 pub async fn run(driver: &'static str, plan: BenchPlan) -> BenchReport {
     let mut r = BenchReport {
@@ -124,11 +156,21 @@ pub async fn run(driver: &'static str, plan: BenchPlan) -> BenchReport {
         ..BenchReport::default()
     };
     let mut boots = Vec::new();
+    let mut boot_execs = Vec::new();
     for i in 0..plan.cold_boots {
         let start = Instant::now();
         match boot(driver, &GuestSpec::new(&format!("proof-cold-{i}"))).await {
             Ok(vm) => {
                 boots.push(start.elapsed());
+                match vm.capture(&["true"]).await {
+                    Ok(o) if o.status.success() => boot_execs.push(start.elapsed()),
+                    Ok(o) => r
+                        .errors
+                        .push(format!("cold boot {i}: true exited {:?}", o.status)),
+                    Err(e) => r
+                        .errors
+                        .push(format!("cold boot {i}: exec: {}", error_chain(&e))),
+                }
                 if i == 0 {
                     r.exec_round_trip_ms = exec_round_trips(&vm, plan.execs, &mut r.errors).await;
                     match crate::interactive::keystroke_echoes(&vm, plan.keystrokes).await {
@@ -142,6 +184,8 @@ pub async fn run(driver: &'static str, plan: BenchPlan) -> BenchReport {
         }
     }
     r.cold_boot_ms = Millis::of(&boots);
+    r.cold_exec_ms = Millis::of(&boot_execs);
+    restores(driver, plan.cold_boots, &mut r).await;
     let start = Instant::now();
     let mut set = JoinSet::new();
     for i in 0..plan.parallel {
@@ -168,6 +212,67 @@ pub async fn run(driver: &'static str, plan: BenchPlan) -> BenchReport {
     }
     r.parallel_wall_ms = Some(start.elapsed().as_secs_f64() * 1e3);
     r
+}
+
+/// `n` restores of one snapshot of a booted guest, each timed from the call to its first
+/// `true` exec answering (the driver's snapshot support decides; its reason is reported).
+async fn restores(driver: &'static str, n: usize, r: &mut BenchReport) {
+    let can = Registry::with_defaults().get(driver).map(|d| d.snapshots());
+    match can {
+        Some(c) if c.ok => {}
+        Some(c) => {
+            r.restore_skipped = Some(c.detail);
+            return;
+        }
+        None => {
+            r.restore_skipped = Some(format!("no driver {driver}"));
+            return;
+        }
+    }
+    let tmp = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => return r.errors.push(format!("restore: temp dir: {e}")),
+    };
+    let mut g = GuestSpec::new("proof-snapshot");
+    g.run_dir_parent = Some(tmp.path().join("run"));
+    let mut options = options_for(driver, &g);
+    options.snapshots = Some(tmp.path().join("snapshots"));
+    let snap = tmp.path().join("snapshots").join("bench");
+    let saved = async {
+        let vm = vm_sandbox::MicroVm::boot(spec_for(&g)?, options)
+            .await
+            .map_err(|e| format!("booting for a snapshot: {}", error_chain(&e)))?;
+        let done = vm.snapshot(&snap).await;
+        vm.close().await;
+        done.map_err(|e| format!("snapshot: {}", error_chain(&e)))
+    };
+    if let Err(e) = saved.await {
+        return r.errors.push(format!("restore: {e}"));
+    }
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let start = Instant::now();
+        let vm = match vm_sandbox::MicroVm::restore(snap.clone(), options_for(driver, &g)).await {
+            Ok(vm) => vm,
+            Err(e) => {
+                r.errors.push(format!("restore {i}: {}", error_chain(&e)));
+                break;
+            }
+        };
+        let out = vm.capture(&["true"]).await;
+        let took = start.elapsed();
+        vm.close().await;
+        match out {
+            Ok(o) if o.status.success() => samples.push(took),
+            Ok(o) => r
+                .errors
+                .push(format!("restore {i}: true exited {:?}", o.status)),
+            Err(e) => r
+                .errors
+                .push(format!("restore {i}: exec: {}", error_chain(&e))),
+        }
+    }
+    r.restore_ms = Millis::of(&samples);
 }
 
 async fn exec_round_trips(
@@ -221,5 +326,38 @@ mod tests {
             ..BenchReport::default()
         };
         assert!(r.ok());
+    }
+
+    #[test]
+    fn the_restore_line_gives_the_ratio_or_why_it_was_skipped() {
+        let ms = |p50| {
+            Some(Millis {
+                p50,
+                p99: p50,
+                max: p50,
+            })
+        };
+        let r = BenchReport {
+            restore_ms: ms(50.0),
+            cold_exec_ms: ms(1000.0),
+            ..BenchReport::default()
+        };
+        let line = r
+            .lines()
+            .into_iter()
+            .find(|l| l.starts_with("restore"))
+            .unwrap();
+        assert!(line.contains("p50 50.0 ms"), "{line}");
+        assert!(
+            line.ends_with("cold boot + exec true p50 1000.0 ms: 20.00x"),
+            "{line}"
+        );
+        let r = BenchReport {
+            restore_skipped: Some("tcg: no snapshots".into()),
+            ..BenchReport::default()
+        };
+        assert!(r.lines().contains(
+            &"restore -> agent ready + exec true: not measured (tcg: no snapshots)".to_string()
+        ));
     }
 }

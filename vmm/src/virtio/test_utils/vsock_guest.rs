@@ -69,6 +69,9 @@ pub struct VsockGuest {
     pub echo: bool,
     /// Transport-reset events seen.
     pub transport_resets: u32,
+    /// Leave the event queue alone in [`VsockGuest::pump`] (a driver that has not yet run its
+    /// event work): a transport reset event stays unhandled and no event buffer is posted.
+    pub hold_events: bool,
     /// Leave host connection requests unanswered (no RESPONSE, no RST).
     pub ignore_requests: bool,
     /// Receive buffer announced to the host (default [`GUEST_BUF_ALLOC`]).
@@ -100,6 +103,7 @@ impl VsockGuest {
             resets: Vec::new(),
             echo: false,
             transport_resets: 0,
+            hold_events: false,
             buf_alloc: GUEST_BUF_ALLOC,
             ignore_requests: false,
             listening: HashSet::new(),
@@ -266,7 +270,7 @@ impl VsockGuest {
                 self.tx_free.push(a);
             }
         }
-        if self.d.try_used(2).is_some() {
+        if !self.hold_events && self.d.try_used(2).is_some() {
             let id = u32::from_le_bytes(
                 self.d
                     .read_mem(self.ev_addr, 4)

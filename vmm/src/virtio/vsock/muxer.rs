@@ -82,6 +82,9 @@ pub struct Muxer {
     next_host_port: u32,
     scratch: Vec<u8>,
     reset_event_pending: bool,
+    /// A transport reset event was delivered and the driver has not yet posted an event
+    /// buffer again: until it does, no `REQUEST` goes to the guest (see [`Muxer::transport_reset`]).
+    reset_unacked: bool,
     timers: Timers,
     max_conns: usize,
 }
@@ -101,6 +104,7 @@ impl Muxer {
             next_host_port: FIRST_HOST_PORT,
             scratch: vec![0u8; MAX_PAYLOAD as usize],
             reset_event_pending: false,
+            reset_unacked: false,
             timers: Timers::default(),
             max_conns: MAX_CONNECTIONS,
         }
@@ -277,10 +281,29 @@ impl Muxer {
         let r = match index {
             TXQ => self.process_tx(ctx).and_then(|()| self.fill_rx(ctx)),
             RXQ => self.fill_rx(ctx),
-            EVQ => self.deliver_reset_event(ctx),
+            EVQ => self.event_queue_notified(ctx),
             _ => Ok(()),
         };
         Self::check(r, ctx);
+    }
+
+    /// The driver posted event buffers: the pending reset event goes out, or, the event being
+    /// out, this is the driver's acknowledgement (see [`Muxer::transport_reset`]).
+    fn event_queue_notified(&mut self, ctx: &mut dyn VsockQueues) -> Result<(), QueueError> {
+        if self.reset_event_pending {
+            return self.deliver_reset_event(ctx);
+        }
+        if self.reset_unacked {
+            self.reset_unacked = false;
+            tracing::debug!("vsock: the driver handled the transport reset; connecting again");
+            return self.fill_rx(ctx);
+        }
+        Ok(())
+    }
+
+    /// Whether the guest handled the last transport reset (always, when there was none).
+    pub fn reset_acknowledged(&self) -> bool {
+        !self.reset_unacked
     }
 
     /// One of the muxer's descriptors (epoll `token`) is ready.
@@ -311,9 +334,19 @@ impl Muxer {
     }
 
     /// A transport reset: every connection dropped, the guest told by an event.
+    ///
+    /// A host client that connects right after it must not reach the guest before the guest
+    /// has handled the event: Linux resets every connected socket when it does, and tells the
+    /// host nothing, so a connection it accepted just before (a `REQUEST` taken from the RX
+    /// queue ahead of the event) would be dropped in the guest and left open on the host, its
+    /// client waiting for an answer that never comes (a restored VM's first agent connection
+    /// did this). So `REQUEST`s wait until the driver posts an event buffer again, which
+    /// Linux's event work does only after resetting its sockets; a connection still waiting
+    /// then is dropped after the usual `RESPONSE_TIMEOUT`.
     pub fn transport_reset(&mut self, ctx: &mut dyn VsockQueues) {
         self.drop_all();
         self.reset_event_pending = true;
+        self.reset_unacked = true;
         let r = self.deliver_reset_event(ctx);
         Self::check(r, ctx);
     }

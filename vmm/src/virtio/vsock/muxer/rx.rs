@@ -4,11 +4,13 @@
 use super::*;
 
 impl Muxer {
-    /// Fill RX buffers: bare RSTs first, then connections in round-robin.
+    /// Fill RX buffers: bare RSTs first, then connections in round-robin (not until the
+    /// guest handled a transport reset: see [`Muxer::transport_reset`]).
     pub(super) fn fill_rx(&mut self, ctx: &mut dyn VsockQueues) -> Result<(), QueueError> {
         let mut used = false;
         loop {
-            if self.rsts.is_empty() && self.rx_ready.is_empty() {
+            let conns_ready = !self.rx_ready.is_empty() && !self.reset_unacked;
+            if self.rsts.is_empty() && !conns_ready {
                 break;
             }
             let Some(chain) = ctx.pop(RXQ)? else {
