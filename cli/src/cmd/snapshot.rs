@@ -183,6 +183,7 @@ fn ls(store: &SnapshotStore, json: bool) -> anyhow::Result<u8> {
                     "created_unix_secs": r.created_unix_secs,
                     "memory_bytes": r.memory_bytes,
                     "disk_bytes": l.disk_bytes,
+                    "serving": r.serving,
                     "spec": r.spec,
                 }),
                 Err(e) => json!({

@@ -61,6 +61,12 @@ pub struct ClientLimits {
 /// tried (a ready agent answers in milliseconds; this leaves room for a loaded guest).
 pub const READY_ATTEMPT: Duration = Duration::from_secs(3);
 
+/// The longest pause between two readiness pings of [`AgentClient::wait_ready`] (the pauses
+/// start at 20 ms and double up to it). A restored guest answers moments after its VMM's
+/// socket appears, so a long pause would only be slept through; a failed ping costs one
+/// connection attempt.
+pub const READY_RETRY_MAX: Duration = Duration::from_millis(100);
+
 impl Default for ClientLimits {
     fn default() -> Self {
         ClientLimits {
@@ -363,7 +369,7 @@ impl AgentClient {
                 ),
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
+            delay = (delay * 2).min(READY_RETRY_MAX);
         }
     }
 
