@@ -126,9 +126,7 @@ impl BenchReport {
         v.extend(self.errors.iter().map(|e| format!("bench error: {e}")));
         v
     }
-}
 
-impl BenchReport {
     /// `restore+exec vs boot+exec`: both p50s and their ratio, or why restores were skipped.
     fn restore_line(&self, restore: String) -> String {
         if let Some(why) = &self.restore_skipped {
