@@ -10,6 +10,7 @@ use vm_sandbox::Options;
 use vm_sandbox::sys::{self, Signal};
 
 use crate::args::RunArgs;
+use crate::cmd::snapshot::FromSnapshot;
 use crate::dryrun;
 use crate::exit;
 use crate::output::{errln, outln};
@@ -36,16 +37,9 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
     let (spec, trust, policy, from) = match &a.from {
         Some(snapshot) => {
             // The VM is the snapshot's: its shape, environment and user are recorded with it.
-            crate::cmd::snapshot::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
-            crate::cmd::snapshot::refuse_env_flags(&a.cmd)?;
-            let opened = crate::cmd::snapshot::open(snapshot)?;
-            let policy = resolve::policy(&a.vm);
-            (
-                opened.record.spec,
-                a.vm.trust.into(),
-                policy,
-                Some(opened.path),
-            )
+            let from = FromSnapshot::open(snapshot, &a.vm, &a.cmd, a.dry.dry_run)?;
+            let r = from.resolved;
+            (r.spec, r.trust, r.policy, Some(from.path))
         }
         None => {
             let resolved = resolve::flags(&a.vm, &a.cmd).await?;

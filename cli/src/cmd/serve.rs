@@ -14,6 +14,7 @@ use vm_sandbox::{MicroVm, Options, PublishSpec, Readiness, ServeError, ServeSpec
 use vm_spec::Trust;
 
 use crate::args::ServeArgs;
+use crate::cmd::snapshot::FromSnapshot;
 use crate::dryrun;
 use crate::exit;
 use crate::output::{errln, outln};
@@ -37,22 +38,15 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
     let (spec, trust, policy, from) = match &a.from {
         Some(snapshot) => {
             // The VM is the snapshot's: its shape, environment and user are recorded with it.
-            crate::cmd::snapshot::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
-            crate::cmd::snapshot::refuse_env_flags(&a.cmd)?;
-            let opened = crate::cmd::snapshot::open(snapshot)?;
+            let from = FromSnapshot::open(snapshot, &a.vm, &a.cmd, a.dry.dry_run)?;
             // A snapshot taken serving (`vm snapshot create -p`) holds its server: without a
             // command, that one is published.
-            let served = opened.record.serving.filter(|_| a.command.is_empty());
+            let served = from.serving.filter(|_| a.command.is_empty());
             if served.is_none() {
-                resolve::require_command(&opened.record.spec, &a.command)?;
+                resolve::require_command(&from.resolved.spec, &a.command)?;
             }
-            let policy = resolve::policy(&a.vm);
-            (
-                opened.record.spec,
-                a.vm.trust.into(),
-                policy,
-                Some((opened.path, served)),
-            )
+            let r = from.resolved;
+            (r.spec, r.trust, r.policy, Some((from.path, served)))
         }
         None => {
             let resolved = resolve::flags(&a.vm, &a.cmd).await?;

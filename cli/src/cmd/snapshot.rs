@@ -265,19 +265,33 @@ pub fn refuse_shaping_flags(v: &VmOpts, dry_run: bool) -> anyhow::Result<()> {
     )))
 }
 
-/// A snapshot a `--from` start restores: where it is and what it recorded (the spec the VM
-/// will run under, which `vm run -d` records and `vm serve` reads the default command from).
-pub struct OpenedSnapshot {
+/// A `--from SNAPSHOT` start of `vm run -d` or `vm serve`: the flags that a snapshot fixes
+/// refused by name, the snapshot opened, and what the VM runs under (its spec the
+/// snapshot's, the admission the flags'), before anything is created.
+pub struct FromSnapshot {
+    pub resolved: resolve::Resolved,
     pub path: std::path::PathBuf,
-    pub record: vm_sandbox::SnapshotRecord,
+    /// The server the snapshot was taken with (`vm snapshot create -p`), if any.
+    pub serving: Option<vm_sandbox::ServedProcess>,
 }
 
-/// Finds the snapshot `name` and reads its record (a missing, unreadable or other-version
-/// snapshot is refused here, before anything is created).
-pub fn open(name: &str) -> anyhow::Result<OpenedSnapshot> {
-    let path = SnapshotStore::default_location()?.existing(name)?;
-    let record = vm_sandbox::snapshots::read_record(&path)?;
-    Ok(OpenedSnapshot { path, record })
+impl FromSnapshot {
+    pub fn open(name: &str, v: &VmOpts, c: &CmdOpts, dry_run: bool) -> anyhow::Result<Self> {
+        refuse_shaping_flags(v, dry_run)?;
+        refuse_env_flags(c)?;
+        // A missing, unreadable or other-version snapshot is refused here.
+        let path = SnapshotStore::default_location()?.existing(name)?;
+        let record = vm_sandbox::snapshots::read_record(&path)?;
+        Ok(FromSnapshot {
+            resolved: resolve::Resolved {
+                spec: record.spec,
+                trust: v.trust.into(),
+                policy: resolve::policy(v),
+            },
+            path,
+            serving: record.serving,
+        })
+    }
 }
 
 /// The options of `vm run -d`/`vm serve` that would configure a restored VM's processes (its
