@@ -237,11 +237,15 @@ pub fn baseline_clearcpuid() -> String {
 }
 
 /// True when this host's KVM is kvm_pvm in native mode without hardware virtualization.
+/// Read once per process (a start asks more than once, and a host does not change kind).
 pub fn host_is_pvm_native() -> bool {
-    let native = std::fs::read_to_string("/sys/module/kvm_pvm/parameters/pvm_native")
-        .map(|s| s.trim() == "Y")
-        .unwrap_or(false);
-    native && !cpuinfo_has_hw_virt()
+    static PVM_NATIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PVM_NATIVE.get_or_init(|| {
+        let native = std::fs::read_to_string("/sys/module/kvm_pvm/parameters/pvm_native")
+            .map(|s| s.trim() == "Y")
+            .unwrap_or(false);
+        native && !cpuinfo_has_hw_virt()
+    })
 }
 
 fn cpuinfo_has_hw_virt() -> bool {

@@ -133,9 +133,8 @@ pub(crate) fn create_kvm_vm() -> Result<(Kvm, VmFd), VmmError> {
         ..Default::default()
     };
     vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
-    let filtered = crate::msr::deny_pmu_msrs(&kvm, &vm)
-        .map_err(kvm_err("KVM_X86_SET_MSR_FILTER (the PMU's MSRs)"))?;
-    tracing::debug!(filtered, "guest access to the PMU's MSRs denied");
+    let fence = crate::msr::fence_pmu(&kvm, &vm).map_err(kvm_err("fencing off the PMU"))?;
+    tracing::debug!(?fence, "guest kept off the host's PMU");
     Ok((kvm, vm))
 }
 

@@ -328,3 +328,34 @@ fn emulator_failure_is_a_typed_fault_with_rip() {
         assert_eq!(outcome, Ok(VmExit::TripleFault));
     }
 }
+
+/// The guest has no working performance counter (`vmm::msr::PmuFence`): a value written to
+/// AMD's legacy `PERF_CTR0` does not read back. Where KVM's PMU is off (host-wide or for this
+/// VM) the MSR reads 0; where only an MSR filter fences it, the write faults, and with an
+/// empty IDT that is a triple fault.
+#[test]
+fn a_pmu_counter_holds_nothing() {
+    if skip_without_kvm("a_pmu_counter_holds_nothing") {
+        return;
+    }
+    let prog = code(&[
+        &[0xb9, 0x04, 0x00, 0x01, 0xc0], // mov ecx, 0xc0010004 (PERF_CTR0)
+        &[0xb8, 0xcd, 0xab, 0x00, 0x00], // mov eax, 0xabcd
+        &[0x31, 0xd2],                   // xor edx, edx
+        &[0x0f, 0x30],                   // wrmsr
+        &[0x31, 0xc0],                   // xor eax, eax
+        &[0x0f, 0x32],                   // rdmsr
+        &[0x89, 0x04, 0x25, 0x00, 0x30, 0x00, 0x00], // mov [0x3000], eax
+        RESET,
+    ]);
+    let vm = Tiny::new(&prog).start();
+    match vm.wait_timeout(TIMEOUT) {
+        Some(Ok(VmExit::Reset)) => assert_eq!(
+            read_u32(&vm, RESULT_ADDR),
+            0,
+            "PERF_CTR0 kept what the guest wrote"
+        ),
+        Some(Ok(VmExit::TripleFault)) => {}
+        other => panic!("the guest ended with {other:?}"),
+    }
+}

@@ -8,7 +8,7 @@
 //!
 //! The MSRs saved are [`REQUIRED_MSRS`] (the boot list of [`crate::msr`], the syscall and
 //! sysenter MSRs, EFER, APIC base, PAT, TSC_DEADLINE, TSC_AUX, MISC_ENABLE) plus every MSR
-//! of `KVM_GET_MSR_INDEX_LIST` except the PMU's (denied to the guest,
+//! of `KVM_GET_MSR_INDEX_LIST` except the PMU's (fenced off from the guest,
 //! [`crate::msr::PMU_MSR_RANGES`]) and the VMX capability MSRs (nested virtualization is
 //! hidden). One KVM refuses to read on this host is left out of the state (logged). On
 //! restore, KVM must take every required MSR; another it refuses is logged and skipped.
