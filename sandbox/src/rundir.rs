@@ -18,7 +18,7 @@ pub const OWNER_FILE: &str = "owner";
 pub const RUN_DIR_PREFIX: &str = "vm-";
 
 /// A process identity that a recycled pid cannot fake.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProcIdentity {
     /// Process id.
     pub pid: u32,
@@ -52,6 +52,20 @@ impl ProcIdentity {
     /// True while that same process exists and is not a zombie.
     pub fn alive(&self) -> bool {
         matches!(proc_stat(self.pid), Some((s, t)) if t == self.start_ticks && s != 'Z' && s != 'X')
+    }
+
+    /// Waits (polling, at most `timeout`) for the process to be gone; true once it is. A
+    /// `SIGKILL`ed process closes its files before it becomes a zombie, so whoever saw its
+    /// sockets close can still find it [`alive`](Self::alive) for a moment.
+    pub fn wait_gone(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.alive() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        true
     }
 
     fn parse(text: &str) -> Option<ProcIdentity> {
@@ -111,6 +125,22 @@ pub fn sweep(parent: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_gone_sees_a_process_end_and_bounds_a_live_one() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.3")
+            .spawn()
+            .unwrap();
+        let id = ProcIdentity::of(child.id()).unwrap();
+        let reaper = std::thread::spawn(move || child.wait());
+        assert!(id.wait_gone(std::time::Duration::from_secs(10)));
+        reaper.join().unwrap().unwrap();
+        let me = ProcIdentity::current().unwrap();
+        let t = std::time::Instant::now();
+        assert!(!me.wait_gone(std::time::Duration::from_millis(100)));
+        assert!(t.elapsed() >= std::time::Duration::from_millis(100));
+    }
 
     #[test]
     fn sweep_removes_only_dirs_of_dead_owners() {

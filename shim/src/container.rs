@@ -32,6 +32,10 @@ pub struct HostState {
     pub holder: String,
     /// Parent of the VM's run directory (swept for directories whose owner died).
     pub run_dir_parent: PathBuf,
+    /// The shim that owns the VM's run directory: `delete` waits for it to be gone before
+    /// the sweep (absent in a state file written before it was recorded).
+    #[serde(default)]
+    pub shim: Option<vm_sandbox::rundir::ProcIdentity>,
 }
 
 impl HostState {
@@ -156,6 +160,7 @@ impl Container {
             identity: root.identity.clone(),
             holder: format!("{}-{}", req.namespace, req.id),
             run_dir_parent: config.run_dir(),
+            shim: vm_sandbox::rundir::ProcIdentity::current(),
         };
         cache
             .hold(&host.identity, &host.holder)

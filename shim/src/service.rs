@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use containerd_shim::api::{self, Status as ApiStatus};
@@ -26,6 +26,10 @@ use crate::container::{Container, CreateRequest, HostState};
 use crate::error::ShimError;
 use crate::options::{self, CONFIG_PATH_ENV};
 use crate::process::{KILLED, Process, Status, Stdio};
+
+/// How long `delete` waits for a killed shim to be gone before it sweeps the run directories
+/// (a process with VMs to tear down takes a moment to exit).
+const SHIM_EXIT_GRACE: Duration = Duration::from_secs(10);
 
 /// The shim process (see the module docs).
 #[derive(Clone)]
@@ -79,6 +83,13 @@ impl Shim for VmShim {
             std::env::current_dir().map_err(|e| containerd_shim::Error::Other(e.to_string()))?;
         if let Some(host) = HostState::read(&bundle) {
             host.release(&bundle);
+            // containerd saw the dead shim's socket close, which happens before the shim is
+            // a zombie: until then the sweep would take its run directory for a live one's.
+            if let Some(shim) = host.shim
+                && !shim.wait_gone(SHIM_EXIT_GRACE)
+            {
+                tracing::warn!(pid = shim.pid, "the shim is still alive; its run dir stays");
+            }
             vm_sandbox::rundir::sweep(&host.run_dir_parent);
         }
         let _ = nix::mount::umount2(&bundle.join("rootfs"), nix::mount::MntFlags::MNT_DETACH);

@@ -255,10 +255,15 @@ impl Containerd {
     }
 
     /// Waits until `cond` holds (polling), or panics with `what` after `secs`.
+    /// Polls `cond` for `secs` at most; a timeout fails with containerd's log (its tail).
     pub fn wait_for(&self, secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while !cond() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            if Instant::now() >= deadline {
+                let log = self.log();
+                let tail = &log[log.floor_char_boundary(log.len().saturating_sub(6000))..];
+                panic!("timed out waiting for {what}; containerd's log ends:\n{tail}");
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
