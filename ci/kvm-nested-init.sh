@@ -44,8 +44,12 @@ stage1() {
         $r/root $r/.l1 $r/var/tmp
     for link in bin sbin lib lib64; do ln -s usr/$link $r/$link; done
     cp /bin/busybox /init $r/.l1/
+    # The read-only shares do not change during a run: cache=loose keeps what was read in the
+    # L1's page cache, so a binary is fetched over 9p once, not at every exec (as a host's
+    # local disk would be); the read-write `out` stays uncached.
     for share in usr etc pack inputs; do
-        mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 "$share" "$r/$share" ||
+        mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose "$share" \
+            "$r/$share" ||
             fatal "mounting the 9p share $share"
     done
     mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 out $r/out || fatal "9p out"
@@ -106,6 +110,11 @@ stage2() {
     say "run.sh exited $rc; the CLI checks on kvm"
     cli_checks >/out/cli.txt 2>&1
     $bb cat /out/cli.txt >>$log
+    if $bb grep -q 'l1\.llama=1' /proc/cmdline; then
+        say "the llama.cpp warm-start benchmark"
+        llama_warm_start >/out/llama.txt 2>&1
+        $bb cat /out/llama.txt >>$log
+    fi
     $bb dmesg >/out/dmesg.txt
     echo "$rc" >/out/rc
     $bb sync
@@ -157,6 +166,9 @@ snapshot_checks() {
         return
     fi
     out=$($vm exec --from warm -- cat /work/index.html </dev/null 2>/tmp/cli-from.err)
+    # One restore's timeline (the CLI's debug log: process start, VMM spawned, agent answered,
+    # re-keyed, exec), kept in /out for docs/benchmarks.md.
+    RUST_LOG=debug $vm exec --from warm -- true </dev/null 2>/out/exec-from-timeline.txt
     if [ "$out" = warm-file ]; then
         echo "ok cli/exec_from_a_snapshot"
     else
@@ -190,21 +202,83 @@ snapshot_checks() {
     $vm snapshot rm web >/dev/null 2>&1
 }
 
+# wait_url FILE SECONDS: sets url to FILE's first line, the URL the `vm serve` in $serve prints
+# once ready; empty if it printed none within SECONDS or exited first.
+wait_url() {
+    url='' i=0
+    while [ $i -lt $(($2 * 10)) ] && [ -z "$url" ] && kill -0 $serve 2>/dev/null; do
+        url=$($bb head -n 1 "$1")
+        [ -n "$url" ] || $bb usleep 100000
+        i=$((i + 1))
+    done
+}
+
 # served_page NAME CONTENT PREFIX: waits (120 s at most) for the `vm serve` in $serve to print
 # its URL in PREFIX.out, fetches /index.html, checks it is CONTENT, then stops the server.
 served_page() {
-    url= i=0
-    while [ $i -lt 120 ] && [ -z "$url" ] && kill -0 $serve 2>/dev/null; do
-        url=$($bb head -n 1 "$3.out")
-        [ -n "$url" ] || $bb sleep 1
-        i=$((i + 1))
-    done
+    wait_url "$3.out" 120
     out=
     [ -z "$url" ] || out=$($bb wget -q -O - "$url/index.html" 2>&1)
     if [ "$out" = "$2" ]; then
         echo "ok cli/$1"
     else
         echo "FAIL cli/$1: url '$url', got '$out'; $($bb tail -c 400 "$3.err")"
+    fi
+    kill -INT $serve 2>/dev/null
+    wait $serve 2>/dev/null
+}
+
+# The llama.cpp server warm start (ci/kvm-nested.sh --llama shares images/llama-server.sh's
+# image and model as /inputs/llama): the time from starting `vm serve` to the first completion
+# answered, cold (boot, model load, /health) against `vm serve --from` a snapshot taken once
+# /health answered. One `bench llama: ...` line per start, a `FAIL llama: ...` line on error.
+llama_warm_start() {
+    image=vm.local/llama-server:bench models=/inputs/llama/models
+    export VM_OCI_DIR=/tmp/llama-oci
+    if ! $vm images import /inputs/llama/oci --name $image </dev/null >/tmp/llama-import.out 2>&1; then
+        echo "FAIL llama: import: $($bb tail -c 400 /tmp/llama-import.out)"
+        return
+    fi
+    server="llama-server -m /models/tiny.gguf --host 127.0.0.1 --port 8080 -t 1"
+    for round in 1 2; do
+        t0=$(uptime_s)
+        # shellcheck disable=SC2086 # $server is the server's words
+        $vm serve --image $image -v $models:/models:ro -p 0:8080 --ready /health \
+            --ready-timeout 600s -- $server </dev/null >/tmp/llama-cold.out 2>/tmp/llama-cold.err &
+        serve=$!
+        first_completion "cold $round" "$t0" /tmp/llama-cold
+    done
+    t0=$(uptime_s)
+    # shellcheck disable=SC2086
+    if ! $vm snapshot create llama --image $image -v $models:/models:ro -p 8080 --ready /health \
+        --ready-timeout 600s -- $server </dev/null >/tmp/llama-snap.out 2>&1; then
+        echo "FAIL llama: snapshot create: $($bb tail -c 400 /tmp/llama-snap.out)"
+        return
+    fi
+    echo "bench llama: snapshot create (boot, model load, /health, save) $(since "$t0") s"
+    for round in 1 2 3; do
+        t0=$(uptime_s)
+        $vm serve --from llama -p 0:8080 </dev/null >/tmp/llama-warm.out 2>/tmp/llama-warm.err &
+        serve=$!
+        first_completion "warm $round" "$t0" /tmp/llama-warm
+    done
+    $vm snapshot rm llama >/dev/null 2>&1
+}
+
+uptime_s() { $bb cut -d' ' -f1 /proc/uptime; }
+since() { echo "$(uptime_s) $1" | $bb awk '{printf "%.2f", $1 - $2}'; }
+
+# first_completion LABEL T0 PREFIX: waits (600 s at most) for the `vm serve` in $serve to print
+# its URL in PREFIX.out, asks for a 4-token greedy completion, prints the time since T0 it was
+# answered, then stops the server.
+first_completion() {
+    wait_url "$3.out" 600
+    body='{"prompt":"Once upon a time","max_tokens":4,"temperature":0}'
+    if [ -n "$url" ] && $bb wget -q -O /tmp/llama-reply --header 'Content-Type: application/json' \
+        --post-data "$body" "$url/v1/completions" && $bb grep -q '"completion_tokens":4' /tmp/llama-reply; then
+        echo "bench llama: $1: start → first completion $(since "$2") s"
+    else
+        echo "FAIL llama: $1: url '$url', reply '$($bb head -c 300 /tmp/llama-reply 2>/dev/null)'; $($bb tail -c 400 "$3.err")"
     fi
     kill -INT $serve 2>/dev/null
     wait $serve 2>/dev/null

@@ -23,6 +23,9 @@
 #                    runs the CLI's checks on kvm and must pass (stall after 30 s unless given)
 #   ci/kvm-nested.sh --print-l1          build (cached) the L1 and print its directory
 #   --cli-only   (debugging the runner) only the L1's CLI checks, not the pack's run.sh
+#   --llama      after the CLI checks, the llama.cpp server's warm-start benchmark: cold
+#                `vm serve` vs `vm serve --from` a snapshot, start → first completion (needs
+#                images/llama-server.sh's image; the lines land in OUT/llama.txt)
 #   --only NAME  (debugging a scenario) run.sh runs only the e2e tests whose name holds NAME
 #   --kernel-arg ARG  (debugging the runner) one more word for the L1 kernel's command line
 #   --qemu PATH  another qemu-system-x86_64 for the L1 (e.g. QEMU 10 extracted from
@@ -51,7 +54,7 @@ modules=(virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio virtio_p
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/vm/kvm-nested
 l1_mem=6G
 
-only= pack= out= full=0 timeout= stall_after= mode=run append_extra= qemu=qemu-system-x86_64 smp=1
+only= pack= out= full=0 llama=0 timeout= stall_after= mode=run append_extra= qemu=qemu-system-x86_64 smp=1
 while (($#)); do
     case $1 in
     --pack) pack=${2:?--pack DIR}; shift ;;
@@ -61,6 +64,7 @@ while (($#)); do
     --stall-after) stall_after=${2:?--stall-after SECONDS}; shift ;;
     --self-test-stall) mode=stall ;;
     --cli-only) append_extra+=" l1.cli-only=1" ;;
+    --llama) append_extra+=" l1.llama=1" llama=1 ;;
     --only) only=${2:?--only NAME}; shift ;;
     --kernel-arg) append_extra+=" ${2:?--kernel-arg ARG}"; shift ;;
     --qemu) qemu=${2:?--qemu PATH}; shift ;;
@@ -301,6 +305,13 @@ pack=$(cd "$pack" && pwd)
 root=$("$repo/images/rootfs-debian.sh" --print-path) ||
     die "the Debian root is not built (images/rootfs-debian.sh; ci/setup-tests.sh builds it)"
 ln "$root" "$inputs/debian-root.erofs" 2>/dev/null || cp "$root" "$inputs/debian-root.erofs"
+if ((llama)); then
+    llama_dir=$(bash "$repo/images/llama-server.sh" --print-path) ||
+        die "--llama: the llama.cpp image is not built (images/llama-server.sh)"
+    mkdir "$inputs/llama"
+    cp -al "$llama_dir/oci" "$llama_dir/models" "$inputs/llama/" 2>/dev/null ||
+        cp -a "$llama_dir/oci" "$llama_dir/models" "$inputs/llama/"
+fi
 if ((full)); then
     timeout=${timeout:-2400}
 else

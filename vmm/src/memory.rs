@@ -31,9 +31,14 @@ pub fn allocate(layout: &MemoryLayout) -> Result<GuestMemoryMmap, MemoryError> {
     GuestMemoryMmap::from_ranges(&layout.ranges()).map_err(MemoryError::Alloc)
 }
 
-/// Register every region of `mem` as a KVM memory slot of `vm`; the result owns both.
-pub fn register(vm: VmFd, mem: GuestMemoryMmap) -> Result<GuestVm, MemoryError> {
-    GuestVm::register(vm, mem).map_err(|e| MemoryError::Register {
+/// Register every region of `mem` as a KVM memory slot of `vm`, running `beside(&vm)` on
+/// another thread meanwhile ([`GuestVm::register_beside`]); the result owns both.
+pub fn register<R: Send>(
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+    beside: impl FnOnce(&VmFd) -> R + Send,
+) -> Result<(GuestVm, R), MemoryError> {
+    GuestVm::register_beside(vm, mem, beside).map_err(|e| MemoryError::Register {
         slot: e.slot,
         source: e.source,
     })

@@ -31,80 +31,57 @@ pub const MISC_ENABLE_FAST_STRING: u64 = 1;
 /// MTRR default type.
 pub const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
 
-/// The performance-monitoring MSRs the guest is denied (base, count) where KVM can only keep
-/// it off the PMU by an MSR filter: AMD's legacy K7 counters (`PERF_CTL0..3`, `PERF_CTR0..3`)
-/// and its core counters (`PERF_CTL0..5` / `PERF_CTR0..5`, interleaved). The CPUID table
-/// already says "no PMU extensions" ([`crate::cpuid::ALWAYS_HIDDEN`]), but Linux still probes
-/// the legacy counters on AMD. (Intel guests see CPUID leaf 0xa's version 0 and do not probe.)
+/// The performance-monitoring MSRs the guest is denied (base, count): AMD's legacy K7
+/// counters (`PERF_CTL0..3`, `PERF_CTR0..3`) and its core counters (`PERF_CTL0..5` /
+/// `PERF_CTR0..5`, interleaved). The CPUID table already says "no PMU extensions"
+/// ([`crate::cpuid::ALWAYS_HIDDEN`]), but Linux still probes the legacy counters on AMD: denied,
+/// KVM injects #GP and the guest uses software events only, where a vPMU that is merely off
+/// ignores the write and logs an "unhandled WRMSR" in the host's log at every boot. (Intel
+/// guests see CPUID leaf 0xa's version 0 and do not probe.)
 pub const PMU_MSR_RANGES: &[(u32, u32)] = &[(0xc001_0000, 8), (0xc001_0200, 12)];
 
-/// Where the host says whether KVM offers guests a virtual PMU at all.
-const ENABLE_PMU_PARAM: &str = "/sys/module/kvm/parameters/enable_pmu";
-
-/// How a VM is kept off the host's performance counters (no counter state shared with the
-/// host, no perf events created on the guest's behalf), cheapest first.
+/// How a VM is kept off the host's performance counters: no counter state shared with the
+/// host, no perf events created on the guest's behalf, nothing in the host's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PmuFence {
-    /// KVM offers no guest a PMU on this host (`kvm.enable_pmu=N`): nothing to do.
-    HostOff,
-    /// The VM's PMU is disabled before any vCPU exists (`KVM_CAP_PMU_CAPABILITY`, Linux
-    /// 5.18+): its MSRs read 0 and ignore writes.
-    Disabled,
-    /// Every MSR of [`PMU_MSR_RANGES`] is denied (#GP) by an MSR filter: kernels older than
-    /// the capability. Installing a filter waits for an SRCU grace period (~12 ms measured
-    /// here), which is why it comes last.
-    Filtered,
-    /// KVM has none of these (pre-5.10 kernels): the hidden CPUID bits are all there is.
-    Unfenced,
+pub struct PmuFence {
+    /// The VM has no vPMU (`KVM_CAP_PMU_CAPABILITY`, Linux 5.18+, set before any vCPU
+    /// exists; a host with `kvm.enable_pmu=N` offers none to begin with).
+    pub vpmu_disabled: bool,
+    /// The PMU's MSRs ([`PMU_MSR_RANGES`]) raise #GP (`KVM_X86_SET_MSR_FILTER`, Linux 5.10+).
+    /// Installing a filter waits for an SRCU grace period (~11 ms measured here): the VM
+    /// installs it beside its memory slots, which wait for one too.
+    pub msrs_denied: bool,
 }
 
 impl PmuFence {
-    /// The fence for a host: `enable_pmu` is the module parameter (`None` where the kernel
-    /// has none, before 5.17), `pmu_caps` what `KVM_CAP_PMU_CAPABILITY` reports (0 where
-    /// unknown or where the host's PMU is off), `has_filter` whether
+    /// What this host's KVM can do: `pmu_caps` is what `KVM_CAP_PMU_CAPABILITY` reports (0
+    /// where unknown or where the host's vPMU is off), `has_filter` whether
     /// `KVM_CAP_X86_MSR_FILTER` exists.
-    pub fn choose(enable_pmu: Option<bool>, pmu_caps: i32, has_filter: bool) -> Self {
-        if enable_pmu == Some(false) {
-            PmuFence::HostOff
-        } else if pmu_caps > 0 && pmu_caps as u32 & KVM_PMU_CAP_DISABLE != 0 {
-            PmuFence::Disabled
-        } else if has_filter {
-            PmuFence::Filtered
-        } else {
-            PmuFence::Unfenced
+    pub fn plan(pmu_caps: i32, has_filter: bool) -> Self {
+        PmuFence {
+            vpmu_disabled: pmu_caps > 0 && pmu_caps as u32 & KVM_PMU_CAP_DISABLE != 0,
+            msrs_denied: has_filter,
         }
     }
 }
 
-/// Reads the host's `kvm.enable_pmu` (`None` where absent or unreadable).
-fn host_enable_pmu() -> Option<bool> {
-    let v = std::fs::read_to_string(ENABLE_PMU_PARAM).ok()?;
-    match v.trim() {
-        "Y" | "y" | "1" => Some(true),
-        "N" | "n" | "0" => Some(false),
-        _ => None,
-    }
-}
-
-/// Keeps a new VM (no vCPU created yet) off the host's performance counters, the cheapest
-/// way this host allows ([`PmuFence`]), and says which way.
+/// Keeps a new VM (no vCPU created yet) off the host's performance counters as far as this
+/// host's KVM allows ([`PmuFence`]), and says how.
 pub fn fence_pmu(kvm: &Kvm, vm: &VmFd) -> Result<PmuFence, kvm_ioctls::Error> {
-    let fence = PmuFence::choose(
-        host_enable_pmu(),
+    let fence = PmuFence::plan(
         kvm.check_extension_raw(KVM_CAP_PMU_CAPABILITY.into()),
         kvm.check_extension(Cap::X86MsrFilter),
     );
-    match fence {
-        PmuFence::HostOff | PmuFence::Unfenced => {}
-        PmuFence::Disabled => {
-            let mut cap = kvm_enable_cap {
-                cap: KVM_CAP_PMU_CAPABILITY,
-                ..Default::default()
-            };
-            cap.args[0] = KVM_PMU_CAP_DISABLE.into();
-            vm.enable_cap(&cap)?;
-        }
-        PmuFence::Filtered => deny_pmu_msrs(vm)?,
+    if fence.vpmu_disabled {
+        let mut cap = kvm_enable_cap {
+            cap: KVM_CAP_PMU_CAPABILITY,
+            ..Default::default()
+        };
+        cap.args[0] = KVM_PMU_CAP_DISABLE.into();
+        vm.enable_cap(&cap)?;
+    }
+    if fence.msrs_denied {
+        deny_pmu_msrs(vm)?;
     }
     Ok(fence)
 }
@@ -202,21 +179,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pmu_fence_is_the_cheapest_the_host_allows() {
-        use PmuFence::*;
+    fn the_pmu_fence_uses_what_kvm_has() {
         let disable = KVM_PMU_CAP_DISABLE as i32;
-        // The host's PMU off wins over everything: nothing to fence.
-        assert_eq!(PmuFence::choose(Some(false), 0, true), HostOff);
-        assert_eq!(PmuFence::choose(Some(false), disable, true), HostOff);
-        // Otherwise the per-VM disable, then the filter, then nothing.
-        assert_eq!(PmuFence::choose(Some(true), disable, true), Disabled);
-        assert_eq!(PmuFence::choose(None, disable, false), Disabled);
-        assert_eq!(PmuFence::choose(Some(true), 0, true), Filtered);
-        assert_eq!(PmuFence::choose(None, 0, true), Filtered);
+        let plan = |caps, filter| {
+            let f = PmuFence::plan(caps, filter);
+            (f.vpmu_disabled, f.msrs_denied)
+        };
+        assert_eq!(plan(disable, true), (true, true));
+        assert_eq!(plan(disable, false), (true, false));
+        // No capability (old kernel, or the host's vPMU off): the filter alone.
+        assert_eq!(plan(0, true), (false, true));
         // A capability without the disable bit, or an error, is no capability.
-        assert_eq!(PmuFence::choose(Some(true), 2, true), Filtered);
-        assert_eq!(PmuFence::choose(Some(true), -1, true), Filtered);
-        assert_eq!(PmuFence::choose(None, 0, false), Unfenced);
+        assert_eq!(plan(2, true), (false, true));
+        assert_eq!(plan(-1, false), (false, false));
     }
 
     #[test]

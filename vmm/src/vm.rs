@@ -133,9 +133,21 @@ pub(crate) fn create_kvm_vm() -> Result<(Kvm, VmFd), VmmError> {
         ..Default::default()
     };
     vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
-    let fence = crate::msr::fence_pmu(&kvm, &vm).map_err(kvm_err("fencing off the PMU"))?;
-    tracing::debug!(?fence, "guest kept off the host's PMU");
     Ok((kvm, vm))
+}
+
+/// `mem` registered in the new `vm`, the PMU fenced off ([`crate::msr::fence_pmu`]) beside
+/// it: the MSR filter and the memory slots each wait for an SRCU grace period, and waiting
+/// at once they share one (a start is ~11 ms shorter than one after the other).
+pub(crate) fn register_fenced(
+    kvm: &Kvm,
+    vm: VmFd,
+    mem: GuestMemoryMmap,
+) -> Result<GuestVm, VmmError> {
+    let (guest, fence) = memory::register(vm, mem, |vm| crate::msr::fence_pmu(kvm, vm))?;
+    let fence = fence.map_err(kvm_err("fencing off the PMU"))?;
+    tracing::debug!(?fence, "guest kept off the host's PMU");
+    Ok(guest)
 }
 
 /// The port-I/O bus: the serial console (its interrupt registered, its eventfd kept in
@@ -324,8 +336,7 @@ impl Vm {
         let layout = MemoryLayout::new(cfg.mem_mib)?;
         let profile = cfg.cpu_profile.resolve();
         let (kvm, vm) = create_kvm_vm()?;
-
-        let guest = memory::register(vm, memory::allocate(&layout)?)?;
+        let guest = register_fenced(&kvm, vm, memory::allocate(&layout)?)?;
         let cmdline = build_cmdline(profile, cfg.devices.len(), &cfg.cmdline);
         let kernel = boot::prepare(
             guest.memory(),

@@ -261,7 +261,11 @@ impl Containerd {
         while !cond() {
             if Instant::now() >= deadline {
                 let log = self.log();
-                let tail = &log[log.floor_char_boundary(log.len().saturating_sub(6000))..];
+                let mut from = log.len().saturating_sub(6000);
+                while !log.is_char_boundary(from) {
+                    from += 1;
+                }
+                let tail = &log[from..];
                 panic!("timed out waiting for {what}; containerd's log ends:\n{tail}");
             }
             std::thread::sleep(Duration::from_millis(200));

@@ -19,11 +19,12 @@ use kvm_ioctls::VmFd;
 use super::state::{ConfigFacts, VmState, VmWideState};
 use super::{SnapshotError, SnapshotPaths, format, kvm_err, memory_file};
 use crate::config::{CpuProfile, VmConfig, build_cmdline};
-use crate::memory;
 use crate::vcpu;
 use crate::virtio::DeviceConfig;
 use crate::virtio::persist::{DeviceKind, DeviceState};
-use crate::vm::{Vm, VmmError, assemble, check_config, create_kvm_vm, install_kick};
+use crate::vm::{
+    Vm, VmmError, assemble, check_config, create_kvm_vm, install_kick, register_fenced,
+};
 
 /// The config facts a restore must match, field by field.
 fn check_facts(snap: &ConfigFacts, cfg: &VmConfig) -> Result<(), SnapshotError> {
@@ -150,7 +151,7 @@ impl Vm {
         install_kick()?;
         let (kvm, vm_fd) = create_kvm_vm()?;
         let mem = memory_file::map_private(&paths.memory, &state.regions)?;
-        let guest = memory::register(vm_fd, mem).map_err(VmmError::from)?;
+        let guest = register_fenced(&kvm, vm_fd, mem)?;
         set_irqchip_and_pit(guest.vm(), &state.vm)?;
 
         let profile = state.config.cpu_profile;

@@ -33,25 +33,55 @@ pub struct GuestVm {
     mem: GuestMemoryMmap,
 }
 
+/// Registers every region of `mem` as a KVM memory slot of `vm` (slot `i` for region `i`).
+fn add_slots(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), SlotError> {
+    for (slot, region) in mem.iter().enumerate() {
+        let slot = slot as u32;
+        let desc = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+        };
+        // SAFETY: the region is a live mapping of `memory_size` bytes that stays mapped while
+        // the kernel's VM can reach it: the caller moves `vm` and `mem` into one `GuestVm`,
+        // which drops `mem` after `vm` (field order), and every vCPU made by `create_vcpu`
+        // holds a reference to the same mappings (on an error no vCPU exists yet).
+        unsafe { vm.set_user_memory_region(desc) }.map_err(|source| SlotError { slot, source })?;
+    }
+    Ok(())
+}
+
 impl GuestVm {
-    /// Register every region of `mem` as a KVM memory slot of `vm` (slot `i` for region `i`).
-    pub fn register(vm: VmFd, mem: GuestMemoryMmap) -> Result<Self, SlotError> {
-        for (slot, region) in mem.iter().enumerate() {
-            let slot = slot as u32;
-            let desc = kvm_userspace_memory_region {
-                slot,
-                flags: 0,
-                guest_phys_addr: region.start_addr().0,
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
+    /// Registers every region of `mem` as a KVM memory slot of `vm` (slot `i` for region
+    /// `i`), running `beside(&vm)` on another thread meanwhile (inline if no thread can be
+    /// made): set-up that waits in the kernel as a slot does, for an SRCU grace period,
+    /// shares the slot's instead of waiting for one of its own.
+    pub fn register_beside<R: Send>(
+        vm: VmFd,
+        mem: GuestMemoryMmap,
+        beside: impl FnOnce(&VmFd) -> R + Send,
+    ) -> Result<(Self, R), SlotError> {
+        let job = std::sync::Mutex::new(Some(beside));
+        let run = |vm: &VmFd| {
+            let f = job.lock().unwrap_or_else(|p| p.into_inner()).take();
+            f.map(|f| f(vm))
+        };
+        let (slots, side) = std::thread::scope(|s| {
+            let thread = std::thread::Builder::new()
+                .name("vm-setup".into())
+                .spawn_scoped(s, || run(&vm));
+            let slots = add_slots(&vm, &mem);
+            let side = match thread {
+                Ok(t) => t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(_) => None,
             };
-            // SAFETY: the region is a live mapping of `memory_size` bytes that stays mapped
-            // while the kernel's VM can reach it: `mem` is dropped after `vm` (field order),
-            // and every vCPU made by `create_vcpu` holds a reference to the same mappings.
-            unsafe { vm.set_user_memory_region(desc) }
-                .map_err(|source| SlotError { slot, source })?;
-        }
-        Ok(Self { vm, mem })
+            (slots, side.or_else(|| run(&vm)))
+        });
+        slots?;
+        let side = side.expect("`beside` ran, on the thread or inline");
+        Ok((Self { vm, mem }, side))
     }
 
     /// The VM fd, for device and interrupt set-up (make vCPUs with
