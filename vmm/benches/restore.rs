@@ -92,7 +92,8 @@ fn cold(cfg: &ProcessConfig) -> Duration {
     let t = until_line(&mut child, t0, "B");
     let control = child.stdin.as_mut().expect("piped stdin");
     vmm::process::send_stop(control).expect("stop");
-    assert!(child.wait().expect("wait").success(), "cold boot failed");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "cold boot failed: {status}");
     t
 }
 
@@ -100,7 +101,8 @@ fn cold(cfg: &ProcessConfig) -> Duration {
 fn restore(cfg: &ProcessConfig) -> Duration {
     let (mut child, t0) = spawn(cfg);
     let t = until_line(&mut child, t0, "R");
-    assert!(child.wait().expect("wait").success(), "restore failed");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "restore failed: {status}");
     t
 }
 

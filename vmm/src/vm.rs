@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvm_bindings::{KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
+use kvm_bindings::{CpuId, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
 use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -136,18 +136,28 @@ pub(crate) fn create_kvm_vm() -> Result<(Kvm, VmFd), VmmError> {
     Ok((kvm, vm))
 }
 
-/// `mem` registered in the new `vm`, the PMU fenced off ([`crate::msr::fence_pmu`]) beside
-/// it: the MSR filter and the memory slots each wait for an SRCU grace period, and waiting
-/// at once they share one (a start is ~11 ms shorter than one after the other).
+/// `mem` registered in the new `vm`, and beside it (another thread) the PMU fenced off
+/// ([`crate::msr::fence_pmu`]) and KVM's CPUID table read for the vCPUs
+/// ([`crate::cpuid::supported_for_vm`]). The MSR filter and the memory slots each wait for an
+/// SRCU grace period, and waiting at once they share one: a start is ~11 ms shorter than one
+/// after the other.
 pub(crate) fn register_fenced(
     kvm: &Kvm,
     vm: VmFd,
     mem: GuestMemoryMmap,
-) -> Result<GuestVm, VmmError> {
-    let (guest, fence) = memory::register(vm, mem, |vm| crate::msr::fence_pmu(kvm, vm))?;
+    profile: CpuProfile,
+) -> Result<(GuestVm, CpuId), VmmError> {
+    let baseline = profile == CpuProfile::Baseline;
+    let (guest, (fence, cpuid)) = memory::register(vm, mem, |vm| {
+        (
+            crate::msr::fence_pmu(kvm, vm),
+            crate::cpuid::supported_for_vm(kvm, baseline),
+        )
+    })?;
     let fence = fence.map_err(kvm_err("fencing off the PMU"))?;
     tracing::debug!(?fence, "guest kept off the host's PMU");
-    Ok(guest)
+    let cpuid = cpuid.map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    Ok((guest, cpuid))
 }
 
 /// The port-I/O bus: the serial console (its interrupt registered, its eventfd kept in
@@ -336,7 +346,7 @@ impl Vm {
         let layout = MemoryLayout::new(cfg.mem_mib)?;
         let profile = cfg.cpu_profile.resolve();
         let (kvm, vm) = create_kvm_vm()?;
-        let guest = register_fenced(&kvm, vm, memory::allocate(&layout)?)?;
+        let (guest, supported) = register_fenced(&kvm, vm, memory::allocate(&layout)?, profile)?;
         let cmdline = build_cmdline(profile, cfg.devices.len(), &cfg.cmdline);
         let kernel = boot::prepare(
             guest.memory(),
@@ -350,8 +360,6 @@ impl Vm {
             },
         )?;
         let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
-        let supported = crate::cpuid::supported_for_vm(&vm.kvm, profile == CpuProfile::Baseline)
-            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let setup = VcpuSetup {
             supported_cpuid: &supported,
             vcpus: cfg.vcpus,

@@ -190,7 +190,14 @@ fn run() -> Result<ExitKind, ChildError> {
     let for_reply = replying.clone();
     std::thread::Builder::new()
         .name("vmm-control".into())
-        .spawn(move || obey(control, &for_control, snapshot_dir.as_deref(), &for_reply))
+        .spawn(move || {
+            obey(control, &for_control, snapshot_dir.as_deref(), &for_reply);
+            // Never the last owner of the VM: its teardown closes fds, which this thread's
+            // filter kills the process for (seen when end of file on stdin came after the
+            // main thread had let go of its own reference). The main thread or the process's
+            // exit releases the VM.
+            std::mem::forget(for_control);
+        })
         .map_err(ChildError::Thread)?;
     seccomp::apply(ThreadKind::Main).map_err(ChildError::Seccomp)?;
     let outcome = loop {

@@ -151,15 +151,13 @@ impl Vm {
         install_kick()?;
         let (kvm, vm_fd) = create_kvm_vm()?;
         let mem = memory_file::map_private(&paths.memory, &state.regions)?;
-        let guest = register_fenced(&kvm, vm_fd, mem)?;
+        let profile = state.config.cpu_profile;
+        let (guest, supported) = register_fenced(&kvm, vm_fd, mem, profile)?;
         set_irqchip_and_pit(guest.vm(), &state.vm)?;
 
-        let profile = state.config.cpu_profile;
         let cmdline = build_cmdline(profile, 0, &cfg.cmdline);
         let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
         restore_devices(&vm, &state.devices)?;
-        let supported = crate::cpuid::supported_for_vm(&vm.kvm, profile == CpuProfile::Baseline)
-            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         for (index, saved) in (0..cfg.vcpus).zip(&state.vcpus) {
             let v = vm
                 .guest
