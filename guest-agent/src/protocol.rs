@@ -32,6 +32,9 @@ pub const DEFAULT_EXEC_OUTPUT: u64 = 4 * 1024 * 1024;
 pub const SERVE_TAIL_BYTES: usize = 64 * 1024;
 /// Largest number of entries a List returns.
 pub const MAX_LIST_ENTRIES: u32 = 100_000;
+/// Largest tmpfs a `MountTmpfs` mounts (the guest's memory bounds it further: a tmpfs holds
+/// only what is written to it).
+pub const MAX_TMPFS_BYTES: u64 = 1 << 30;
 /// Largest path (bytes) accepted anywhere in the protocol.
 pub const MAX_PATH_BYTES: usize = 4096;
 /// Interactive exec: stdin bytes the host may have sent and the agent not yet acknowledged
@@ -258,6 +261,12 @@ pub enum Request {
         token: [u8; crate::token::TOKEN_LEN],
         unix_nanos: u64,
     },
+    /// Reply `Ok`: mounts a fresh tmpfs of `size_bytes` (4 KiB to [`MAX_TMPFS_BYTES`]; mode
+    /// 1777, `nosuid`, `nodev`) at the absolute guest directory `path` (created with its
+    /// missing parents, confined like `MakeDirs`). The runtime's own setup (a container's
+    /// `emptyDir` or `tmpfs` mount), with no `mount` from the guest root; only an agent that
+    /// is PID 1 mounts (`Unsupported` otherwise). An older agent answers `Unsupported`.
+    MountTmpfs { path: String, size_bytes: u64 },
 }
 
 /// Host -> agent frames.

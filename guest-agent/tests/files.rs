@@ -270,3 +270,13 @@ async fn make_dirs_creates_confined_and_hands_over() {
     }
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
 }
+
+#[tokio::test]
+async fn mount_tmpfs_is_refused_unless_pid1() {
+    // A host-side agent never mounts: the refusal says why, and nothing is created.
+    let a = TestAgent::start();
+    let e = a.client().mount_tmpfs("/cache", 1 << 20).await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::Unsupported), "{e}");
+    assert!(e.to_string().contains("PID 1"), "{e}");
+    assert!(!a.root().join("cache").exists());
+}

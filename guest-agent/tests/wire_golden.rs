@@ -58,9 +58,10 @@ fn request_ordinal(r: &Request) -> usize {
         Request::ExecInteractive(_) => 11,
         Request::MakeDirs { .. } => 12,
         Request::Resume { .. } => 13,
+        Request::MountTmpfs { .. } => 14,
     }
 }
-const REQUESTS: usize = 14;
+const REQUESTS: usize = 15;
 
 fn client_ordinal(f: &ClientFrame) -> usize {
     match f {
@@ -186,6 +187,13 @@ fn requests() -> Vec<(Request, &'static str)> {
                 unix_nanos: 300,
             },
             "24000000010d000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1fac02",
+        ),
+        (
+            Request::MountTmpfs {
+                path: "/cache".into(),
+                size_bytes: 1 << 20,
+            },
+            "0c000000010e062f6361636865808040",
         ),
     ]
 }

@@ -325,6 +325,18 @@ impl Guest {
         self.write_under("/", &rel, data).await
     }
 
+    /// Mounts a fresh tmpfs of `size_bytes` at the absolute guest directory `path` (created
+    /// if missing; mode 1777, `nosuid`, `nodev`): the runtime's own setup, done by the agent
+    /// (an agent older than this answers `Unsupported`).
+    pub async fn mount_tmpfs(&self, path: &str, size_bytes: u64) -> Result<(), SandboxError> {
+        let rel = confine::absolute(path)?;
+        let path = format!("/{rel}");
+        self.link
+            .call(|c| c.mount_tmpfs(&path, size_bytes))
+            .await
+            .map_err(SandboxError::machine("mount tmpfs"))
+    }
+
     async fn read_under(&self, base: &str, rel: &str) -> Result<Vec<u8>, SandboxError> {
         self.link
             .call(|c| c.read_file(base, rel))

@@ -1,14 +1,15 @@
 //! The OCI bundle's `config.json` → what one container's VM runs, with the refusals.
 //!
 //! Honoured: `process.args`, `env`, `cwd`, `user.uid`/`gid`, `terminal`; read-only bind
-//! mounts (→ read-only disks); `linux.resources.memory.limit` (→ guest memory),
-//! `cpu.quota`/`period` (→ vCPUs), `pids.limit`; `root.path` when containerd gives no rootfs
-//! mounts. Refused at create, naming the field: no network namespace (the host's network), a
-//! bind mount without `ro`, a mount type the VM cannot provide, capabilities beyond the
-//! default set (privileged, `--cap-add`), host devices (`linux.devices`), hooks (host code
-//! the runtime would run). Everything else (seccomp, AppArmor, sysctls, rlimits, masked
-//! paths, the guest's own `/proc`, `/sys`, `/dev` mounts) is ignored: the guest kernel is the
-//! boundary. docs/containerd.md's table lists each field.
+//! mounts (→ read-only disks); kubelet's writable files, `emptyDir` binds and `tmpfs` mounts
+//! (→ copies and tmpfs in the guest, see [`kubelet`]); `linux.resources.memory.limit` (→ guest
+//! memory), `cpu.quota`/`period` (→ vCPUs), `pids.limit`; `root.path` when containerd gives no
+//! rootfs mounts. Refused at create, naming the field: no network namespace (the host's
+//! network), any other bind mount without `ro`, a mount type the VM cannot provide,
+//! capabilities beyond the default set (privileged, `--cap-add`), host devices
+//! (`linux.devices`), hooks (host code the runtime would run). Everything else (seccomp,
+//! AppArmor, sysctls, rlimits, masked paths, the guest's own `/proc`, `/sys`, `/dev` mounts) is
+//! ignored: the guest kernel is the boundary. docs/containerd.md's table lists each field.
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,10 @@ use serde_json::Value;
 use vm_spec::Mount;
 
 use crate::error::ShimError;
+
+pub mod kubelet;
+
+pub use kubelet::{GuestFile, GuestTmpfs};
 
 /// Capabilities containerd gives a container by default; more is refused.
 pub const DEFAULT_CAPS: &[&str] = &[
@@ -58,7 +63,12 @@ pub struct ProcessSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSpec {
     pub process: ProcessSpec,
+    /// Read-only binds (→ read-only disks).
     pub mounts: Vec<Mount>,
+    /// Kubelet's writable files, copied into the guest before the process runs.
+    pub files: Vec<GuestFile>,
+    /// Guest tmpfs mounts (`emptyDir` volumes, `tmpfs` mounts).
+    pub tmpfs: Vec<GuestTmpfs>,
     pub mem_mib: Option<i64>,
     pub vcpus: Option<i64>,
     pub pids: Option<i64>,
@@ -103,7 +113,11 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
     // Capabilities before devices: a privileged bundle is named by its capabilities.
     refuse_caps(&doc["process"])?;
     refuse_devices(doc)?;
-    let mounts = mounts(doc)?;
+    let GuestMounts {
+        disks: mounts,
+        files,
+        tmpfs,
+    } = mounts(doc)?;
     let res = &doc["linux"]["resources"];
     let mem_mib = match res["memory"]["limit"].as_i64() {
         Some(b) if b > 0 => Some((b + (1 << 20) - 1) >> 20),
@@ -118,6 +132,8 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
     Ok(ContainerSpec {
         process,
         mounts,
+        files,
+        tmpfs,
         mem_mib,
         vcpus,
         pids,
@@ -227,8 +243,19 @@ pub fn refuse_caps(process: &Value) -> Result<(), ShimError> {
     Ok(())
 }
 
-fn mounts(doc: &Value) -> Result<Vec<Mount>, ShimError> {
-    let mut out = Vec::new();
+/// What the bundle's `mounts` become in the VM.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GuestMounts {
+    /// Read-only binds: read-only disks.
+    pub disks: Vec<Mount>,
+    /// Kubelet's writable files, copied in ([`kubelet::GuestFile`]).
+    pub files: Vec<GuestFile>,
+    /// `emptyDir` binds and `tmpfs` mounts: a tmpfs in the guest.
+    pub tmpfs: Vec<GuestTmpfs>,
+}
+
+fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
+    let mut out = GuestMounts::default();
     let Some(list) = doc["mounts"].as_array() else {
         return Ok(out);
     };
@@ -240,27 +267,55 @@ fn mounts(doc: &Value) -> Result<Vec<Mount>, ShimError> {
         let options = strings(&m["options"], &format!("{field}.options"))?;
         let ty = m["type"].as_str().unwrap_or("");
         let is_bind = ty == "bind" || options.iter().any(|o| o == "bind" || o == "rbind");
+        let named = format!("{field} ({dest})");
         if !is_bind {
+            if ty == "tmpfs" && !kubelet::GUEST_TMPFS_DESTINATIONS.contains(&dest) {
+                out.tmpfs.push(guest_tmpfs(&named, dest, &options)?);
+                continue;
+            }
             if GUEST_MOUNT_TYPES.contains(&ty) {
                 continue;
             }
             return Err(refused(
-                format!("{field} ({dest})"),
+                named,
                 format!("mount type {ty:?} is not supported in the VM"),
             ));
         }
         let source = m["source"]
             .as_str()
             .ok_or_else(|| bad(&field, "bind mount without a source"))?;
-        if !options.iter().any(|o| o == "ro") {
+        if options.iter().any(|o| o == "ro") {
+            out.disks.push(Mount::read_only(source, dest));
+        } else if kubelet::KUBELET_FILES.contains(&dest) {
+            let data = kubelet::read_host_file(&named, source)?;
+            out.files.push(GuestFile {
+                dest: dest.to_string(),
+                data,
+            });
+        } else if kubelet::is_empty_dir(source) {
+            out.tmpfs.push(guest_tmpfs(&named, dest, &options)?);
+        } else {
             return Err(refused(
-                format!("{field} ({dest})"),
+                named,
                 format!("writable host bind mount of {source}; only read-only (ro) is allowed"),
             ));
         }
-        out.push(Mount::read_only(source, dest));
     }
     Ok(out)
+}
+
+/// A guest tmpfs at `dest` (absolute, without `..`: the agent mounts it there).
+fn guest_tmpfs(named: &str, dest: &str, options: &[String]) -> Result<GuestTmpfs, ShimError> {
+    if !dest.starts_with('/') || dest == "/" || dest.split('/').any(|c| c == "..") {
+        return Err(refused(
+            named,
+            "a tmpfs destination must be an absolute path below / without ..",
+        ));
+    }
+    Ok(GuestTmpfs {
+        dest: dest.to_string(),
+        size_bytes: kubelet::tmpfs_size(options),
+    })
 }
 
 #[cfg(test)]

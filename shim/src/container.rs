@@ -3,8 +3,11 @@
 //! `create` reads the bundle ([`crate::bundle`]), prepares the root ([`crate::rootfs`]),
 //! records a reference on the cached root image, writes the bundle's `vm-shim.json` (what
 //! `containerd-shim-vm-v1 delete` needs to clean up after a shim that died) and boots the VM
-//! with the runtime's trust and policy ([`crate::options`]). When the init process ends the
-//! VM is torn down; `delete` drops the reference and the state file.
+//! with the runtime's trust and policy ([`crate::options`]), then mounts the bundle's guest
+//! tmpfs and copies kubelet's files in ([`crate::bundle::kubelet`]) before any process runs.
+//! When the init process ends its termination message (`/dev/termination-log`, when kubelet
+//! gave one) is read back and the VM is torn down; `delete` drops the reference and the
+//! state file.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use vm_sandbox::{MicroVm, Options, SnapshotRoots};
 use vm_spec::{Guarantees, Limits, Spec};
 
+use crate::bundle::kubelet::{self, TerminationTail};
 use crate::bundle::{self, ContainerSpec, ProcessSpec};
 use crate::error::ShimError;
 use crate::options::ShimConfig;
@@ -76,7 +80,25 @@ pub struct Container {
     cwd: String,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     host: HostState,
+    /// Kubelet gave a `/dev/termination-log`: read it back when the init process ends.
+    termination_log: bool,
+    /// What was read back (its last 4 KiB), kept for the CRI to report.
+    termination: Mutex<Option<TerminationMessage>>,
+    /// `kill_all` tore the VM down: nothing is left to read back.
+    torn_down: std::sync::atomic::AtomicBool,
 }
+
+/// A container's termination message: the last [`kubelet::MAX_TERMINATION_BYTES`] of its
+/// `/dev/termination-log`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminationMessage {
+    pub message: String,
+    /// More was written than kept.
+    pub truncated: bool,
+}
+
+/// How long reading the termination log back may take (the guest's agent answers it).
+const TERMINATION_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -117,6 +139,22 @@ fn vm_spec(c: &ContainerSpec, root: Option<&Root>, config: &ShimConfig) -> Resul
     let mut spec = Spec::new(image, guarantees);
     spec.user = c.process.user.clone();
     Ok(spec)
+}
+
+/// Before any process runs: the bundle's guest tmpfs mounts, then kubelet's files copied in
+/// (the host files were read, bounded, with the bundle).
+async fn set_up_guest(vm: &MicroVm, spec: &ContainerSpec) -> Result<(), ShimError> {
+    for t in &spec.tmpfs {
+        vm.mount_tmpfs(&t.dest, t.size_bytes)
+            .await
+            .map_err(ShimError::sandbox("mounting a tmpfs in the guest"))?;
+    }
+    for f in &spec.files {
+        vm.write_absolute(&f.dest, &f.data)
+            .await
+            .map_err(ShimError::sandbox("copying a kubelet file into the guest"))?;
+    }
+    Ok(())
 }
 
 impl Container {
@@ -181,6 +219,11 @@ impl Container {
                 return Err(e);
             }
         };
+        if let Err(e) = set_up_guest(&vm, &spec).await {
+            vm.close().await;
+            host.release(&req.bundle);
+            return Err(e);
+        }
         let pid = vm.machine().host_pids().first().copied().unwrap_or(0);
         let init = Process::new(String::new(), req.stdio, spec.process.clone());
         Ok(Container {
@@ -192,7 +235,42 @@ impl Container {
             cwd: spec.process.cwd,
             execs: Mutex::new(HashMap::new()),
             host,
+            termination_log: spec
+                .files
+                .iter()
+                .any(|f| f.dest == kubelet::TERMINATION_LOG),
+            termination: Mutex::new(None),
+            torn_down: Default::default(),
         })
+    }
+
+    /// The termination message read back when the init process ended, if any.
+    pub fn termination_message(&self) -> Option<TerminationMessage> {
+        lock(&self.termination).clone()
+    }
+
+    /// Reads the last 4 KiB of the guest's `/dev/termination-log` (bounded in size and
+    /// time) into [`Container::termination_message`]; an empty log is no message.
+    async fn read_termination_log(&self) {
+        let mut tail = TerminationTail::default();
+        let read = self.vm.copy_out_to(
+            kubelet::TERMINATION_LOG,
+            kubelet::MAX_TERMINATION_READ,
+            &mut tail,
+        );
+        match tokio::time::timeout(TERMINATION_READ_TIMEOUT, read).await {
+            Ok(Ok(_)) if tail.total > 0 => {
+                *lock(&self.termination) = Some(TerminationMessage {
+                    message: tail.message(),
+                    truncated: tail.truncated(),
+                });
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(container = %self.id, error = %vm_error_chain::error_chain(&e), "reading the termination log")
+            }
+            Err(_) => tracing::warn!(container = %self.id, "reading the termination log timed out"),
+        }
     }
 
     /// The process `exec_id` names (`""` = init).
@@ -238,6 +316,9 @@ impl Container {
         for p in lock(&self.execs).values() {
             p.kill();
         }
+        if self.termination_log && !self.torn_down.load(std::sync::atomic::Ordering::SeqCst) {
+            self.read_termination_log().await;
+        }
         self.vm.close().await;
         for p in lock(&self.execs).values() {
             p.set_exited(crate::process::KILLED);
@@ -248,6 +329,8 @@ impl Container {
     pub async fn kill_all(&self) {
         self.init.kill();
         if self.init.status() != crate::process::Status::Created {
+            self.torn_down
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             self.vm.close().await;
             self.init.set_exited(crate::process::KILLED);
         }

@@ -186,6 +186,14 @@ impl TaskService {
                 .await;
             if p.exec_id.is_empty() {
                 c.init_ended().await;
+                if let Some(t) = c.termination_message() {
+                    tracing::info!(
+                        container = %c.id,
+                        truncated = t.truncated,
+                        termination_message = ?t.message,
+                        "termination message"
+                    );
+                }
             }
             p.set_reported();
         });

@@ -7,25 +7,13 @@
 //! with SIGKILL leaves nothing running; `ctr task pause`/`resume` freeze and thaw the VM;
 //! `ctr task metrics` reports the VM's host usage.
 
+#[macro_use]
 mod common;
 
 use std::process::Stdio;
 
 use common::{Containerd, alive, entries};
 use vm_test_support::procfs::thread_states;
-
-/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
-macro_rules! preflight {
-    ($name:expr) => {
-        if let Some(why) = common::host_cannot() {
-            vm_test_support::skip($name, &why);
-            return;
-        }
-        if let Some(why) = common::guest_unavailable() {
-            return vm_test_support::no_guest_driver($name, &why);
-        }
-    };
-}
 
 #[test]
 fn run_prints_and_exits_with_its_code_with_task_events() {

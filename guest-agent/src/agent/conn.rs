@@ -120,6 +120,12 @@ pub(super) async fn handle<S: Stream>(
                 Err(e) => file_error(&mut s, e, t).await,
             }
         }
+        Request::MountTmpfs { path, size_bytes } => {
+            match super::tmpfs::mount_tmpfs(agent, &path, size_bytes) {
+                Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
+                Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
+            }
+        }
         Request::Resume { token, unix_nanos } => {
             match super::resume::resume(agent, token, unix_nanos) {
                 Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,

@@ -296,7 +296,7 @@ pub fn create_part(root: BorrowedFd<'_>, path: &str) -> Result<(Part, std::fs::F
     }
 }
 
-fn mkdirs(root: BorrowedFd<'_>, comps: &[&str]) -> Result<OwnedFd, FileError> {
+pub(super) fn mkdirs(root: BorrowedFd<'_>, comps: &[&str]) -> Result<OwnedFd, FileError> {
     let mut dir = openat2(root, "", libc::O_PATH | libc::O_DIRECTORY, 0, BENEATH)?;
     for (i, c) in comps.iter().enumerate() {
         let prefix = comps[..=i].join("/");

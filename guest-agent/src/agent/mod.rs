@@ -29,6 +29,7 @@ mod resume;
 mod serve;
 pub mod slots;
 pub mod sys;
+mod tmpfs;
 mod transfer;
 pub mod user;
 

@@ -43,6 +43,7 @@ impl Class {
             | Request::ServeStop(_)
             | Request::Shutdown
             | Request::MakeDirs { .. }
+            | Request::MountTmpfs { .. }
             | Request::Resume { .. } => Class::Control,
             Request::Exec(_) | Request::ExecStream(_) | Request::ExecInteractive(_) => Class::Exec,
             Request::Forward { .. } | Request::ReadFile { .. } | Request::WriteFile { .. } => {

@@ -1,5 +1,6 @@
-//! `MakeDirs`: the runtime's own directory setup in the guest (the working root, handed to
-//! the image's user), done by the agent itself rather than by a `mkdir` from the guest root.
+//! `MakeDirs` and `MountTmpfs`: the runtime's own directory setup in the guest (the working
+//! root, handed to the image's user; a container's tmpfs), done by the agent itself rather
+//! than by a `mkdir` or `mount` from the guest root.
 
 use super::{AgentClient, ClientError, unexpected};
 use crate::protocol::{AgentFrame, Request};
@@ -17,6 +18,21 @@ impl AgentClient {
         match c.request(req, "make_dirs").await? {
             AgentFrame::Ok => Ok(()),
             f => Err(unexpected("make_dirs", &f)),
+        }
+    }
+
+    /// Mounts a fresh tmpfs of `size_bytes` at the absolute guest directory `path` (created
+    /// if missing). Only an agent that is PID 1 mounts; it and an agent older than this
+    /// request answer an error of kind `Unsupported`.
+    pub async fn mount_tmpfs(&self, path: &str, size_bytes: u64) -> Result<(), ClientError> {
+        let (mut c, _) = self.connect().await?;
+        let req = Request::MountTmpfs {
+            path: path.into(),
+            size_bytes,
+        };
+        match c.request(req, "mount_tmpfs").await? {
+            AgentFrame::Ok => Ok(()),
+            f => Err(unexpected("mount_tmpfs", &f)),
         }
     }
 }

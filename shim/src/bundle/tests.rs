@@ -61,6 +61,132 @@ fn default_spec_becomes_the_vm_spec() {
     assert_eq!(c.mounts, [Mount::read_only("/srv/d", "/data")]);
 }
 
+fn push_mount(d: &mut Value, m: Value) {
+    d["mounts"].as_array_mut().unwrap().push(m);
+}
+
+fn rw_bind(src: &Path, dst: &str) -> Value {
+    json!({"destination": dst, "type": "bind", "source": src.to_str().unwrap(), "options": ["rbind", "rw"]})
+}
+
+#[test]
+fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("etc-hosts");
+    std::fs::write(&hosts, b"127.0.0.1 localhost\n").unwrap();
+    let log = dir.path().join("termination-log");
+    std::fs::write(&log, b"").unwrap();
+    let empty = dir
+        .path()
+        .join("pods/u1/volumes/kubernetes.io~empty-dir/cache");
+    std::fs::create_dir_all(&empty).unwrap();
+    let mut d = base();
+    push_mount(&mut d, rw_bind(&hosts, "/etc/hosts"));
+    push_mount(&mut d, rw_bind(&log, "/dev/termination-log"));
+    push_mount(&mut d, rw_bind(&empty, "/cache"));
+    push_mount(
+        &mut d,
+        json!({"destination": "/scratch", "type": "tmpfs", "source": "tmpfs", "options": ["size=1m"]}),
+    );
+    let c = container(&d, Path::new("/b")).unwrap();
+    assert_eq!(
+        c.files,
+        [
+            GuestFile {
+                dest: "/etc/hosts".into(),
+                data: b"127.0.0.1 localhost\n".to_vec()
+            },
+            GuestFile {
+                dest: "/dev/termination-log".into(),
+                data: Vec::new()
+            }
+        ]
+    );
+    assert_eq!(
+        c.tmpfs,
+        [
+            GuestTmpfs {
+                dest: "/cache".into(),
+                size_bytes: kubelet::TMPFS_BYTES
+            },
+            GuestTmpfs {
+                dest: "/scratch".into(),
+                size_bytes: 1 << 20
+            }
+        ]
+    );
+    assert!(c.mounts.is_empty(), "no host disk: {:?}", c.mounts);
+    // The guest's own /dev and /run stay the guest's (containerd's default tmpfs mounts).
+    assert_eq!(container(&base(), Path::new("/b")).unwrap().tmpfs, []);
+}
+
+#[test]
+fn oversized_or_odd_kubelet_file_is_refused_naming_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("resolv.conf");
+    std::fs::write(&big, vec![b'#'; kubelet::MAX_FILE_BYTES as usize + 1]).unwrap();
+    let mut d = base();
+    push_mount(&mut d, rw_bind(&big, "/etc/resolv.conf"));
+    assert_eq!(
+        refusal(&d),
+        format!(
+            "refused: mounts[3] (/etc/resolv.conf): {} is larger than 64 KiB; kubelet's files are copied into the guest only up to that",
+            big.display()
+        )
+    );
+    // At the cap it is copied.
+    std::fs::write(&big, vec![b'#'; kubelet::MAX_FILE_BYTES as usize]).unwrap();
+    assert_eq!(container(&d, Path::new("/b")).unwrap().files.len(), 1);
+    // A directory (or a FIFO) where kubelet's file should be is refused, never read.
+    let mut d = base();
+    push_mount(&mut d, rw_bind(dir.path(), "/etc/hostname"));
+    assert!(
+        refusal(&d).starts_with("refused: mounts[3] (/etc/hostname): ")
+            && refusal(&d).ends_with("is not a regular file; only a file is copied into the guest"),
+        "{}",
+        refusal(&d)
+    );
+}
+
+#[test]
+fn termination_tail_keeps_the_last_4_kib() {
+    let mut t = kubelet::TerminationTail::default();
+    t.push(b"short");
+    assert_eq!((t.message().as_str(), t.truncated()), ("short", false));
+    let mut t = kubelet::TerminationTail::default();
+    t.push(&[b'x'; 904]);
+    t.push(&[b'y'; 3000]);
+    t.push(&[b'z'; 1096]);
+    let m = t.message();
+    assert_eq!(m.len(), kubelet::MAX_TERMINATION_BYTES);
+    assert!(t.truncated());
+    assert_eq!(m, "y".repeat(3000) + &"z".repeat(1096));
+    // One chunk larger than the cap keeps its own tail.
+    let mut t = kubelet::TerminationTail::default();
+    t.push(&[b'a'; 10_000]);
+    assert_eq!(t.message(), "a".repeat(4096));
+    assert_eq!(t.total, 10_000);
+}
+
+#[test]
+fn tmpfs_size_is_bounded() {
+    let o = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(kubelet::tmpfs_size(&o(&[])), kubelet::TMPFS_BYTES);
+    assert_eq!(kubelet::tmpfs_size(&o(&["size=65536k"])), 64 << 20);
+    assert_eq!(kubelet::tmpfs_size(&o(&["size=10g"])), kubelet::TMPFS_BYTES);
+    assert_eq!(kubelet::tmpfs_size(&o(&["size=1"])), 4096);
+    assert_eq!(
+        kubelet::tmpfs_size(&o(&["size=99999999999999999999g"])),
+        kubelet::TMPFS_BYTES
+    );
+    let mut d = base();
+    push_mount(
+        &mut d,
+        json!({"destination": "/a/../etc", "type": "tmpfs", "source": "tmpfs"}),
+    );
+    assert!(refusal(&d).starts_with("refused: mounts[3] (/a/../etc): a tmpfs destination"));
+}
+
 #[test]
 fn writable_bind_mount_is_refused_with_its_field() {
     let mut d = base();

@@ -12,6 +12,19 @@ pub mod oci_common;
 
 use oci_common::{Layer, TestImage, tar_dir};
 
+/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
+macro_rules! preflight {
+    ($name:expr) => {
+        if let Some(why) = common::host_cannot() {
+            vm_test_support::skip($name, &why);
+            return;
+        }
+        if let Some(why) = common::guest_unavailable() {
+            return vm_test_support::no_guest_driver($name, &why);
+        }
+    };
+}
+
 /// The image every test runs: a static busybox and a config with a `PATH`.
 pub const IMAGE: &str = "example.com/shim/box:1";
 

@@ -1,0 +1,185 @@
+//! The writable mounts kubelet gives every container, under a real containerd (the same
+//! harness as `containerd.rs`), given with `ctr run --mount` exactly as kubelet's bundle has
+//! them (`type=bind,…,options=rbind:rw`): `/etc/hosts` is a writable copy in the guest and
+//! the host file stays byte for byte; what a container writes to `/dev/termination-log` is
+//! read back when it exits (its last 4 KiB, reported in the shim's log); an `emptyDir` bind
+//! and a `tmpfs` mount are tmpfs in the guest and the host directory stays empty.
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Containerd, entries};
+
+/// A host path shaped like kubelet's pod directory (`…/pods/<uid>/…`).
+fn pod_path(cd: &Containerd, rel: &str) -> PathBuf {
+    let p = cd.dir.path().join("pods/0c5e-uid").join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    p
+}
+
+fn rw_bind(src: &Path, dst: &str) -> String {
+    format!("type=bind,src={},dst={dst},options=rbind:rw", src.display())
+}
+
+#[test]
+fn etc_hosts_is_a_writable_copy_and_the_host_file_is_untouched() {
+    preflight!("etc_hosts_is_a_writable_copy_and_the_host_file_is_untouched");
+    let cd = Containerd::start();
+    let hosts = pod_path(&cd, "etc-hosts");
+    let original = b"# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.0.0.5\tweb-0\n";
+    std::fs::write(&hosts, original).unwrap();
+    let resolv = pod_path(&cd, "resolv.conf");
+    std::fs::write(&resolv, b"nameserver 10.96.0.10\n").unwrap();
+    let before = std::fs::metadata(&hosts).unwrap().modified().unwrap();
+    let out = cd.run(
+        &[
+            "--rm",
+            "--mount",
+            &rw_bind(&hosts, "/etc/hosts"),
+            "--mount",
+            &rw_bind(&resolv, "/etc/resolv.conf"),
+        ],
+        "hosts",
+        &[
+            "sh",
+            "-c",
+            "echo '10.0.0.9 added' >> /etc/hosts && cat /etc/hosts /etc/resolv.conf",
+        ],
+    );
+    let want = format!(
+        "{}10.0.0.9 added\nnameserver 10.96.0.10\n",
+        String::from_utf8_lossy(original)
+    );
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, want.as_str()),
+        "{out:?}\n{}",
+        cd.log()
+    );
+    assert_eq!(
+        std::fs::read(&hosts).unwrap(),
+        original,
+        "host file changed"
+    );
+    assert_eq!(
+        std::fs::metadata(&hosts).unwrap().modified().unwrap(),
+        before
+    );
+    // Any other writable host bind is still refused, naming the mount.
+    let data = pod_path(&cd, "volumes/kubernetes.io~host-path/data");
+    std::fs::create_dir(&data).unwrap();
+    let out = cd.run(
+        &["--rm", "--mount", &rw_bind(&data, "/data")],
+        "rw",
+        &["true"],
+    );
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("refused: mounts[")
+            && out.stderr.contains("(/data): writable host bind mount of"),
+        "{out:?}"
+    );
+}
+
+/// The `termination_message` of the shim's log line for container `id`, once it is there.
+fn termination_line(cd: &Containerd, id: &str) -> String {
+    let mut line = String::new();
+    cd.wait_for(30, "the termination message in the shim's log", || {
+        let log = cd.log();
+        match log
+            .lines()
+            .find(|l| l.contains("termination message") && l.contains(&format!("container={id} ")))
+        {
+            Some(l) => {
+                line = l.to_string();
+                true
+            }
+            None => false,
+        }
+    });
+    line
+}
+
+#[test]
+fn termination_log_is_read_back_when_the_container_exits() {
+    preflight!("termination_log_is_read_back_when_the_container_exits");
+    let cd = Containerd::start();
+    let log = pod_path(&cd, "containers/job/termination-log");
+    std::fs::write(&log, b"").unwrap();
+    let mount = rw_bind(&log, "/dev/termination-log");
+    let out = cd.run(
+        &["--rm", "--mount", &mount],
+        "term-short",
+        &[
+            "sh",
+            "-c",
+            "printf 'job failed: bad input' > /dev/termination-log; exit 2",
+        ],
+    );
+    assert_eq!(out.code, 2, "{out:?}\n{}", cd.log());
+    let line = termination_line(&cd, "term-short");
+    eprintln!("    shim log: {line}");
+    assert!(
+        line.contains("truncated=false")
+            && line.contains("termination_message=\"job failed: bad input\""),
+        "{line}"
+    );
+    // A longer message keeps its last 4 KiB, as kubelet does: HEAD + 4096 y + TAIL.
+    let script = "s=y; for i in 1 2 3 4 5 6 7 8 9 10 11 12; do s=$s$s; done; \
+                  printf 'HEAD%sTAIL' \"$s\" > /dev/termination-log";
+    let out = cd.run(
+        &["--rm", "--mount", &mount],
+        "term-long",
+        &["sh", "-c", script],
+    );
+    assert_eq!(out.code, 0, "{out:?}\n{}", cd.log());
+    let line = termination_line(&cd, "term-long");
+    let want = format!("termination_message=\"{}TAIL\"", "y".repeat(4092));
+    assert!(
+        line.contains("truncated=true") && line.contains(&want) && !line.contains("HEAD"),
+        "{line}"
+    );
+    assert_eq!(std::fs::read(&log).unwrap(), b"", "host file changed");
+}
+
+#[test]
+fn empty_dir_and_tmpfs_mounts_are_guest_tmpfs() {
+    preflight!("empty_dir_and_tmpfs_mounts_are_guest_tmpfs");
+    let cd = Containerd::start();
+    let cache = pod_path(&cd, "volumes/kubernetes.io~empty-dir/cache");
+    std::fs::create_dir(&cache).unwrap();
+    let out = cd.run(
+        &[
+            "--rm",
+            "--mount",
+            &rw_bind(&cache, "/cache"),
+            "--mount",
+            "type=tmpfs,src=tmpfs,dst=/scratch,options=size=1m",
+        ],
+        "empty",
+        &[
+            "sh",
+            "-c",
+            "echo data > /cache/f && echo more > /scratch/g && cat /cache/f /scratch/g && \
+             grep -E ' /(cache|scratch) ' /proc/mounts",
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}\n{}", cd.log());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[..2], ["data", "more"], "{out:?}");
+    let mounts = &lines[2..];
+    assert!(
+        mounts.len() == 2
+            && mounts
+                .iter()
+                .all(|l| l.starts_with("tmpfs ") && l.contains("nosuid,nodev"))
+            && mounts[0].contains(" /cache ")
+            && mounts[0].contains("size=65536k")
+            && mounts[1].contains(" /scratch ")
+            && mounts[1].contains("size=1024k"),
+        "{out:?}"
+    );
+    assert_eq!(entries(&cache), Vec::<String>::new(), "written on the host");
+}
