@@ -267,6 +267,12 @@ pub enum Request {
     /// `emptyDir` or `tmpfs` mount), with no `mount` from the guest root; only an agent that
     /// is PID 1 mounts (`Unsupported` otherwise). An older agent answers `Unsupported`.
     MountTmpfs { path: String, size_bytes: u64 },
+    /// Reply `Ok`: sets the permission bits (`mode & 0o777`: never a set-id bit) of the
+    /// regular file at the absolute guest path `path` (confined like `ReadFile`). The
+    /// runtime's own setup: a file it copied in gets the mode of its host original (kubelet's
+    /// `/dev/termination-log` is 0666, for a container that is not root). An older agent
+    /// answers `Unsupported`.
+    SetMode { path: String, mode: u32 },
 }
 
 /// Host -> agent frames.

@@ -280,3 +280,31 @@ async fn mount_tmpfs_is_refused_unless_pid1() {
     assert!(e.to_string().contains("PID 1"), "{e}");
     assert!(!a.root().join("cache").exists());
 }
+
+#[tokio::test]
+async fn set_mode_sets_permission_bits_of_a_confined_regular_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let a = TestAgent::start();
+    let c = a.client();
+    let r = a.root();
+    std::fs::create_dir_all(r.join("dev")).unwrap();
+    std::fs::write(r.join("dev/termination-log"), b"").unwrap();
+    c.set_mode("/dev/termination-log", 0o4666).await.unwrap();
+    let mode = std::fs::metadata(r.join("dev/termination-log"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o666, "never a set-id bit");
+    // Only a regular file below the root: a directory, a missing file, an escape are refused.
+    assert!(c.set_mode("/dev", 0o777).await.is_err());
+    let e = c.set_mode("/nope", 0o666).await.unwrap_err();
+    assert_eq!(e.agent_kind(), Some(ErrorKind::NotFound), "{e}");
+    let outside = a.dir.path().join("outside-file");
+    std::fs::write(&outside, b"").unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+    symlink(&outside, r.join("link")).unwrap();
+    assert!(c.set_mode("/link", 0o666).await.is_err());
+    assert!(c.set_mode("/../outside-file", 0o666).await.is_err());
+    let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "a file outside the root changed");
+}

@@ -59,9 +59,10 @@ fn request_ordinal(r: &Request) -> usize {
         Request::MakeDirs { .. } => 12,
         Request::Resume { .. } => 13,
         Request::MountTmpfs { .. } => 14,
+        Request::SetMode { .. } => 15,
     }
 }
-const REQUESTS: usize = 15;
+const REQUESTS: usize = 16;
 
 fn client_ordinal(f: &ClientFrame) -> usize {
     match f {
@@ -194,6 +195,13 @@ fn requests() -> Vec<(Request, &'static str)> {
                 size_bytes: 1 << 20,
             },
             "0c000000010e062f6361636865808040",
+        ),
+        (
+            Request::SetMode {
+                path: "/f".into(),
+                mode: 0o666,
+            },
+            "07000000010f022f66b603",
         ),
     ]
 }

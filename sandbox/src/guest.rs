@@ -337,6 +337,17 @@ impl Guest {
             .map_err(SandboxError::machine("mount tmpfs"))
     }
 
+    /// Sets the permission bits (`mode & 0o777`) of the regular file at the absolute guest
+    /// path `path` (an agent older than this answers `Unsupported`).
+    pub async fn set_mode(&self, path: &str, mode: u32) -> Result<(), SandboxError> {
+        let rel = confine::absolute(path)?;
+        let path = format!("/{rel}");
+        self.link
+            .call(|c| c.set_mode(&path, mode))
+            .await
+            .map_err(SandboxError::machine("set mode"))
+    }
+
     async fn read_under(&self, base: &str, rel: &str) -> Result<Vec<u8>, SandboxError> {
         self.link
             .call(|c| c.read_file(base, rel))

@@ -287,10 +287,11 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
         if options.iter().any(|o| o == "ro") {
             out.disks.push(Mount::read_only(source, dest));
         } else if kubelet::KUBELET_FILES.contains(&dest) {
-            let data = kubelet::read_host_file(&named, source)?;
+            let (data, mode) = kubelet::read_host_file(&named, source)?;
             out.files.push(GuestFile {
                 dest: dest.to_string(),
                 data,
+                mode,
             });
         } else if kubelet::is_empty_dir(source) {
             out.tmpfs.push(guest_tmpfs(&named, dest, &options)?);

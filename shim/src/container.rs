@@ -142,7 +142,7 @@ fn vm_spec(c: &ContainerSpec, root: Option<&Root>, config: &ShimConfig) -> Resul
 }
 
 /// Before any process runs: the bundle's guest tmpfs mounts, then kubelet's files copied in
-/// (the host files were read, bounded, with the bundle).
+/// with their host modes (the host files were read, bounded, with the bundle).
 async fn set_up_guest(vm: &MicroVm, spec: &ContainerSpec) -> Result<(), ShimError> {
     for t in &spec.tmpfs {
         vm.mount_tmpfs(&t.dest, t.size_bytes)
@@ -151,6 +151,9 @@ async fn set_up_guest(vm: &MicroVm, spec: &ContainerSpec) -> Result<(), ShimErro
     }
     for f in &spec.files {
         vm.write_absolute(&f.dest, &f.data)
+            .await
+            .map_err(ShimError::sandbox("copying a kubelet file into the guest"))?;
+        vm.set_mode(&f.dest, f.mode)
             .await
             .map_err(ShimError::sandbox("copying a kubelet file into the guest"))?;
     }

@@ -2,12 +2,14 @@
 //! harness as `containerd.rs`), given with `ctr run --mount` exactly as kubelet's bundle has
 //! them (`type=bind,…,options=rbind:rw`): `/etc/hosts` is a writable copy in the guest and
 //! the host file stays byte for byte; what a container writes to `/dev/termination-log` is
-//! read back when it exits (its last 4 KiB, reported in the shim's log); an `emptyDir` bind
+//! read back when it exits (its last 4 KiB, reported in the shim's log; a user that is not
+//! root can write it, as kubelet's 0666 file allows); an `emptyDir` bind
 //! and a `tmpfs` mount are tmpfs in the guest and the host directory stays empty.
 
 #[macro_use]
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use common::{Containerd, entries};
@@ -108,6 +110,7 @@ fn termination_log_is_read_back_when_the_container_exits() {
     let cd = Containerd::start();
     let log = pod_path(&cd, "containers/job/termination-log");
     std::fs::write(&log, b"").unwrap();
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
     let mount = rw_bind(&log, "/dev/termination-log");
     let out = cd.run(
         &["--rm", "--mount", &mount],
@@ -141,6 +144,32 @@ fn termination_log_is_read_back_when_the_container_exits() {
         line.contains("truncated=true") && line.contains(&want) && !line.contains("HEAD"),
         "{line}"
     );
+    // A container user that is not root writes it too: kubelet makes the file 0666, and the
+    // copy keeps the host file's mode. The init process ends by SIGTERM, not SIGKILL.
+    cd.run_detached_with(&["--mount", &mount], "term-user");
+    let out = cd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "w",
+        "--user",
+        "1000",
+        "term-user",
+        "sh",
+        "-c",
+        "id -u; printf 'written by 1000' > /dev/termination-log",
+    ]);
+    assert_eq!((out.code, out.stdout.as_str()), (0, "1000\n"), "{out:?}");
+    assert_eq!(cd.ctr(&["task", "kill", "term-user"]).code, 0);
+    let line = termination_line(&cd, "term-user");
+    assert!(
+        line.contains("termination_message=\"written by 1000\""),
+        "{line}"
+    );
+    cd.wait_for(30, "the task to stop", || {
+        cd.task_status("term-user").as_deref() == Some("STOPPED")
+    });
+    assert_eq!(cd.ctr(&["task", "delete", "term-user"]).code, 0);
     assert_eq!(std::fs::read(&log).unwrap(), b"", "host file changed");
 }
 

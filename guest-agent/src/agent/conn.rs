@@ -126,6 +126,10 @@ pub(super) async fn handle<S: Stream>(
                 Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
             }
         }
+        Request::SetMode { path, mode } => match files::set_mode(agent.base_fd(), &path, mode) {
+            Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
+            Err(e) => file_error(&mut s, e, t).await,
+        },
         Request::Resume { token, unix_nanos } => {
             match super::resume::resume(agent, token, unix_nanos) {
                 Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,

@@ -1,4 +1,4 @@
-//! Confined file access: ReadFile, WriteFile, List, MakeDirs.
+//! Confined file access: ReadFile, WriteFile, List, MakeDirs, SetMode.
 //!
 //! A write never touches its destination until it is complete: [`create_part`] makes a
 //! temporary file beside it ([`Part`]), which [`Part::commit`] renames over the destination
@@ -337,6 +337,18 @@ pub fn make_dirs(base: BorrowedFd<'_>, path: &str, owner: Option<&str>) -> Resul
         path: path.into(),
         source,
     })
+}
+
+/// Sets the permission bits (`mode & 0o777`) of the regular file at the absolute `path`
+/// below `base`.
+pub fn set_mode(base: BorrowedFd<'_>, path: &str, mode: u32) -> Result<(), FileError> {
+    use std::os::unix::fs::PermissionsExt;
+    let (file, _) = open_read(base, path.trim_start_matches('/'), u64::MAX)?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
+        .map_err(|source| FileError::Io {
+            path: path.into(),
+            source,
+        })
 }
 
 /// Regular files under `root/path`, recursively (symlinks are not followed).

@@ -44,6 +44,7 @@ impl Class {
             | Request::Shutdown
             | Request::MakeDirs { .. }
             | Request::MountTmpfs { .. }
+            | Request::SetMode { .. }
             | Request::Resume { .. } => Class::Control,
             Request::Exec(_) | Request::ExecStream(_) | Request::ExecInteractive(_) => Class::Exec,
             Request::Forward { .. } | Request::ReadFile { .. } | Request::WriteFile { .. } => {

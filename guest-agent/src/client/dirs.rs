@@ -1,6 +1,6 @@
-//! `MakeDirs` and `MountTmpfs`: the runtime's own directory setup in the guest (the working
-//! root, handed to the image's user; a container's tmpfs), done by the agent itself rather
-//! than by a `mkdir` or `mount` from the guest root.
+//! `MakeDirs`, `MountTmpfs` and `SetMode`: the runtime's own setup in the guest (the working
+//! root, handed to the image's user; a container's tmpfs; a copied file's mode), done by the
+//! agent itself rather than by a `mkdir`, `mount` or `chmod` from the guest root.
 
 use super::{AgentClient, ClientError, unexpected};
 use crate::protocol::{AgentFrame, Request};
@@ -33,6 +33,20 @@ impl AgentClient {
         match c.request(req, "mount_tmpfs").await? {
             AgentFrame::Ok => Ok(()),
             f => Err(unexpected("mount_tmpfs", &f)),
+        }
+    }
+
+    /// Sets the permission bits (`mode & 0o777`) of the regular file at the absolute guest
+    /// path `path`. An agent older than this request answers an error of kind `Unsupported`.
+    pub async fn set_mode(&self, path: &str, mode: u32) -> Result<(), ClientError> {
+        let (mut c, _) = self.connect().await?;
+        let req = Request::SetMode {
+            path: path.into(),
+            mode,
+        };
+        match c.request(req, "set_mode").await? {
+            AgentFrame::Ok => Ok(()),
+            f => Err(unexpected("set_mode", &f)),
         }
     }
 }

@@ -3,7 +3,9 @@
 //! - Small files kubelet manages ([`KUBELET_FILES`]: `/etc/hosts`, `/etc/resolv.conf`,
 //!   `/etc/hostname`, `/dev/termination-log`): the host file is read here (a regular file of
 //!   at most [`MAX_FILE_BYTES`]) and *copied into the guest* before the container's process
-//!   runs ([`GuestFile`]); the guest's copy is writable, the host file is never written.
+//!   runs ([`GuestFile`]), with the host file's permission bits (kubelet makes the
+//!   termination log 0666 for a container that is not root); the guest's copy is writable,
+//!   the host file is never written.
 //! - A bind of a directory under kubelet's `…/volumes/kubernetes.io~empty-dir/…` (an
 //!   `emptyDir` volume) and any `tmpfs` mount outside what the guest provides itself become a
 //!   size-bounded tmpfs in the guest at the destination ([`GuestTmpfs`]); nothing reaches the
@@ -12,7 +14,7 @@
 //!   the guest's copy are read back ([`TerminationTail`]), as kubelet reads its file.
 
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use crate::error::ShimError;
@@ -56,6 +58,8 @@ pub struct GuestFile {
     /// The absolute guest path.
     pub dest: String,
     pub data: Vec<u8>,
+    /// The host file's permission bits (`0o777` at most).
+    pub mode: u32,
 }
 
 /// A tmpfs mounted in the guest at create.
@@ -93,8 +97,8 @@ fn parse_size(s: &str) -> Option<u64> {
 }
 
 /// Reads the host file of kubelet mount `field` (`mounts[i] (dest)`): a regular file of at
-/// most [`MAX_FILE_BYTES`], opened without blocking on a FIFO.
-pub fn read_host_file(field: &str, source: &str) -> Result<Vec<u8>, ShimError> {
+/// most [`MAX_FILE_BYTES`], opened without blocking on a FIFO; with its permission bits.
+pub fn read_host_file(field: &str, source: &str) -> Result<(Vec<u8>, u32), ShimError> {
     let refused = |why: String| ShimError::Refused(format!("{field}: {why}"));
     let what = || format!("{field}: reading {source}");
     let f = std::fs::OpenOptions::new()
@@ -124,7 +128,7 @@ pub fn read_host_file(field: &str, source: &str) -> Result<Vec<u8>, ShimError> {
     if data.len() as u64 > MAX_FILE_BYTES {
         return Err(too_large());
     }
-    Ok(data)
+    Ok((data, meta.permissions().mode() & 0o777))
 }
 
 /// Keeps the last [`MAX_TERMINATION_BYTES`] of what is streamed into it.

@@ -1,5 +1,7 @@
 //! The bundle's `config.json` → [`ContainerSpec`], and each refusal naming its field.
 
+use std::os::unix::fs::PermissionsExt;
+
 use super::*;
 use serde_json::json;
 
@@ -74,8 +76,11 @@ fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
     let dir = tempfile::tempdir().unwrap();
     let hosts = dir.path().join("etc-hosts");
     std::fs::write(&hosts, b"127.0.0.1 localhost\n").unwrap();
+    std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
     let log = dir.path().join("termination-log");
     std::fs::write(&log, b"").unwrap();
+    // Kubelet makes the termination log writable by any user: the copy keeps its mode.
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
     let empty = dir
         .path()
         .join("pods/u1/volumes/kubernetes.io~empty-dir/cache");
@@ -94,11 +99,13 @@ fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
         [
             GuestFile {
                 dest: "/etc/hosts".into(),
-                data: b"127.0.0.1 localhost\n".to_vec()
+                data: b"127.0.0.1 localhost\n".to_vec(),
+                mode: 0o644
             },
             GuestFile {
                 dest: "/dev/termination-log".into(),
-                data: Vec::new()
+                data: Vec::new(),
+                mode: 0o666
             }
         ]
     );

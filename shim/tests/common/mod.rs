@@ -215,7 +215,13 @@ impl Containerd {
 
     /// `ctr run -d` of a container that sleeps (asserted to start).
     pub fn run_detached(&self, id: &str) {
-        let out = self.run(&["-d"], id, &["sleep", "1000"]);
+        self.run_detached_with(&[], id);
+    }
+
+    /// [`Containerd::run_detached`] with more `ctr run` flags.
+    pub fn run_detached_with(&self, flags: &[&str], id: &str) {
+        let flags: Vec<&str> = ["-d"].iter().chain(flags).copied().collect();
+        let out = self.run(&flags, id, &["sleep", "1000"]);
         assert_eq!(out.code, 0, "{out:?}\n{}", self.log());
     }
 
