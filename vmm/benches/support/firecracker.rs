@@ -55,13 +55,18 @@ struct Firecracker {
 }
 
 impl Firecracker {
+    /// Firecracker itself, its API socket at `socket`.
     fn spawn(bin: &Path, socket: &Path) -> Self {
         let _ = std::fs::remove_file(socket);
+        let mut cmd = Command::new(bin);
+        cmd.arg("--api-sock").arg(socket).args(["--level", "Off"]);
+        Self::start(cmd, socket)
+    }
+
+    /// Runs `cmd` (Firecracker, or its jailer), whose API socket will be at `socket`.
+    fn start(mut cmd: Command, socket: &Path) -> Self {
         let t0 = Instant::now();
-        let mut child = Command::new(bin)
-            .arg("--api-sock")
-            .arg(socket)
-            .args(["--level", "Off"])
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -167,15 +172,89 @@ impl Arm {
     /// One restore: spawn → `PUT /snapshot/load` answered; then the process is killed.
     pub fn restore(&self) -> Duration {
         let fc = Firecracker::spawn(&self.bin, &self.dir.join("restore.sock"));
-        fc.call(
-            "PUT",
-            "/snapshot/load",
-            &format!(
-                r#"{{"snapshot_path":"{}","mem_backend":{{"backend_type":"File","backend_path":"{}"}},"resume_vm":true}}"#,
-                self.dir.join("vmstate").display(),
-                self.dir.join("memory").display()
-            ),
-        );
+        load(&fc, &self.dir.join("vmstate"), &self.dir.join("memory"));
         fc.t0.elapsed()
     }
+
+    /// One restore through Firecracker's jailer (a chroot of its own, uid/gid 1234, a new PID
+    /// namespace, `netns`): jailer spawn → `PUT /snapshot/load` answered. The chroot is made
+    /// before the clock starts: the snapshot files hard-linked in and, for a dynamically
+    /// linked build, its libraries copied in (a musl build needs none).
+    pub fn restore_jailed(&self, jailer: &Path, netns: &Path, n: u32) -> Duration {
+        let base = self.dir.join("jails");
+        let id = format!("r{n}");
+        let jail = base.join("firecracker").join(&id);
+        let root = jail.join("root");
+        std::fs::create_dir_all(&root).expect("the chroot");
+        for file in ["vmstate", "memory"] {
+            std::fs::hard_link(self.dir.join(file), root.join(file)).expect("the snapshot");
+        }
+        for lib in libraries(&self.bin) {
+            let to = root.join(lib.strip_prefix("/").expect("an absolute path"));
+            std::fs::create_dir_all(to.parent().expect("a parent")).expect("lib dir");
+            std::fs::copy(&lib, &to).expect("a library");
+        }
+        let mut cmd = Command::new(jailer);
+        cmd.args([
+            "--id",
+            &id,
+            "--uid",
+            "1234",
+            "--gid",
+            "1234",
+            "--cgroup-version",
+            "2",
+        ])
+        .arg("--exec-file")
+        .arg(&self.bin)
+        .arg("--chroot-base-dir")
+        .arg(&base)
+        .arg("--netns")
+        .arg(netns)
+        .args([
+            "--new-pid-ns",
+            "--",
+            "--api-sock",
+            "/run/api.sock",
+            "--level",
+            "Off",
+        ]);
+        let fc = Firecracker::start(cmd, &root.join("run/api.sock"));
+        load(&fc, Path::new("/vmstate"), Path::new("/memory"));
+        let took = fc.t0.elapsed();
+        // The jailer forked Firecracker into its PID namespace; the pid file has its host pid.
+        if let Some(pid) = std::fs::read_to_string(root.join("firecracker.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            // SAFETY: kill(2) on the Firecracker process this restore started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        drop(fc);
+        let _ = std::fs::remove_dir_all(&jail);
+        took
+    }
+}
+
+/// `PUT /snapshot/load` of `state` and `memory` (as Firecracker sees them), resumed.
+fn load(fc: &Firecracker, state: &Path, memory: &Path) {
+    fc.call(
+        "PUT",
+        "/snapshot/load",
+        &format!(
+            r#"{{"snapshot_path":"{}","mem_backend":{{"backend_type":"File","backend_path":"{}"}},"resume_vm":true}}"#,
+            state.display(),
+            memory.display()
+        ),
+    );
+}
+
+/// The shared libraries and loader `bin` needs, as `ldd` lists them (none for a static one).
+fn libraries(bin: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(bin).output().expect("ldd");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+        .map(PathBuf::from)
+        .collect()
 }
