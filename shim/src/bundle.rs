@@ -295,6 +295,8 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
             });
         } else if kubelet::is_empty_dir(source) {
             out.tmpfs.push(guest_tmpfs(&named, dest, &options)?);
+        } else if kubelet::is_sandbox_shm(source, dest) {
+            continue;
         } else {
             return Err(refused(
                 named,

@@ -4,7 +4,8 @@
 //! the host file stays byte for byte; what a container writes to `/dev/termination-log` is
 //! read back when it exits (its last 4 KiB, reported in the shim's log; a user that is not
 //! root can write it, as kubelet's 0666 file allows); an `emptyDir` bind
-//! and a `tmpfs` mount are tmpfs in the guest and the host directory stays empty.
+//! and a `tmpfs` mount are tmpfs in the guest and the host directory stays empty; the CRI's
+//! pod-sandbox shm bind at `/dev/shm` is the guest's own tmpfs.
 
 #[macro_use]
 mod common;
@@ -211,4 +212,34 @@ fn empty_dir_and_tmpfs_mounts_are_guest_tmpfs() {
         "{out:?}"
     );
     assert_eq!(entries(&cache), Vec::<String>::new(), "written on the host");
+}
+
+/// containerd's CRI gives every container the pod sandbox's shm directory at `/dev/shm`: the
+/// container runs, its `/dev/shm` is the guest's own tmpfs, and nothing reaches the host
+/// directory.
+#[test]
+fn the_cri_sandbox_shm_is_the_guests_own_dev_shm() {
+    preflight!("the_cri_sandbox_shm_is_the_guests_own_dev_shm");
+    let cd = Containerd::start();
+    let shm = cd
+        .dir
+        .path()
+        .join("state/io.containerd.grpc.v1.cri/sandboxes/5f0c7a/shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    let out = cd.run(
+        &["--rm", "--mount", &rw_bind(&shm, "/dev/shm")],
+        "shm",
+        &[
+            "sh",
+            "-c",
+            "echo x > /dev/shm/seg && cat /dev/shm/seg && grep ' /dev/shm ' /proc/mounts",
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}\n{}", cd.log());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines.len() == 2 && lines[0] == "x" && lines[1].starts_with("tmpfs /dev/shm "),
+        "{out:?}"
+    );
+    assert_eq!(entries(&shm), Vec::<String>::new(), "written on the host");
 }

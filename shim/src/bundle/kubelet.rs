@@ -10,6 +10,9 @@
 //!   `emptyDir` volume) and any `tmpfs` mount outside what the guest provides itself become a
 //!   size-bounded tmpfs in the guest at the destination ([`GuestTmpfs`]); nothing reaches the
 //!   host directory.
+//! - containerd's CRI binds the pod sandbox's shm directory writable at `/dev/shm` in every
+//!   container ([`is_sandbox_shm`]): the guest's own `/dev/shm` tmpfs stands in for it. The
+//!   host's `/dev/shm` itself (a `hostIPC` pod) is refused like any writable bind.
 //! - `/dev/termination-log`: when the init process ends, the last [`MAX_TERMINATION_BYTES`] of
 //!   the guest's copy are read back ([`TerminationTail`]), as kubelet reads its file.
 
@@ -68,6 +71,20 @@ pub struct GuestTmpfs {
     /// The absolute guest path.
     pub dest: String,
     pub size_bytes: u64,
+}
+
+/// Where containerd's CRI keeps each pod sandbox's state, the sandbox's `shm` directory in it.
+const CRI_SANDBOXES: &str = "/io.containerd.grpc.v1.cri/sandboxes/";
+
+/// Whether a bind of `source` at `dest` is the pod sandbox's shm that containerd's CRI gives
+/// every container (`<state>/io.containerd.grpc.v1.cri/sandboxes/<id>/shm` at `/dev/shm`).
+/// Nothing of the host is mounted for it: the guest has a `/dev/shm` tmpfs of its own.
+pub fn is_sandbox_shm(source: &str, dest: &str) -> bool {
+    let Some((_, rest)) = source.split_once(CRI_SANDBOXES) else {
+        return false;
+    };
+    dest == "/dev/shm"
+        && matches!(rest.split('/').collect::<Vec<_>>()[..], [id, "shm"] if !id.is_empty() && id != "." && id != "..")
 }
 
 /// Whether a bind of `source` is an `emptyDir` volume.

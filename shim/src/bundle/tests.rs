@@ -255,3 +255,34 @@ fn malformed_process_is_a_bundle_error() {
         "bundle config.json: process.env[0]: not NAME=VALUE"
     );
 }
+
+#[test]
+fn the_cri_sandbox_shm_is_the_guests_own_and_the_hosts_dev_shm_is_refused() {
+    let shm = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/5f0c7a/shm";
+    let mut d = base();
+    push_mount(&mut d, rw_bind(Path::new(shm), "/dev/shm"));
+    let c = container(&d, Path::new("/b")).unwrap();
+    assert!(c.mounts.is_empty() && c.files.is_empty() && c.tmpfs.is_empty());
+    // Anything else at /dev/shm is a writable host bind: a hostIPC pod's /dev/shm, another
+    // directory of the sandbox, one that climbs out of it.
+    for source in [
+        "/dev/shm",
+        "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/5f0c7a/hostname",
+        "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/../shm",
+        "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/5f0c7a/x/shm",
+    ] {
+        let mut d = base();
+        push_mount(&mut d, rw_bind(Path::new(source), "/dev/shm"));
+        assert_eq!(
+            refusal(&d),
+            format!(
+                "refused: mounts[3] (/dev/shm): writable host bind mount of {source}; only \
+                 read-only (ro) is allowed"
+            )
+        );
+    }
+    // The sandbox's shm anywhere but /dev/shm is not absorbed either.
+    let mut d = base();
+    push_mount(&mut d, rw_bind(Path::new(shm), "/data"));
+    assert!(refusal(&d).starts_with("refused: mounts[3] (/data): writable host bind mount"));
+}
