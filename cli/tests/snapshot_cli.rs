@@ -17,6 +17,13 @@ fn run(env: &Env, args: &[&str]) -> common::Out {
     )
 }
 
+/// Runs `vm args`, which must exit `code` with `says` in its stderr.
+fn refused(env: &Env, args: &[&str], code: i32, says: &str) {
+    let out = run(env, args);
+    assert_eq!(out.code, code, "{args:?}: {}", out.stderr);
+    assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+}
+
 #[test]
 fn the_store_and_the_refusals_before_anything_boots() {
     let env = Env::new();
@@ -32,39 +39,32 @@ fn the_store_and_the_refusals_before_anything_boots() {
     let json = run(&env, &["snapshot", "ls", "--json"]);
     assert_eq!(json.stdout.trim(), "[]");
 
-    let rm = run(&env, &["snapshot", "rm", "nope"]);
-    assert_eq!(rm.code, 125, "{}", rm.stderr);
-    assert!(
-        rm.stderr.contains("no snapshot named \"nope\""),
-        "{}",
-        rm.stderr
+    refused(
+        &env,
+        &["snapshot", "rm", "nope"],
+        125,
+        "no snapshot named \"nope\"",
     );
-    let bad = run(&env, &["snapshot", "rm", "../x"]);
-    assert_eq!(bad.code, 2, "{}", bad.stderr);
-    assert!(
-        bad.stderr.contains("invalid snapshot name"),
-        "{}",
-        bad.stderr
+    refused(
+        &env,
+        &["snapshot", "rm", "../x"],
+        2,
+        "invalid snapshot name",
     );
 
-    let shaped = run(
+    refused(
         &env,
         &[
             "exec", "--from", "base", "--memory", "1G", "-v", "/tmp:/t", "--", "true",
         ],
+        2,
+        "--memory, -v refused with --from",
     );
-    assert_eq!(shaped.code, 2, "{}", shaped.stderr);
-    assert!(
-        shaped.stderr.contains("--memory, -v refused with --from"),
-        "{}",
-        shaped.stderr
-    );
-    let absent = run(&env, &["exec", "--from", "base", "--", "true"]);
-    assert_eq!(absent.code, 125, "{}", absent.stderr);
-    assert!(
-        absent.stderr.contains("no snapshot named \"base\""),
-        "{}",
-        absent.stderr
+    refused(
+        &env,
+        &["exec", "--from", "base", "--", "true"],
+        125,
+        "no snapshot named \"base\"",
     );
     let both = run(&env, &["exec", "box", "--from", "base", "--", "true"]);
     assert_eq!(both.code, 2, "NAME and --from: {}", both.stderr);
@@ -116,43 +116,27 @@ fn create_on_the_tcg_road_is_refused_with_the_reason() {
 #[test]
 fn run_d_and_serve_from_refuse_what_a_snapshot_fixes_and_name_a_missing_one() {
     let env = Env::new();
-    let shaped = run(
+    refused(
         &env,
         &[
             "run", "-d", "--name", "warm", "--from", "base", "--cpus", "2",
         ],
+        2,
+        "--cpus refused with --from",
     );
-    assert_eq!(shaped.code, 2, "{}", shaped.stderr);
-    assert!(
-        shaped.stderr.contains("--cpus refused with --from"),
-        "{}",
-        shaped.stderr
-    );
-    let env_flags = run(
+    refused(
         &env,
         &[
             "serve", "-p", "8000", "--from", "base", "-e", "A=1", "--user", "1000", "--", "httpd",
         ],
-    );
-    assert_eq!(env_flags.code, 2, "{}", env_flags.stderr);
-    assert!(
-        env_flags.stderr.contains(
-            "-e, --user refused with --from: a restored VM has the snapshot's environment and user"
-        ),
-        "{}",
-        env_flags.stderr
+        2,
+        "-e, --user refused with --from: a restored VM has the snapshot's environment and user",
     );
     for args in [
         &["run", "-d", "--name", "warm", "--from", "base"][..],
         &["serve", "-p", "8000", "--from", "base", "--", "httpd"][..],
     ] {
-        let absent = run(&env, args);
-        assert_eq!(absent.code, 125, "{args:?}: {}", absent.stderr);
-        assert!(
-            absent.stderr.contains("no snapshot named \"base\""),
-            "{args:?}: {}",
-            absent.stderr
-        );
+        refused(&env, args, 125, "no snapshot named \"base\"");
     }
     // Nothing was recorded for the refused starts.
     let ps = common::Out::from(env.cmd().args(["ps"]).output().expect("vm ps"));
@@ -163,23 +147,19 @@ fn run_d_and_serve_from_refuse_what_a_snapshot_fixes_and_name_a_missing_one() {
 fn create_serving_flags_are_checked_before_anything_boots() {
     let env = Env::new();
     // --ready waits on a served port: without -p there is none.
-    let ready = run(
+    refused(
         &env,
         &["snapshot", "create", "web", "--ready", "/", "--", "true"],
-    );
-    assert_eq!(ready.code, 2, "{}", ready.stderr);
-    assert!(
-        ready.stderr.contains("--port <GUESTPORT>"),
-        "{}",
-        ready.stderr
+        2,
+        "--port <GUESTPORT>",
     );
     // Guest port 0 is no port.
-    let zero = run(
+    refused(
         &env,
         &["snapshot", "create", "web", "-p", "0", "--", "httpd"],
+        2,
+        "'0'",
     );
-    assert_eq!(zero.code, 2, "{}", zero.stderr);
-    assert!(zero.stderr.contains("'0'"), "{}", zero.stderr);
     // A ready path goes into a request line: it must be one.
     let path = run(
         &env,

@@ -85,10 +85,11 @@ impl Shim for VmShim {
             host.release(&bundle);
             // containerd saw the dead shim's socket close, which happens before the shim is
             // a zombie: until then the sweep would take its run directory for a live one's.
-            if let Some(shim) = host.shim
-                && !shim.wait_gone(SHIM_EXIT_GRACE)
-            {
-                tracing::warn!(pid = shim.pid, "the shim is still alive; its run dir stays");
+            if let Some(shim) = host.shim {
+                let gone = tokio::task::spawn_blocking(move || shim.wait_gone(SHIM_EXIT_GRACE));
+                if !gone.await.unwrap_or(false) {
+                    tracing::warn!(pid = shim.pid, "the shim is still alive; its run dir stays");
+                }
             }
             vm_sandbox::rundir::sweep(&host.run_dir_parent);
         }

@@ -252,10 +252,10 @@ pub fn host_is_pvm_native() -> bool {
 /// leaf 0x8000_0001 ECX bit 2 (AMD SVM). Asked of the CPU itself, not `/proc/cpuinfo`: no
 /// file to read and format on every VM start.
 fn cpu_has_hw_virt() -> bool {
-    // SAFETY: CPUID is available on every x86-64 CPU; leaf 0 and 0x8000_0000 report the
-    // highest basic and extended leaves, and no leaf above them is asked for. (`__cpuid` is a
-    // safe function since Rust 1.88; the workspace's MSRV, 1.85, still needs the block.)
+    // `__cpuid` is a safe function since Rust 1.88; the workspace's MSRV, 1.85, needs the block.
     #[allow(unused_unsafe)]
+    // SAFETY: CPUID is available on every x86-64 CPU; leaf 0 and 0x8000_0000 report the
+    // highest basic and extended leaves, and no leaf above them is asked for.
     unsafe {
         use std::arch::x86_64::__cpuid;
         let vmx = __cpuid(0).eax >= 1 && __cpuid(1).ecx & (1 << 5) != 0;
