@@ -128,6 +128,12 @@ pub trait Driver: Send + Sync {
     fn jail(&self) -> Option<JailReport> {
         None
     }
+    /// Most disks (the root included) one VM of this backend can have: each is a
+    /// virtio-mmio device, and the machine has a fixed number of them. 0: not known (a
+    /// caller that needs spare disks then has none).
+    fn max_disks(&self) -> usize {
+        0
+    }
     /// Whether this driver can snapshot its VMs and restore them here, and why not.
     fn snapshots(&self) -> Availability {
         Availability::no("this driver has no snapshots")

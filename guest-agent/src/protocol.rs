@@ -273,6 +273,43 @@ pub enum Request {
     /// `/dev/termination-log` is 0666, for a container that is not root). An older agent
     /// answers `Unsupported`.
     SetMode { path: String, mode: u32 },
+    /// As `ExecInteractive`, with the command run chrooted into the guest directory `root`
+    /// (a pod member's root, set up by [`PodMount::Root`]): its `cwd` is inside that root and
+    /// its program is found on its `PATH` there. An older agent closes the connection.
+    ExecInteractiveIn {
+        root: String,
+        request: InteractiveRequest,
+    },
+    /// Reply `Ok`: one step of a pod member's filesystem, done by the agent itself (only when
+    /// it is PID 1; `Unsupported` otherwise, and from an older agent).
+    PodMount(PodMount),
+}
+
+/// Largest tmpfs upper of a pod member's root: 64 GiB (the guest's memory bounds it anyway).
+pub const MAX_POD_UPPER_BYTES: u64 = 64 << 30;
+
+/// A pod member's filesystem (see [`Request::PodMount`]). Every `device` is the guest path
+/// of a raw disk (the link the agent made at boot for a `vm.disk=…:raw`) that the host has
+/// since filled with an erofs image: the agent drops the device's cached blocks before it
+/// mounts, so what it mounts is what the host wrote, not what the kernel read at boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PodMount {
+    /// The container's root at `dir/root`: the erofs on `device` read-only at `dir/lower`
+    /// under a tmpfs overlay of `upper_bytes` (at most [`MAX_POD_UPPER_BYTES`]), with the
+    /// guest's own `/proc`, a read-only `/sys` and a `/dev` of its own (the standard nodes,
+    /// the guest's `/dev/pts`, and the pod's shared `/dev/shm`).
+    Root {
+        device: String,
+        dir: String,
+        upper_bytes: u64,
+    },
+    /// The read-only erofs volume on `device` at `path`.
+    Volume { device: String, path: String },
+    /// The guest directory `source` bound at `path` (a pod's shared `emptyDir`).
+    Bind { source: String, path: String },
+    /// Unmount everything at and below `path`, deepest first, without detaching a busy mount:
+    /// an error means something is still mounted (and its disk is not free).
+    Unmount { path: String },
 }
 
 /// Host -> agent frames.

@@ -16,7 +16,8 @@ use guest_agent::PROTOCOL_VERSION;
 use guest_agent::frame::{decode_frame, encode_frame};
 use guest_agent::protocol::{
     AgentFrame, AgentInfo, ClientFrame, Command, ErrorKind, ExecRequest, ExitStatus, FileEntry,
-    InteractiveRequest, MAX_FRAME, Request, ServeId, ServeRequest, ServeStatus, TtySize, WireError,
+    InteractiveRequest, MAX_FRAME, PodMount, Request, ServeId, ServeRequest, ServeStatus, TtySize,
+    WireError,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -60,9 +61,11 @@ fn request_ordinal(r: &Request) -> usize {
         Request::Resume { .. } => 13,
         Request::MountTmpfs { .. } => 14,
         Request::SetMode { .. } => 15,
+        Request::ExecInteractiveIn { .. } => 16,
+        Request::PodMount(_) => 17,
     }
 }
-const REQUESTS: usize = 16;
+const REQUESTS: usize = 18;
 
 fn client_ordinal(f: &ClientFrame) -> usize {
     match f {
@@ -202,6 +205,42 @@ fn requests() -> Vec<(Request, &'static str)> {
                 mode: 0o666,
             },
             "07000000010f022f66b603",
+        ),
+        (
+            Request::ExecInteractiveIn {
+                root: "/r".into(),
+                request: InteractiveRequest {
+                    exec: exec_request(),
+                    tty: None,
+                },
+            },
+            "270000000110022f720102026c73022d6c02696e010141016201022f77010180cab5ee0101ac0201017500",
+        ),
+        (
+            Request::PodMount(PodMount::Root {
+                device: "/d".into(),
+                dir: "/p".into(),
+                upper_bytes: 4096,
+            }),
+            "0b000000011100022f64022f708020",
+        ),
+        (
+            Request::PodMount(PodMount::Volume {
+                device: "/d".into(),
+                path: "/v".into(),
+            }),
+            "09000000011101022f64022f76",
+        ),
+        (
+            Request::PodMount(PodMount::Bind {
+                source: "/s".into(),
+                path: "/t".into(),
+            }),
+            "09000000011102022f73022f74",
+        ),
+        (
+            Request::PodMount(PodMount::Unmount { path: "/p".into() }),
+            "06000000011103022f70",
         ),
     ]
 }

@@ -31,7 +31,10 @@ use crate::link::Link;
 use crate::publish::PublishSpec;
 use crate::serving::{GuestProcess, ServeSpec, ServedProcess, Serving};
 
+mod member;
 mod transfer;
+
+pub use member::MemberRoot;
 
 pub use transfer::{CopyError, DEFAULT_COPY_CAP};
 
@@ -88,6 +91,9 @@ pub struct Guest {
     link: Link,
     confinement: Confinement,
     root_ready: tokio::sync::OnceCell<()>,
+    /// A pod member's root: every process is chrooted into this guest directory
+    /// ([`Guest::member`]).
+    chroot: Option<String>,
 }
 
 impl Guest {
@@ -102,6 +108,7 @@ impl Guest {
             link,
             confinement,
             root_ready,
+            chroot: None,
         }
     }
 
@@ -257,6 +264,7 @@ impl Guest {
 
     /// Run with stdin, a working directory, a timeout or extra variables.
     pub async fn run(&self, run: Run) -> Result<ExecOutput, SandboxError> {
+        self.refuse_member()?;
         let req = self.request(run)?;
         self.ensure_root().await?;
         self.link
@@ -267,6 +275,7 @@ impl Guest {
 
     /// Start a command and stream its stdout/stderr; dropping the stream kills it.
     pub async fn exec_stream(&self, run: Run) -> Result<ExecStream, SandboxError> {
+        self.refuse_member()?;
         let req = self.request(run)?;
         self.ensure_root().await?;
         self.link
@@ -293,10 +302,12 @@ impl Guest {
         }
         let exec = self.request(run)?;
         self.ensure_root().await?;
-        self.link
-            .call(|c| c.exec_interactive(InteractiveRequest { exec, tty }))
-            .await
-            .map_err(SandboxError::machine("interactive exec"))
+        let req = InteractiveRequest { exec, tty };
+        let started = match &self.chroot {
+            None => self.link.call(|c| c.exec_interactive(req)).await,
+            Some(root) => self.link.call(|c| c.exec_interactive_in(root, req)).await,
+        };
+        started.map_err(SandboxError::machine("interactive exec"))
     }
 
     /// Read a file relative to the root.

@@ -114,9 +114,9 @@ pub mod state;
 
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
-pub use guest::{CopyError, DEFAULT_COPY_CAP, Guest, Run};
+pub use guest::{CopyError, DEFAULT_COPY_CAP, Guest, MemberRoot, Run};
 pub use image_root::{ImageRootError, ResolvedImage, resolve_oci, use_image};
-pub use microvm::{MicroVm, Options, preflight};
+pub use microvm::{MicroVm, Options, max_disks, preflight};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};
 pub use ready::{DEFAULT_READY_TIMEOUT, Probe, Readiness};
@@ -142,7 +142,8 @@ pub mod agent {
         ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
     };
     pub use guest_agent::protocol::{
-        Command, ErrorKind, ExecOutput, ExitStatus, MAX_SIGNAL, TtySize,
+        Command, ErrorKind, ExecOutput, ExitStatus, MAX_POD_UPPER_BYTES, MAX_SIGNAL, PodMount,
+        TtySize,
     };
     pub use guest_agent::sparse::{ChunkSink, Plain, SparseWriter};
 }

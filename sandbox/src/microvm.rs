@@ -84,6 +84,19 @@ pub fn preflight(spec: &Spec, options: &Options) -> Result<ValidSpec, SandboxErr
     Ok(valid)
 }
 
+/// Most disks (the root included) a VM booted with `options` can have: the limit of the
+/// driver they select (see [`vm_drivers::Driver::max_disks`]).
+pub fn max_disks(options: &Options) -> Result<usize, SandboxError> {
+    let registry = Registry::with_defaults();
+    let d = select(
+        &registry,
+        options.driver.as_deref(),
+        options.trust,
+        &options.policy,
+    )?;
+    Ok(d.max_disks())
+}
+
 /// A guest with its own kernel, confined to a validated [`Spec`]. See the crate docs for
 /// an example. Dropping it kills the VM and removes its run directory; prefer
 /// [`MicroVm::close`], which first asks the guest to power off.

@@ -19,6 +19,7 @@ use vm_spec::Mount;
 use crate::error::ShimError;
 
 pub mod kubelet;
+pub mod pod;
 
 pub use kubelet::{GuestFile, GuestTmpfs};
 
@@ -74,6 +75,8 @@ pub struct ContainerSpec {
     pub pids: Option<i64>,
     /// `root.path`, resolved against the bundle.
     pub root_path: PathBuf,
+    /// Where it runs: a VM of its own, or a pod's VM ([`pod::PodRole`]).
+    pub role: pod::PodRole,
 }
 
 fn refused(field: impl std::fmt::Display, why: impl std::fmt::Display) -> ShimError {
@@ -106,6 +109,7 @@ pub fn load(bundle: &Path) -> Result<ContainerSpec, ShimError> {
 pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError> {
     refuse_hooks(doc)?;
     refuse_host_network(doc)?;
+    let role = pod::role(doc)?;
     let process = process(
         doc.get("process")
             .ok_or_else(|| bad("process", "missing"))?,
@@ -138,6 +142,7 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         vcpus,
         pids,
         root_path: bundle.join(root),
+        role,
     })
 }
 
@@ -270,7 +275,7 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
         let named = format!("{field} ({dest})");
         if !is_bind {
             if ty == "tmpfs" && !kubelet::GUEST_TMPFS_DESTINATIONS.contains(&dest) {
-                out.tmpfs.push(guest_tmpfs(&named, dest, &options)?);
+                out.tmpfs.push(guest_tmpfs(&named, dest, &options, None)?);
                 continue;
             }
             if GUEST_MOUNT_TYPES.contains(&ty) {
@@ -294,7 +299,8 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
                 mode,
             });
         } else if kubelet::is_empty_dir(source) {
-            out.tmpfs.push(guest_tmpfs(&named, dest, &options)?);
+            out.tmpfs
+                .push(guest_tmpfs(&named, dest, &options, Some(source))?);
         } else if kubelet::is_sandbox_shm(source, dest) {
             continue;
         } else {
@@ -308,7 +314,12 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
 }
 
 /// A guest tmpfs at `dest` (absolute, without `..`: the agent mounts it there).
-fn guest_tmpfs(named: &str, dest: &str, options: &[String]) -> Result<GuestTmpfs, ShimError> {
+fn guest_tmpfs(
+    named: &str,
+    dest: &str,
+    options: &[String],
+    shared_as: Option<&str>,
+) -> Result<GuestTmpfs, ShimError> {
     if !dest.starts_with('/') || dest == "/" || dest.split('/').any(|c| c == "..") {
         return Err(refused(
             named,
@@ -318,6 +329,7 @@ fn guest_tmpfs(named: &str, dest: &str, options: &[String]) -> Result<GuestTmpfs
     Ok(GuestTmpfs {
         dest: dest.to_string(),
         size_bytes: kubelet::tmpfs_size(options),
+        shared_as: shared_as.map(str::to_string),
     })
 }
 

@@ -1,13 +1,16 @@
-//! One container = one microVM booted through `vm-sandbox`, and the processes in it.
+//! One container and the processes in it: in a microVM of its own booted through
+//! `vm-sandbox`, or, for a pod's app container, in its pod's VM ([`crate::pod`]; the pod's
+//! sandbox boots that VM with the pod's spare disks).
 //!
 //! `create` reads the bundle ([`crate::bundle`]), prepares the root ([`crate::rootfs`]),
 //! records a reference on the cached root image, writes the bundle's `vm-shim.json` (what
 //! `containerd-shim-vm-v1 delete` needs to clean up after a shim that died) and boots the VM
 //! with the runtime's trust and policy ([`crate::options`]), then mounts the bundle's guest
-//! tmpfs and copies kubelet's files in ([`crate::bundle::kubelet`]) before any process runs.
+//! tmpfs and copies kubelet's files in ([`crate::bundle::kubelet`]) before any process runs
+//! (a pod's app container instead gets its root, volumes and files set up in the pod's VM).
 //! When the init process ends its termination message (`/dev/termination-log`, when kubelet
-//! gave one) is read back and the VM is torn down; `delete` drops the reference and the
-//! state file.
+//! gave one) is read back and the container's VM is torn down (a pod's VM goes with its
+//! sandbox); `delete` drops the reference and the state file.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,9 +21,11 @@ use vm_sandbox::{MicroVm, Options, SnapshotRoots};
 use vm_spec::{Guarantees, Limits, Spec};
 
 use crate::bundle::kubelet::{self, TerminationTail};
+use crate::bundle::pod::PodRole;
 use crate::bundle::{self, ContainerSpec, ProcessSpec};
 use crate::error::ShimError;
 use crate::options::ShimConfig;
+use crate::pod::{MAX_POD_DISKS, Member, Pod, PodDisks, PodTable};
 use crate::process::{Process, Stdio};
 use crate::rootfs::{self, Root};
 
@@ -40,6 +45,9 @@ pub struct HostState {
     /// the sweep (absent in a state file written before it was recorded).
     #[serde(default)]
     pub shim: Option<vm_sandbox::rundir::ProcIdentity>,
+    /// A pod sandbox's spare disks (removed with it).
+    #[serde(default)]
+    pub pod_dir: Option<PathBuf>,
 }
 
 impl HostState {
@@ -54,6 +62,12 @@ impl HostState {
         if let Err(e) = cache.release(&self.identity, &self.holder) {
             tracing::warn!(error = %e, "releasing the root reference");
         }
+        if let Some(dir) = &self.pod_dir
+            && let Err(e) = std::fs::remove_dir_all(dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "removing the pod's disks");
+        }
         let _ = std::fs::remove_file(bundle.join(STATE_FILE));
     }
 }
@@ -67,6 +81,19 @@ pub struct CreateRequest {
     pub rootfs: Vec<containerd_shim::protos::api::Mount>,
     pub stdio: Stdio,
     pub config: ShimConfig,
+    /// The pods this shim serves: a sandbox adds its own, an app container finds its pod.
+    pub pods: PodTable,
+}
+
+/// Where a container runs.
+#[derive(Debug)]
+enum Place {
+    /// A VM of its own.
+    Own,
+    /// A pod's sandbox: the pod's VM is its VM; `pods` holds the pod until it is deleted.
+    Sandbox { pods: PodTable },
+    /// A pod's app container, in the pod's VM.
+    Member { pod: Arc<Pod>, member: Box<Member> },
 }
 
 /// One container (see the module docs).
@@ -86,6 +113,7 @@ pub struct Container {
     termination: Mutex<Option<TerminationMessage>>,
     /// `kill_all` tore the VM down: nothing is left to read back.
     torn_down: std::sync::atomic::AtomicBool,
+    place: Place,
 }
 
 /// A container's termination message: the last [`kubelet::MAX_TERMINATION_BYTES`] of its
@@ -160,6 +188,77 @@ async fn set_up_guest(vm: &MicroVm, spec: &ContainerSpec) -> Result<(), ShimErro
     Ok(())
 }
 
+/// The VM of a container that boots one (alone, or a pod's sandbox with the pod's disks in
+/// `pod_dir`), set up before any process runs.
+async fn boot(
+    req: &CreateRequest,
+    spec: &ContainerSpec,
+    root: &Root,
+    options: Options,
+    pod_dir: Option<&Path>,
+) -> Result<(Arc<MicroVm>, Place), ShimError> {
+    let (pods, id) = (&req.pods, &req.id);
+    let mut boot_spec = vm_spec(spec, Some(root), &req.config)?;
+    let disks = match pod_dir {
+        Some(dir) => {
+            let (disks, mounts) = PodDisks::create(dir, spare_disks(&boot_spec, &options)?)?;
+            boot_spec.guarantees.mounts.extend(mounts);
+            Some(disks)
+        }
+        None => None,
+    };
+    let pod_options = options.clone();
+    let vm = MicroVm::boot(boot_spec, options)
+        .await
+        .map_err(ShimError::sandbox("booting the VM"))?;
+    let vm = Arc::new(vm);
+    let placed = match set_up_guest(&vm, spec).await {
+        Ok(()) => match disks {
+            Some(disks) => Pod::new(vm.clone(), disks, &pod_options).map(|pod| {
+                lock(pods).insert(id.clone(), Arc::new(pod));
+                Place::Sandbox { pods: pods.clone() }
+            }),
+            None => Ok(Place::Own),
+        },
+        Err(e) => Err(e),
+    };
+    match placed {
+        Ok(place) => Ok((vm, place)),
+        Err(e) => {
+            vm.close().await;
+            Err(e)
+        }
+    }
+}
+
+/// How many spare disks a pod's VM booting `spec` gets: what its driver and the spec's mount
+/// limit leave beside the root and the sandbox's own mounts, at most [`MAX_POD_DISKS`].
+fn spare_disks(spec: &Spec, options: &Options) -> Result<usize, ShimError> {
+    let max = vm_sandbox::max_disks(options).map_err(ShimError::sandbox("checking the VM"))?;
+    let own = spec.guarantees.mounts.len();
+    let spare = max
+        .saturating_sub(1 + own)
+        .min(vm_spec::MAX_MOUNTS.saturating_sub(own))
+        .min(MAX_POD_DISKS);
+    match spare {
+        0 => Err(ShimError::Refused(format!(
+            "a pod's VM needs a spare disk for its containers; the driver takes {max} disks \
+             and the sandbox already has {own} mounts beside its root"
+        ))),
+        n => Ok(n),
+    }
+}
+
+/// The pod an app container of sandbox `sandbox` joins.
+fn pod_of(pods: &PodTable, sandbox: &str) -> Result<Arc<Pod>, ShimError> {
+    lock(pods).get(sandbox).cloned().ok_or_else(|| {
+        ShimError::Refused(format!(
+            "annotations.{:?}: no pod sandbox {sandbox:?} runs in this shim",
+            bundle::pod::SANDBOX_ID
+        ))
+    })
+}
+
 impl Container {
     pub async fn create(req: CreateRequest) -> Result<Container, ShimError> {
         let spec = bundle::load(&req.bundle)?;
@@ -170,7 +269,8 @@ impl Container {
                 SnapshotRoots::default_location().map_err(ShimError::sandbox("snapshot cache"))?
             }
         };
-        // Refusals first: the spec is validated and a driver selected before any work.
+        // Refusals first: the spec is validated and a driver selected before any work (for a
+        // pod's app container too: its mounts pass the same rules).
         let options = Options {
             trust: config.trust,
             policy: config.policy(),
@@ -179,6 +279,10 @@ impl Container {
             // Processes run in the image's own directories: no setup command in the image.
             prepare_root: false,
             ..Options::default()
+        };
+        let pod = match &spec.role {
+            PodRole::Member { sandbox } => Some(pod_of(&req.pods, sandbox)?),
+            PodRole::Alone | PodRole::Sandbox => None,
         };
         vm_sandbox::preflight(&vm_spec(&spec, None, &config)?, &options)
             .map_err(ShimError::sandbox("checking the VM"))?;
@@ -195,13 +299,16 @@ impl Container {
             .await
             .map_err(|e| ShimError::Rootfs(e.to_string()))??
         };
-        let boot_spec = vm_spec(&spec, Some(&root), &config)?;
+        let holder = format!("{}-{}", req.namespace, req.id);
+        let pod_dir =
+            (spec.role == PodRole::Sandbox).then(|| cache.dir().join("pods").join(&holder));
         let host = HostState {
             snapshot_cache: cache.dir().to_path_buf(),
             identity: root.identity.clone(),
-            holder: format!("{}-{}", req.namespace, req.id),
+            holder,
             run_dir_parent: config.run_dir(),
             shim: vm_sandbox::rundir::ProcIdentity::current(),
+            pod_dir: pod_dir.clone(),
         };
         cache
             .hold(&host.identity, &host.holder)
@@ -209,24 +316,30 @@ impl Container {
         let state = serde_json::to_vec(&host).map_err(|e| ShimError::State(e.to_string()))?;
         let written = std::fs::write(req.bundle.join(STATE_FILE), state)
             .map_err(ShimError::io(format!("writing {STATE_FILE}")));
-        let booted = match written {
-            Ok(()) => MicroVm::boot(boot_spec, options)
-                .await
-                .map_err(ShimError::sandbox("booting the VM")),
-            Err(e) => Err(e),
+        let placed = match (written, pod) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(pod)) => match pod.add(&spec, &root.erofs).await {
+                Ok(member) => Ok((
+                    pod.vm().clone(),
+                    Place::Member {
+                        pod,
+                        member: Box::new(member),
+                    },
+                )),
+                Err(e) => Err(e),
+            },
+            (Ok(()), None) => {
+                let dir = pod_dir.as_deref();
+                boot(&req, &spec, &root, options, dir).await
+            }
         };
-        let vm = match booted {
-            Ok(vm) => Arc::new(vm),
+        let (vm, place) = match placed {
+            Ok(x) => x,
             Err(e) => {
                 host.release(&req.bundle);
                 return Err(e);
             }
         };
-        if let Err(e) = set_up_guest(&vm, &spec).await {
-            vm.close().await;
-            host.release(&req.bundle);
-            return Err(e);
-        }
         let pid = vm.machine().host_pids().first().copied().unwrap_or(0);
         let init = Process::new(String::new(), req.stdio, spec.process.clone());
         Ok(Container {
@@ -244,7 +357,16 @@ impl Container {
                 .any(|f| f.dest == kubelet::TERMINATION_LOG),
             termination: Mutex::new(None),
             torn_down: Default::default(),
+            place,
         })
+    }
+
+    /// What this container's processes run through: its VM, or its root in the pod's VM.
+    fn guest(&self) -> &vm_sandbox::Guest {
+        match &self.place {
+            Place::Member { member, .. } => &member.guest,
+            Place::Own | Place::Sandbox { .. } => &self.vm,
+        }
     }
 
     /// The termination message read back when the init process ended, if any.
@@ -256,11 +378,13 @@ impl Container {
     /// time) into [`Container::termination_message`]; an empty log is no message.
     async fn read_termination_log(&self) {
         let mut tail = TerminationTail::default();
-        let read = self.vm.copy_out_to(
-            kubelet::TERMINATION_LOG,
-            kubelet::MAX_TERMINATION_READ,
-            &mut tail,
-        );
+        let path = match &self.place {
+            Place::Member { member, .. } => member.path(kubelet::TERMINATION_LOG),
+            Place::Own | Place::Sandbox { .. } => kubelet::TERMINATION_LOG.to_string(),
+        };
+        let read = self
+            .vm
+            .copy_out_to(&path, kubelet::MAX_TERMINATION_READ, &mut tail);
         match tokio::time::timeout(TERMINATION_READ_TIMEOUT, read).await {
             Ok(Ok(_)) if tail.total > 0 => {
                 *lock(&self.termination) = Some(TerminationMessage {
@@ -292,7 +416,7 @@ impl Container {
         if !exec_id.is_empty() && self.init.status() != crate::process::Status::Running {
             return Err(ShimError::State("the container is not running".into()));
         }
-        p.start(&self.vm, &self.cwd).await?;
+        p.start(self.guest(), &self.cwd).await?;
         Ok(p)
     }
 
@@ -314,7 +438,8 @@ impl Container {
         Ok(())
     }
 
-    /// After the init process ended: every exec ends with it, and the VM is torn down.
+    /// After the init process ended: every exec ends with it, and the container's own VM
+    /// is torn down (a pod's VM stays for its other containers until the sandbox goes).
     pub async fn init_ended(&self) {
         for p in lock(&self.execs).values() {
             p.kill();
@@ -322,16 +447,21 @@ impl Container {
         if self.termination_log && !self.torn_down.load(std::sync::atomic::Ordering::SeqCst) {
             self.read_termination_log().await;
         }
-        self.vm.close().await;
+        if !matches!(self.place, Place::Member { .. }) {
+            self.vm.close().await;
+        }
         for p in lock(&self.execs).values() {
             p.set_exited(crate::process::KILLED);
         }
     }
 
-    /// `SIGKILL` to the init process: its tree dies and the VM goes with it.
+    /// `SIGKILL` to the init process: its tree dies and the container's VM goes with it (a
+    /// pod's app container: the agent ends its tree and its exit is reported as usual).
     pub async fn kill_all(&self) {
         self.init.kill();
-        if self.init.status() != crate::process::Status::Created {
+        if self.init.status() != crate::process::Status::Created
+            && !matches!(self.place, Place::Member { .. })
+        {
             self.torn_down
                 .store(true, std::sync::atomic::Ordering::SeqCst);
             self.vm.close().await;
@@ -353,7 +483,14 @@ impl Container {
             return Err(ShimError::State("the container is running".into()));
         }
         self.init.set_exited(crate::process::KILLED);
-        self.vm.close().await;
+        match &self.place {
+            Place::Member { pod, member } => pod.remove(member).await,
+            Place::Sandbox { pods, .. } => {
+                lock(pods).remove(&self.id);
+                self.vm.close().await;
+            }
+            Place::Own => self.vm.close().await,
+        }
         self.host.release(&self.bundle);
         Ok(self.init.clone())
     }
@@ -361,6 +498,7 @@ impl Container {
     /// Pauses the container's VM (every host process of it stopped); see
     /// `vm_sandbox::MicroVm::pause`.
     pub fn pause(&self) -> Result<(), ShimError> {
+        self.refuse_member("pause")?;
         self.vm
             .pause()
             .map_err(ShimError::sandbox("pausing the VM"))
@@ -368,9 +506,20 @@ impl Container {
 
     /// Lets a paused VM run again.
     pub fn resume(&self) -> Result<(), ShimError> {
+        self.refuse_member("resume")?;
         self.vm
             .resume()
             .map_err(ShimError::sandbox("resuming the VM"))
+    }
+
+    /// A pod's app container cannot be paused alone: its VM is the pod's.
+    fn refuse_member(&self, what: &str) -> Result<(), ShimError> {
+        match self.place {
+            Place::Member { .. } => Err(ShimError::Unsupported(format!(
+                "{what}: a container of a pod shares the pod's VM; pause the pod"
+            ))),
+            Place::Own | Place::Sandbox { .. } => Ok(()),
+        }
     }
 
     /// Whether the VM is paused.

@@ -18,6 +18,7 @@ mod container;
 mod error;
 mod metrics;
 mod options;
+mod pod;
 mod process;
 mod rootfs;
 mod service;

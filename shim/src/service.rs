@@ -25,6 +25,7 @@ use containerd_shim::{Config, Flags, StartOpts, Task, TtrpcContext, TtrpcResult}
 use crate::container::{Container, CreateRequest, HostState};
 use crate::error::ShimError;
 use crate::options::{self, CONFIG_PATH_ENV};
+use crate::pod::PodTable;
 use crate::process::{KILLED, Process, Status, Stdio};
 
 /// How long `delete` waits for a killed shim to be gone before it sweeps the run directories
@@ -69,7 +70,10 @@ impl Shim for VmShim {
         let path = options::config_path_from_bytes(&data)
             .map_err(|e| containerd_shim::Error::InvalidArgument(e.to_string()))?;
         let path = path.map(|p| p.display().to_string()).unwrap_or_default();
-        let grouping = opts.id.clone();
+        // A pod's app container is served by its pod's shim (the one holding the pod's VM).
+        let bundle = std::env::current_dir()
+            .map_err(|e| containerd_shim::Error::Other(format!("the bundle directory: {e}")))?;
+        let grouping = crate::bundle::pod::grouping(&bundle, &opts.id);
         let vars = vec![(CONFIG_PATH_ENV, path.as_str())];
         let address = spawn(opts, &grouping, vars).await?;
         containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;
@@ -81,21 +85,25 @@ impl Shim for VmShim {
     async fn delete_shim(&mut self) -> Result<api::DeleteResponse, containerd_shim::Error> {
         let bundle =
             std::env::current_dir().map_err(|e| containerd_shim::Error::Other(e.to_string()))?;
+        let mut shim_alive = false;
         if let Some(host) = HostState::read(&bundle) {
             host.release(&bundle);
             // containerd saw the dead shim's socket close, which happens before the shim is
             // a zombie: until then the sweep would take its run directory for a live one's.
             if let Some(shim) = host.shim {
                 let gone = tokio::task::spawn_blocking(move || shim.wait_gone(SHIM_EXIT_GRACE));
-                if !gone.await.unwrap_or(false) {
+                shim_alive = !gone.await.unwrap_or(false);
+                if shim_alive {
                     tracing::warn!(pid = shim.pid, "the shim is still alive; its run dir stays");
                 }
             }
             vm_sandbox::rundir::sweep(&host.run_dir_parent);
         }
         let _ = nix::mount::umount2(&bundle.join("rootfs"), nix::mount::MntFlags::MNT_DETACH);
-        if let Ok(address) = std::fs::read_to_string(bundle.join("address")) {
-            remove_socket(address.trim());
+        // A pod's app container names its pod's shim, which may still serve the pod (containerd
+        // runs this action for each container whose connection it closed, alive or not).
+        if !shim_alive && let Ok(address) = std::fs::read_to_string(bundle.join("address")) {
+            remove_dead_socket(address.trim());
         }
         Ok(api::DeleteResponse {
             exit_status: KILLED,
@@ -116,8 +124,20 @@ impl Shim for VmShim {
             shim: self.clone(),
             publisher: Arc::new(publisher),
             containers: Arc::new(Mutex::new(HashMap::new())),
+            pods: Arc::new(Mutex::new(HashMap::new())),
         }
     }
+}
+
+/// Removes the Unix socket a `unix://PATH` address names unless a live shim still answers
+/// on it.
+fn remove_dead_socket(address: &str) {
+    let path = address.strip_prefix("unix://").unwrap_or(address);
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        tracing::info!(address, "a live shim serves this socket; it stays");
+        return;
+    }
+    remove_socket(address);
 }
 
 /// Removes the Unix socket a `unix://PATH` address names, if it is one.
@@ -142,6 +162,7 @@ pub struct TaskService {
     shim: VmShim,
     publisher: Arc<RemotePublisher>,
     containers: Arc<Mutex<HashMap<String, Arc<Container>>>>,
+    pods: PodTable,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -225,6 +246,7 @@ impl TaskService {
             rootfs: req.rootfs.clone(),
             stdio: stdio.clone(),
             config,
+            pods: self.pods.clone(),
         })
         .await?;
         let pid = c.pid;

@@ -57,6 +57,11 @@ impl Driver for KvmDriver {
         Some(crate::jail::kvm_report())
     }
 
+    /// Every virtio-mmio device but the vsock and the rng.
+    fn max_disks(&self) -> usize {
+        vmm::layout::MAX_VIRTIO_DEVICES - 2
+    }
+
     fn snapshots(&self) -> Availability {
         Availability::yes(
             "vm-vmm writes the vCPU, device and memory state; restores map it copy-on-write",

@@ -162,6 +162,12 @@ impl Driver for TcgDriver {
         Some(crate::jail::tcg_report())
     }
 
+    /// QEMU's `microvm` machine has 8 virtio-mmio transports (without its second IOAPIC,
+    /// which a guest without ACPI cannot find); the vsock takes one.
+    fn max_disks(&self) -> usize {
+        7
+    }
+
     fn snapshots(&self) -> Availability {
         Availability::no(SNAPSHOTS_UNSUPPORTED)
     }

@@ -113,7 +113,14 @@ pub(super) async fn handle<S: Stream>(
             Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
         },
         Request::Forward { port } => super::forward::run(agent, s, port).await,
-        Request::ExecInteractive(r) => super::interactive::run(agent, s, r).await,
+        Request::ExecInteractive(r) => super::interactive::run(agent, s, r, None).await,
+        Request::ExecInteractiveIn { root, request } => {
+            super::interactive::run(agent, s, request, Some(&root)).await
+        }
+        Request::PodMount(m) => match super::podroot::apply(agent, &m) {
+            Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
+            Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
+        },
         Request::MakeDirs { path, owner } => {
             match files::make_dirs(agent.base_fd(), &path, owner.as_deref()) {
                 Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,

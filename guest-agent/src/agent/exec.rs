@@ -244,6 +244,7 @@ fn spawn(
         },
         name,
         user,
+        root: None,
     };
     process::spawn(agent.reaper(), agent.cgroups(), &spec)
 }

@@ -26,6 +26,7 @@
 //! output left in the pipes or terminal is then drained and `Exit` sent.
 
 use std::collections::VecDeque;
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -298,11 +299,13 @@ async fn read_err(err: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> std::io::
     }
 }
 
-/// Handle one `ExecInteractive`; `conn` is positioned right after the request frame.
+/// Handle one `ExecInteractive` (`root`: an `ExecInteractiveIn`'s chroot); `conn` is
+/// positioned right after the request frame.
 pub(super) async fn run<S: Stream>(
     agent: &Agent,
     conn: S,
     req: InteractiveRequest,
+    root: Option<&str>,
 ) -> Result<(), FrameError> {
     let t = agent.io_timeout();
     let (rd, mut wr) = tokio::io::split(conn);
@@ -335,6 +338,7 @@ pub(super) async fn run<S: Stream>(
             },
             name: &name,
             user: ids.as_ref(),
+            root: root.map(Path::new),
         };
         process::spawn(agent.reaper(), agent.cgroups(), &spec)
     };

@@ -22,6 +22,7 @@ pub mod guard;
 pub mod imageroot;
 mod interactive;
 pub mod pid1;
+mod podroot;
 pub mod process;
 mod pty;
 pub mod reaper;

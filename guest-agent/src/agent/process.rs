@@ -100,6 +100,9 @@ pub struct SpawnSpec<'a> {
     pub name: &'a str,
     /// Run as this identity (`None` = the agent's own, root).
     pub user: Option<&'a Ids>,
+    /// Run chrooted into this guest directory (a pod member's root): `cwd` and the program
+    /// are resolved inside it.
+    pub root: Option<&'a Path>,
 }
 
 /// A spawned process tree.
@@ -117,6 +120,14 @@ pub struct Proc {
 fn make_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (r, w) = std::io::pipe()?;
     Ok((r.into(), w.into()))
+}
+
+/// `path` as a C string (a guest path with a NUL in it cannot be entered).
+fn cstring_of(path: &Path) -> Result<std::ffi::CString, ProcessError> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| ProcessError::Cwd {
+        path: path.display().to_string(),
+        source: std::io::Error::from_raw_os_error(libc::EINVAL),
+    })
 }
 
 /// Spawn per `spec` through the reaper.
@@ -146,8 +157,12 @@ pub fn spawn(
         cmd.env(k, v);
     }
     let cwd = spec.cwd.map(Path::new).unwrap_or(spec.default_cwd);
+    let seen_cwd = match spec.root {
+        Some(root) => root.join(cwd.strip_prefix("/").unwrap_or(cwd)),
+        None => cwd.to_path_buf(),
+    };
     // Checked here so that a failed exec's ENOENT can only be the program's.
-    match std::fs::metadata(cwd) {
+    match std::fs::metadata(&seen_cwd) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err(ProcessError::Cwd {
@@ -162,7 +177,14 @@ pub fn spawn(
             });
         }
     }
-    cmd.current_dir(cwd);
+    // In a root the directory is entered after the chroot (std's own chdir comes before it).
+    let chroot = match spec.root {
+        Some(root) => Some((cstring_of(root)?, cstring_of(cwd)?)),
+        None => {
+            cmd.current_dir(cwd);
+            None
+        }
+    };
     cmd.stdin(if spec.with_stdin {
         Stdio::piped()
     } else {
@@ -208,6 +230,10 @@ pub fn spawn(
         if terminal {
             super::sys::take_stdin_as_controlling_tty()?;
         }
+        // Into the member's root once the agent's paths (the cgroup) are done with.
+        if let Some((root, cwd)) = &chroot {
+            super::sys::fs::chroot_and_chdir(root, cwd)?;
+        }
         // The identity switch comes last: joining the cgroup needs root.
         if let Some(ids) = &ids {
             // The groups vector was allocated before fork.
@@ -221,7 +247,7 @@ pub fn spawn(
         Ok(())
     };
     // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close,
-    // ioctl, setgroups, setgid, setuid, prctl) and allocates nothing.
+    // chroot, chdir, ioctl, setgroups, setgid, setuid, prctl) and allocates nothing.
     unsafe { cmd.pre_exec(pre_exec) };
     let spawned = reaper.spawn(&mut cmd);
     drop(cmd); // closes our copies of the child's pipe ends

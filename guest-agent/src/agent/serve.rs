@@ -105,6 +105,7 @@ impl Serves {
             output: OutputMode::Combined,
             name: &name,
             user: ids.as_ref(),
+            root: None,
         };
         let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)?;
         let (tx, rx) = watch::channel(None);

@@ -45,8 +45,12 @@ impl Class {
             | Request::MakeDirs { .. }
             | Request::MountTmpfs { .. }
             | Request::SetMode { .. }
+            | Request::PodMount(_)
             | Request::Resume { .. } => Class::Control,
-            Request::Exec(_) | Request::ExecStream(_) | Request::ExecInteractive(_) => Class::Exec,
+            Request::Exec(_)
+            | Request::ExecStream(_)
+            | Request::ExecInteractive(_)
+            | Request::ExecInteractiveIn { .. } => Class::Exec,
             Request::Forward { .. } | Request::ReadFile { .. } | Request::WriteFile { .. } => {
                 Class::Data
             }

@@ -1,9 +1,10 @@
-//! `MakeDirs`, `MountTmpfs` and `SetMode`: the runtime's own setup in the guest (the working
-//! root, handed to the image's user; a container's tmpfs; a copied file's mode), done by the
-//! agent itself rather than by a `mkdir`, `mount` or `chmod` from the guest root.
+//! `MakeDirs`, `MountTmpfs`, `SetMode` and `PodMount`: the runtime's own setup in the guest (the
+//! working root, handed to the image's user; a container's tmpfs; a copied file's mode; a pod
+//! member's filesystems), done by the agent itself rather than by a `mkdir`, `mount` or `chmod`
+//! from the guest root.
 
 use super::{AgentClient, ClientError, unexpected};
-use crate::protocol::{AgentFrame, Request};
+use crate::protocol::{AgentFrame, PodMount, Request};
 
 impl AgentClient {
     /// Creates the absolute guest directory `path` with its missing parents and, with an
@@ -47,6 +48,16 @@ impl AgentClient {
         match c.request(req, "set_mode").await? {
             AgentFrame::Ok => Ok(()),
             f => Err(unexpected("set_mode", &f)),
+        }
+    }
+
+    /// One step of a pod member's filesystems ([`PodMount`]). Only an agent that is PID 1
+    /// mounts; it and an agent older than this request answer an error of kind `Unsupported`.
+    pub async fn pod_mount(&self, m: PodMount) -> Result<(), ClientError> {
+        let (mut c, _) = self.connect().await?;
+        match c.request(Request::PodMount(m), "pod_mount").await? {
+            AgentFrame::Ok => Ok(()),
+            f => Err(unexpected("pod_mount", &f)),
         }
     }
 }

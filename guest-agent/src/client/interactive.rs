@@ -57,6 +57,25 @@ impl AgentClient {
     /// [`ClientError::Unsupported`].
     pub async fn exec_interactive(
         &self,
+        req: InteractiveRequest,
+    ) -> Result<Interactive, ClientError> {
+        self.start_interactive(None, req).await
+    }
+
+    /// As [`AgentClient::exec_interactive`], run chrooted into the guest directory `root` (a
+    /// pod member's root: its `cwd` and program are resolved there). An agent that predates
+    /// it gives [`ClientError::Unsupported`].
+    pub async fn exec_interactive_in(
+        &self,
+        root: &str,
+        req: InteractiveRequest,
+    ) -> Result<Interactive, ClientError> {
+        self.start_interactive(Some(root.to_string()), req).await
+    }
+
+    async fn start_interactive(
+        &self,
+        root: Option<String>,
         mut req: InteractiveRequest,
     ) -> Result<Interactive, ClientError> {
         if !req.exec.stdin.is_empty() {
@@ -68,8 +87,11 @@ impl AgentClient {
         req.exec = exec;
         let (mut c, _) = self.connect().await?;
         let step = "exec_interactive";
-        c.send(&ClientFrame::Request(Request::ExecInteractive(req)), step)
-            .await?;
+        let request = match root {
+            None => Request::ExecInteractive(req),
+            Some(root) => Request::ExecInteractiveIn { root, request: req },
+        };
+        c.send(&ClientFrame::Request(request), step).await?;
         match c.recv(None, step).await {
             Ok(AgentFrame::Started) => {}
             Ok(f) => return Err(unexpected(step, &f)),

@@ -71,6 +71,9 @@ pub struct GuestTmpfs {
     /// The absolute guest path.
     pub dest: String,
     pub size_bytes: u64,
+    /// The `emptyDir`'s host directory (`None` for a `tmpfs` mount): the containers of one
+    /// pod that bind the same one share one guest tmpfs.
+    pub shared_as: Option<String>,
 }
 
 /// Where containerd's CRI keeps each pod sandbox's state, the sandbox's `shm` directory in it.

@@ -114,11 +114,13 @@ fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
         [
             GuestTmpfs {
                 dest: "/cache".into(),
-                size_bytes: kubelet::TMPFS_BYTES
+                size_bytes: kubelet::TMPFS_BYTES,
+                shared_as: Some(empty.display().to_string()),
             },
             GuestTmpfs {
                 dest: "/scratch".into(),
-                size_bytes: 1 << 20
+                size_bytes: 1 << 20,
+                shared_as: None,
             }
         ]
     );

@@ -1,6 +1,6 @@
 //! Filesystem calls with no std equivalent: `mount(2)`, `openat2(2)` with resolve flags,
 //! `fstat`/`mkdirat`/`renameat`/`unlinkat`/`fchownat` on descriptors, bounded directory
-//! listing of a descriptor, `BLKROSET`, `sync`, and pointing the standard descriptors at a file.
+//! listing of a descriptor, `BLKROSET`/`BLKFLSBUF`, `umount2`, `chroot`, `sync`, and pointing the standard descriptors at a file.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -144,6 +144,33 @@ pub fn set_block_read_only(fd: BorrowedFd<'_>) -> std::io::Result<()> {
     let one: libc::c_int = 1;
     // SAFETY: BLKROSET reads one int from the pointer, which outlives the call; fd is open.
     check(unsafe { libc::ioctl(fd.as_raw_fd(), BLKROSET as _, &one) })?;
+    Ok(())
+}
+
+const BLKFLSBUF: libc::c_ulong = 0x1261;
+
+/// Drop the cached blocks of the block device open on `fd` (`BLKFLSBUF`): the next read goes
+/// to the device, so data the host wrote after the kernel first read it is seen.
+pub fn flush_block_buffers(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    // SAFETY: BLKFLSBUF takes no argument; fd is open.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), BLKFLSBUF as _, 0) })?;
+    Ok(())
+}
+
+/// `umount2(2)` of `target` with `flags` (0: fails with `EBUSY` rather than detaching).
+pub fn umount(target: &CStr, flags: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: `target` is a NUL-terminated string that outlives the call.
+    check(unsafe { libc::umount2(target.as_ptr(), flags) })?;
+    Ok(())
+}
+
+/// `chroot(2)` then `chdir(2)`, async-signal-safe (between `fork` and `exec`): both paths are
+/// allocated before the fork; `cwd` is resolved inside the new root.
+pub fn chroot_and_chdir(root: &CStr, cwd: &CStr) -> std::io::Result<()> {
+    // SAFETY: NUL-terminated strings that outlive the calls; the kernel only reads them.
+    check(unsafe { libc::chroot(root.as_ptr()) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::chdir(cwd.as_ptr()) })?;
     Ok(())
 }
 

@@ -1,0 +1,145 @@
+//! Which VM a container runs in, from the annotations containerd's CRI puts on every bundle:
+//! `io.kubernetes.cri.container-type` (`sandbox` for a pod's sandbox, `container` for each of
+//! its app containers) and `io.kubernetes.cri.sandbox-id` (the pod's sandbox). A sandbox boots
+//! the pod's VM; an app container runs in its sandbox's VM; a bundle without them (`ctr run`)
+//! gets a VM of its own.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::ShimError;
+
+/// The annotation naming a CRI container's kind.
+pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+/// The annotation naming a CRI container's pod sandbox.
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// Longest sandbox id taken (containerd's are 64 hex digits).
+const MAX_ID: usize = 128;
+
+/// Where a container runs (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodRole {
+    /// No CRI annotations: a VM of its own.
+    Alone,
+    /// A pod's sandbox: it boots the pod's VM.
+    Sandbox,
+    /// An app container of the pod whose sandbox is `sandbox`: it runs in that VM.
+    Member { sandbox: String },
+}
+
+fn annotation<'a>(doc: &'a Value, key: &str) -> Result<Option<&'a str>, ShimError> {
+    match &doc["annotations"][key] {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s)),
+        _ => Err(bad(key, "not a string")),
+    }
+}
+
+fn bad(key: &str, why: &str) -> ShimError {
+    ShimError::Bundle {
+        what: "config.json",
+        detail: format!("annotations.{key:?}: {why}"),
+    }
+}
+
+/// The role `doc`'s annotations give (an unknown container type or a malformed sandbox id
+/// is refused, naming the annotation).
+pub fn role(doc: &Value) -> Result<PodRole, ShimError> {
+    let Some(kind) = annotation(doc, CONTAINER_TYPE)? else {
+        return Ok(PodRole::Alone);
+    };
+    match kind {
+        "sandbox" => Ok(PodRole::Sandbox),
+        "container" => {
+            let id = annotation(doc, SANDBOX_ID)?
+                .ok_or_else(|| bad(SANDBOX_ID, "missing for a container of a pod"))?;
+            let ok = !id.is_empty()
+                && id.len() <= MAX_ID
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            match ok {
+                true => Ok(PodRole::Member {
+                    sandbox: id.to_string(),
+                }),
+                false => Err(bad(SANDBOX_ID, "not a container id")),
+            }
+        }
+        other => Err(bad(
+            CONTAINER_TYPE,
+            &format!("{other:?} is neither \"sandbox\" nor \"container\""),
+        )),
+    }
+}
+
+/// The shim a bundle is served by: its pod's (the sandbox id), or its own (`id`). containerd's
+/// `start` of an app container then finds the pod's shim already serving and uses it. The
+/// bundle's `config.json` is read bounded; one that cannot be read groups by `id` (its
+/// `create` reports the error).
+pub fn grouping(bundle: &Path, id: &str) -> String {
+    let doc = std::fs::metadata(bundle.join("config.json"))
+        .ok()
+        .filter(|m| m.len() <= super::MAX_CONFIG_BYTES)
+        .and_then(|_| std::fs::read(bundle.join("config.json")).ok())
+        .and_then(|t| serde_json::from_slice::<Value>(&t).ok());
+    match doc.as_ref().map(role) {
+        Some(Ok(PodRole::Member { sandbox })) => sandbox,
+        _ => id.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn with(annotations: Value) -> Value {
+        json!({ "annotations": annotations })
+    }
+
+    #[test]
+    fn cri_annotations_give_the_role() {
+        assert_eq!(role(&json!({})).unwrap(), PodRole::Alone);
+        let sb = with(json!({CONTAINER_TYPE: "sandbox", SANDBOX_ID: "abc"}));
+        assert_eq!(role(&sb).unwrap(), PodRole::Sandbox);
+        let c = with(json!({CONTAINER_TYPE: "container", SANDBOX_ID: "abc"}));
+        let member = PodRole::Member {
+            sandbox: "abc".into(),
+        };
+        assert_eq!(role(&c).unwrap(), member);
+    }
+
+    #[test]
+    fn bad_annotations_are_refused_by_name() {
+        for (doc, named) in [
+            (with(json!({CONTAINER_TYPE: "pod"})), CONTAINER_TYPE),
+            (with(json!({CONTAINER_TYPE: 3})), CONTAINER_TYPE),
+            (with(json!({CONTAINER_TYPE: "container"})), SANDBOX_ID),
+            (
+                with(json!({CONTAINER_TYPE: "container", SANDBOX_ID: "../x"})),
+                SANDBOX_ID,
+            ),
+            (
+                with(json!({CONTAINER_TYPE: "container", SANDBOX_ID: ""})),
+                SANDBOX_ID,
+            ),
+        ] {
+            let e = role(&doc).unwrap_err().to_string();
+            assert!(e.contains(named), "{doc}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_member_is_served_by_its_pods_shim() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(grouping(dir.path(), "c1"), "c1", "no config.json");
+        let doc = with(json!({CONTAINER_TYPE: "container", SANDBOX_ID: "pod1"}));
+        std::fs::write(dir.path().join("config.json"), doc.to_string()).unwrap();
+        assert_eq!(grouping(dir.path(), "c1"), "pod1");
+        let doc = with(json!({CONTAINER_TYPE: "sandbox", SANDBOX_ID: "pod1"}));
+        std::fs::write(dir.path().join("config.json"), doc.to_string()).unwrap();
+        assert_eq!(grouping(dir.path(), "pod1"), "pod1");
+    }
+}

@@ -1,0 +1,182 @@
+//! One microVM per pod, under a real containerd (the harness of `containerd.rs`), with the
+//! annotations containerd's CRI puts on a pod's bundles given through `ctr run --annotation`:
+//! the sandbox boots the pod's VM; the app containers run inside it, each in its own root
+//! (one container's files are not another's), sharing the VM's loopback (a client reaches
+//! its neighbour's httpd on `localhost`) and the pod's `emptyDir`; `exec` runs in the
+//! container's root; a deleted container's disks serve the next one; deleting the sandbox
+//! leaves no VM, shim or pod disk behind.
+
+#[macro_use]
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Containerd, Out, entries};
+
+const SANDBOX: &str = "io.kubernetes.cri.container-type=sandbox";
+const MEMBER: &str = "io.kubernetes.cri.container-type=container";
+
+fn sandbox_of(id: &str) -> String {
+    format!("io.kubernetes.cri.sandbox-id={id}")
+}
+
+fn rw_bind(src: &Path, dst: &str) -> String {
+    format!("type=bind,src={},dst={dst},options=rbind:rw", src.display())
+}
+
+/// An `emptyDir` host directory shaped like kubelet's.
+fn empty_dir(cd: &Containerd, name: &str) -> PathBuf {
+    let p = cd
+        .dir
+        .path()
+        .join("pods/7f3a-uid/volumes/kubernetes.io~empty-dir")
+        .join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// `ctr run` flags that make `id`… a member of pod `pod`.
+fn member(pod: &str) -> Vec<String> {
+    vec![
+        "--annotation".into(),
+        MEMBER.into(),
+        "--annotation".into(),
+        sandbox_of(pod),
+    ]
+}
+
+fn run(cd: &Containerd, flags: &[String], id: &str, argv: &[&str]) -> Out {
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    cd.run(&flags, id, argv)
+}
+
+#[test]
+fn a_pod_is_one_vm_whose_containers_share_localhost_and_an_empty_dir() {
+    preflight!("a_pod_is_one_vm_whose_containers_share_localhost_and_an_empty_dir");
+    let cd = Containerd::start();
+    let shared = empty_dir(&cd, "shared");
+    let sandbox = ["--annotation", SANDBOX, "--annotation", &sandbox_of("pod1")];
+    cd.run_detached_with(&sandbox, "pod1");
+    assert_eq!(entries(&cd.run_dir()).len(), 1, "the pod's VM");
+
+    let mut web = member("pod1");
+    web.extend(["-d".into(), "--mount".into(), rw_bind(&shared, "/shared")]);
+    let out = run(
+        &cd,
+        &web,
+        "web",
+        &[
+            "sh",
+            "-c",
+            "echo from-web > /shared/note && echo web-only > /mine && \
+             mkdir /www && echo '<p>pod page</p>' > /www/index.html && \
+             exec busybox httpd -f -p 127.0.0.1:8080 -h /www",
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}\n{}", cd.log());
+
+    // kubelet's /etc/hosts names localhost (the image has none); the container's copy is its
+    // own.
+    let hosts = cd.dir.path().join("pods/7f3a-uid/etc-hosts");
+    std::fs::write(&hosts, "127.0.0.1\tlocalhost\n").unwrap();
+    let mut client = member("pod1");
+    client.extend([
+        "--rm".into(),
+        "--mount".into(),
+        rw_bind(&shared, "/shared"),
+        "--mount".into(),
+        rw_bind(&hosts, "/etc/hosts"),
+    ]);
+    let out = run(
+        &cd,
+        &client,
+        "client",
+        &[
+            "sh",
+            "-c",
+            "for i in $(busybox seq 100); do busybox wget -q -O - http://localhost:8080/ \
+             2>/dev/null && break; sleep 0.1; done; echo '10.0.0.7 added' >> /etc/hosts; \
+             cat /shared/note; test -e /mine && echo shared-root || echo own-root",
+        ],
+    );
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "<p>pod page</p>\nfrom-web\nown-root\n"),
+        "{out:?}\n{}",
+        cd.log()
+    );
+    assert_eq!(std::fs::read(&hosts).unwrap(), b"127.0.0.1\tlocalhost\n");
+    assert_eq!(entries(&cd.run_dir()).len(), 1, "still one VM for the pod");
+    assert_eq!(cd.shim_pids().len(), 1, "one shim serves the pod");
+    assert_eq!(
+        cd.task_pids("web"),
+        cd.task_pids("pod1"),
+        "web runs in the pod's VM"
+    );
+    assert!(
+        entries(&shared).is_empty(),
+        "the emptyDir is the guest's tmpfs"
+    );
+
+    // An exec runs in the container's own root.
+    let out = cd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e1",
+        "web",
+        "sh",
+        "-c",
+        "cat /mine; echo to-stderr >&2; exit 3",
+    ]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (3, "web-only\n"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("to-stderr"), "{out:?}");
+
+    // A deleted container gives its disk back: more containers than the pod has disks run
+    // one after another.
+    cd.kill_and_delete("web");
+    for i in 0..14 {
+        let id = format!("again{i}");
+        let mut flags = member("pod1");
+        flags.push("--rm".into());
+        let out = run(
+            &cd,
+            &flags,
+            &id,
+            &["sh", "-c", "test -e /mine || echo clean"],
+        );
+        assert_eq!(
+            (out.code, out.stdout.as_str()),
+            (0, "clean\n"),
+            "{id}: {out:?}\n{}",
+            cd.log()
+        );
+    }
+
+    let pods = cd.snapshots().join("pods");
+    assert_eq!(entries(&pods).len(), 1, "the pod's disks");
+    cd.kill_and_delete("pod1");
+    let _ = cd.ctr(&["container", "delete", "pod1"]);
+    cd.wait_for(30, "the pod's shim to exit", || cd.shim_pids().is_empty());
+    assert!(entries(&cd.run_dir()).is_empty(), "a VM run dir is left");
+    assert!(entries(&pods).is_empty(), "the pod's disks are left");
+}
+
+#[test]
+fn a_container_of_a_pod_that_is_not_running_is_refused() {
+    preflight!("a_container_of_a_pod_that_is_not_running_is_refused");
+    let cd = Containerd::start();
+    let mut flags = member("nopod");
+    flags.push("--rm".into());
+    let out = run(&cd, &flags, "orphan", &["true"]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("io.kubernetes.cri.sandbox-id") && out.stderr.contains("nopod"),
+        "{out:?}"
+    );
+    assert!(entries(&cd.run_dir()).is_empty(), "no VM booted");
+}
