@@ -369,7 +369,10 @@ async fn bind_all(publish: &[PublishSpec]) -> Result<Vec<(Published, TcpListener
     Ok(listeners)
 }
 
-async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {
+/// Forwards every connection `listener` accepts to `guest_port` in the guest over vsock, at
+/// most [`MAX_CONNECTIONS`] at once, until aborted (also what [`crate::Guest::forward_from`]
+/// runs).
+pub(crate) async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let busy = Arc::new(Throttle::default());
     let mut conns = JoinSet::new(); // aborted (every connection) when this task is aborted

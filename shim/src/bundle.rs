@@ -77,6 +77,10 @@ pub struct ContainerSpec {
     pub root_path: PathBuf,
     /// Where it runs: a VM of its own, or a pod's VM ([`pod::PodRole`]).
     pub role: pod::PodRole,
+    /// Guest ports forwarded from its network namespace ([`pod::PORTS`]).
+    pub ports: Vec<u16>,
+    /// The network namespace it was given (`linux.namespaces` network `path`), if any.
+    pub netns: Option<PathBuf>,
 }
 
 fn refused(field: impl std::fmt::Display, why: impl std::fmt::Display) -> ShimError {
@@ -110,6 +114,7 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
     refuse_hooks(doc)?;
     refuse_host_network(doc)?;
     let role = pod::role(doc)?;
+    let ports = pod::ports(doc)?;
     let process = process(
         doc.get("process")
             .ok_or_else(|| bad("process", "missing"))?,
@@ -143,6 +148,8 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         pids,
         root_path: bundle.join(root),
         role,
+        ports,
+        netns: netns_path(doc),
     })
 }
 
@@ -212,6 +219,17 @@ fn refuse_host_network(doc: &Value) -> Result<(), ShimError> {
         ));
     }
     Ok(())
+}
+
+/// The `path` of the network namespace entry, if it names one.
+fn netns_path(doc: &Value) -> Option<PathBuf> {
+    doc["linux"]["namespaces"]
+        .as_array()?
+        .iter()
+        .find(|n| n["type"] == "network")?["path"]
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
 }
 
 fn refuse_devices(doc: &Value) -> Result<(), ShimError> {

@@ -26,6 +26,7 @@ use crate::bundle::{self, ContainerSpec, ProcessSpec};
 use crate::error::ShimError;
 use crate::options::ShimConfig;
 use crate::pod::{MAX_POD_DISKS, Member, Pod, PodDisks, PodTable};
+use crate::ports::{self, Forwards};
 use crate::process::{Process, Stdio};
 use crate::rootfs::{self, Root};
 
@@ -114,6 +115,8 @@ pub struct Container {
     /// `kill_all` tore the VM down: nothing is left to read back.
     torn_down: std::sync::atomic::AtomicBool,
     place: Place,
+    /// Its ports' forwarding from its network namespace (stopped when it is dropped).
+    _forwards: Forwards,
 }
 
 /// A container's termination message: the last [`kubelet::MAX_TERMINATION_BYTES`] of its
@@ -188,16 +191,24 @@ async fn set_up_guest(vm: &MicroVm, spec: &ContainerSpec) -> Result<(), ShimErro
     Ok(())
 }
 
+/// What a container is placed in: its VM, where it runs in it, and its ports' forwarding.
+type Placed = (Arc<MicroVm>, Place, Forwards);
+
 /// The VM of a container that boots one (alone, or a pod's sandbox with the pod's disks in
-/// `pod_dir`), set up before any process runs.
+/// `pod_dir`), set up before any process runs, with its declared ports forwarded from its
+/// network namespace (bound before the boot).
 async fn boot(
     req: &CreateRequest,
     spec: &ContainerSpec,
     root: &Root,
     options: Options,
     pod_dir: Option<&Path>,
-) -> Result<(Arc<MicroVm>, Place), ShimError> {
+) -> Result<Placed, ShimError> {
     let (pods, id) = (&req.pods, &req.id);
+    let (netns, ports) = (spec.netns.clone(), spec.ports.clone());
+    let bound = tokio::task::spawn_blocking(move || ports::bind_in(netns.as_deref(), &ports))
+        .await
+        .map_err(|e| ShimError::State(format!("binding the ports: {e}")))??;
     let mut boot_spec = vm_spec(spec, Some(root), &req.config)?;
     let disks = match pod_dir {
         Some(dir) => {
@@ -222,9 +233,13 @@ async fn boot(
         },
         Err(e) => Err(e),
     };
-    match placed {
-        Ok(place) => Ok((vm, place)),
+    let forwarded = placed.and_then(|place| bound.forward_to(&vm).map(|f| (place, f)));
+    match forwarded {
+        Ok((place, forwards)) => Ok((vm, place, forwards)),
         Err(e) => {
+            if pod_dir.is_some() {
+                lock(pods).remove(id);
+            }
             vm.close().await;
             Err(e)
         }
@@ -325,6 +340,8 @@ impl Container {
                         pod,
                         member: Box::new(member),
                     },
+                    // The pod's ports are its sandbox's.
+                    Forwards::default(),
                 )),
                 Err(e) => Err(e),
             },
@@ -333,7 +350,7 @@ impl Container {
                 boot(&req, &spec, &root, options, dir).await
             }
         };
-        let (vm, place) = match placed {
+        let (vm, place, forwards) = match placed {
             Ok(x) => x,
             Err(e) => {
                 host.release(&req.bundle);
@@ -358,6 +375,7 @@ impl Container {
             termination: Mutex::new(None),
             torn_down: Default::default(),
             place,
+            _forwards: forwards,
         })
     }
 

@@ -19,6 +19,7 @@ mod error;
 mod metrics;
 mod options;
 mod pod;
+mod ports;
 mod process;
 mod rootfs;
 mod service;

@@ -180,3 +180,135 @@ fn a_container_of_a_pod_that_is_not_running_is_refused() {
     );
     assert!(entries(&cd.run_dir()).is_empty(), "no VM booted");
 }
+
+/// A network namespace made for one test (`ip netns add`), with its loopback up; deleted
+/// when dropped.
+struct NetNs(String);
+
+impl NetNs {
+    fn new(tag: &str) -> NetNs {
+        let name = format!("vmshim-{tag}-{}", std::process::id());
+        let ip = |args: &[&str]| {
+            let out = Out::from(
+                std::process::Command::new("ip")
+                    .args(args)
+                    .output()
+                    .expect("running ip"),
+            );
+            assert_eq!(out.code, 0, "ip {args:?}: {out:?}");
+        };
+        ip(&["netns", "add", &name]);
+        let ns = NetNs(name);
+        ip(&["netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+
+    /// `argv` run inside the namespace.
+    fn exec(&self, argv: &[&str]) -> Out {
+        Out::from(
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &self.0])
+                .args(argv)
+                .output()
+                .expect("running ip netns exec"),
+        )
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+#[test]
+fn a_pods_port_is_reached_from_its_network_namespace_and_its_guest_reaches_nothing() {
+    preflight!("a_pods_port_is_reached_from_its_network_namespace_and_its_guest_reaches_nothing");
+    if !common::oci_common::have("ip") {
+        return vm_test_support::skip(
+            "a_pods_port_is_reached_from_its_network_namespace_and_its_guest_reaches_nothing",
+            "ip (iproute2) is not installed",
+        );
+    }
+    let cd = Containerd::start();
+    let ns = NetNs::new("ports");
+    let with_ns = format!("network:{}", ns.path());
+    let sandbox = [
+        "--with-ns",
+        &with_ns,
+        "--annotation",
+        SANDBOX,
+        "--annotation",
+        &sandbox_of("pod2"),
+        "--annotation",
+        "vm.shim/ports=8080",
+    ];
+    cd.run_detached_with(&sandbox, "pod2");
+    let mut web = member("pod2");
+    web.push("-d".into());
+    let out = run(
+        &cd,
+        &web,
+        "web2",
+        &[
+            "sh",
+            "-c",
+            "mkdir /www && echo 'served in the VM' > /www/index.html && \
+             exec busybox httpd -f -p 127.0.0.1:8080 -h /www",
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}\n{}", cd.log());
+
+    // From the pod's namespace, as a Service or port-forward reaches it.
+    let mut page = None;
+    for _ in 0..100 {
+        let out = ns.exec(&["busybox", "wget", "-q", "-O", "-", "http://127.0.0.1:8080/"]);
+        if out.code == 0 {
+            page = Some(out.stdout);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(page.as_deref(), Some("served in the VM\n"), "{}", cd.log());
+
+    // The guest has no network device but its loopback, and reaches no address outside.
+    let mut probe = member("pod2");
+    probe.push("--rm".into());
+    let out = run(
+        &cd,
+        &probe,
+        "probe",
+        &[
+            "sh",
+            "-c",
+            "busybox awk -F: 'NR>2 {gsub(/ /, \"\", $1); print $1}' /proc/net/dev; \
+             busybox nc -w 2 192.0.2.1 80 </dev/null; echo nc=$?",
+        ],
+    );
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "lo\nnc=1\n"),
+        "{out:?}"
+    );
+
+    cd.kill_and_delete("web2");
+    cd.kill_and_delete("pod2");
+    cd.wait_for(30, "the pod's shim to exit", || cd.shim_pids().is_empty());
+    let out = ns.exec(&[
+        "busybox",
+        "wget",
+        "-q",
+        "-T",
+        "2",
+        "-O",
+        "-",
+        "http://127.0.0.1:8080/",
+    ]);
+    assert_ne!(out.code, 0, "the port is still served: {out:?}");
+}

@@ -1,5 +1,5 @@
 //! A pod member: one container of a pod whose VM holds them all, seen as a [`Guest`] of its
-//! own. Its processes run chrooted into the member's root (set up with [`Guest::pod_mount`]),
+//! own; and [`Guest::forward_from`], how the pod's ports reach the VM. Its processes run chrooted into the member's root (set up with [`Guest::pod_mount`]),
 //! with the member's environment, working directory and user instead of the VM's; the agent,
 //! the link and the VM are the pod's.
 
@@ -48,6 +48,21 @@ impl Guest {
         let mut g = Guest::new(self.link.clone(), confinement, true);
         g.chroot = Some(root.dir);
         g
+    }
+
+    /// Forwards every connection `listener` accepts to `guest_port` in the guest, as `serve`'s
+    /// published ports do (over vsock, to the guest's loopback); the task runs until it is
+    /// aborted. How a pod's ports reach its VM from the pod's network namespace.
+    pub fn forward_from(
+        &self,
+        listener: tokio::net::TcpListener,
+        guest_port: u16,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(crate::serving::accept_loop(
+            listener,
+            self.link.clone(),
+            guest_port,
+        ))
     }
 
     /// Refuses a collecting or streaming exec for a member (only interactive processes run

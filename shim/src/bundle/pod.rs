@@ -14,8 +14,14 @@ use crate::error::ShimError;
 pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 /// The annotation naming a CRI container's pod sandbox.
 pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// The annotation listing the TCP ports a VM's guest serves that are forwarded to it from
+/// the container's network namespace (comma-separated; on a pod, the sandbox's, which
+/// containerd's CRI passes through with `pod_annotations`).
+pub const PORTS: &str = "vm.shim/ports";
 /// Longest sandbox id taken (containerd's are 64 hex digits).
 const MAX_ID: usize = 128;
+/// Most ports one VM forwards.
+pub const MAX_PORTS: usize = 64;
 
 /// Where a container runs (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +77,29 @@ pub fn role(doc: &Value) -> Result<PodRole, ShimError> {
             &format!("{other:?} is neither \"sandbox\" nor \"container\""),
         )),
     }
+}
+
+/// The ports [`PORTS`] lists (each 1–65535, no repeats, at most [`MAX_PORTS`]).
+pub fn ports(doc: &Value) -> Result<Vec<u16>, ShimError> {
+    let Some(list) = annotation(doc, PORTS)? else {
+        return Ok(Vec::new());
+    };
+    let mut out: Vec<u16> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let port = item
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| bad(PORTS, &format!("{item:?} is not a TCP port")))?;
+        if out.contains(&port) {
+            return Err(bad(PORTS, &format!("port {port} is listed twice")));
+        }
+        out.push(port);
+    }
+    if out.len() > MAX_PORTS {
+        return Err(bad(PORTS, &format!("more than {MAX_PORTS} ports")));
+    }
+    Ok(out)
 }
 
 /// The shim a bundle is served by: its pod's (the sandbox id), or its own (`id`). containerd's
@@ -129,6 +158,21 @@ mod tests {
             let e = role(&doc).unwrap_err().to_string();
             assert!(e.contains(named), "{doc}: {e}");
         }
+    }
+
+    #[test]
+    fn ports_are_listed_tcp_ports() {
+        assert!(ports(&json!({})).unwrap().is_empty());
+        assert_eq!(
+            ports(&with(json!({PORTS: "8080, 9090"}))).unwrap(),
+            [8080, 9090]
+        );
+        for bad in ["0", "65536", "http", "80,80", "-1"] {
+            let e = ports(&with(json!({PORTS: bad}))).unwrap_err().to_string();
+            assert!(e.contains(PORTS), "{bad}: {e}");
+        }
+        let many: Vec<String> = (1..=65).map(|p| p.to_string()).collect();
+        assert!(ports(&with(json!({PORTS: many.join(",")}))).is_err());
     }
 
     #[test]
