@@ -287,6 +287,8 @@ pub enum Request {
 
 /// Largest tmpfs upper of a pod member's root: 64 GiB (the guest's memory bounds it anyway).
 pub const MAX_POD_UPPER_BYTES: u64 = 64 << 30;
+/// Smallest memory limit of a pod member: 4 MiB.
+pub const MIN_POD_MEMORY_BYTES: u64 = 4 << 20;
 
 /// A pod member's filesystem (see [`Request::PodMount`]). Every `device` is the guest path
 /// of a raw disk (the link the agent made at boot for a `vm.disk=…:raw`) that the host has
@@ -296,12 +298,18 @@ pub const MAX_POD_UPPER_BYTES: u64 = 64 << 30;
 pub enum PodMount {
     /// The container's root at `dir/root`: the erofs on `device` read-only at `dir/lower`
     /// under a tmpfs overlay of `upper_bytes` (at most [`MAX_POD_UPPER_BYTES`]), with the
-    /// guest's own `/proc`, a read-only `/sys` and a `/dev` of its own (the standard nodes,
-    /// the guest's `/dev/pts`, and the pod's shared `/dev/shm`).
+    /// guest's own `/proc`, a read-only `/sys` (with the pod's cgroup2 tree at
+    /// `/sys/fs/cgroup`) and a `/dev` of its own (the standard nodes, the guest's `/dev/pts`,
+    /// and the pod's shared `/dev/shm`). Every process later run in
+    /// that root ([`Request::ExecInteractiveIn`]) is in one cgroup of the container's with
+    /// `memory_bytes` (at least [`MIN_POD_MEMORY_BYTES`]) and `pids` as its limits (`None`: the
+    /// VM's).
     Root {
         device: String,
         dir: String,
         upper_bytes: u64,
+        memory_bytes: Option<u64>,
+        pids: Option<u64>,
     },
     /// The read-only erofs volume on `device` at `path`.
     Volume { device: String, path: String },

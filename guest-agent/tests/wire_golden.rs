@@ -221,8 +221,10 @@ fn requests() -> Vec<(Request, &'static str)> {
                 device: "/d".into(),
                 dir: "/p".into(),
                 upper_bytes: 4096,
+                memory_bytes: Some(1 << 26),
+                pids: None,
             }),
-            "0b000000011100022f64022f708020",
+            "11000000011100022f64022f708020018080802000",
         ),
         (
             Request::PodMount(PodMount::Volume {

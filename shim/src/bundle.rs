@@ -137,6 +137,14 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         _ => None,
     };
     let pids = res["pids"]["limit"].as_i64().filter(|p| *p > 0);
+    // A pod's VM is sized by the pod, when containerd says how big it is.
+    let (mem_mib, vcpus) = match role {
+        pod::PodRole::Sandbox => {
+            let (mem, cpus) = pod::pod_size(doc)?;
+            (mem.or(mem_mib), cpus.or(vcpus))
+        }
+        _ => (mem_mib, vcpus),
+    };
     let root = doc["root"]["path"].as_str().unwrap_or("rootfs");
     Ok(ContainerSpec {
         process,

@@ -299,7 +299,18 @@ impl Container {
             PodRole::Member { sandbox } => Some(pod_of(&req.pods, sandbox)?),
             PodRole::Alone | PodRole::Sandbox => None,
         };
-        vm_sandbox::preflight(&vm_spec(&spec, None, &config)?, &options)
+        // An app container's limits are its cgroup's in the pod's VM, not a VM's size: the VM
+        // floor (64 MiB) does not apply to them.
+        let checked = match pod {
+            Some(_) => &ContainerSpec {
+                mem_mib: None,
+                vcpus: None,
+                pids: None,
+                ..spec.clone()
+            },
+            None => &spec,
+        };
+        vm_sandbox::preflight(&vm_spec(checked, None, &config)?, &options)
             .map_err(ShimError::sandbox("checking the VM"))?;
 
         let target = match req.rootfs.is_empty() {

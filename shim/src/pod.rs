@@ -9,8 +9,9 @@
 //! `/proc`, `/sys` and `/dev`); each of its read-only volumes takes a disk the same way. Its
 //! `emptyDir` volumes are tmpfs in the guest shared by the pod's containers (one per host
 //! `emptyDir` directory), its kubelet files are copied into its root, and its processes run
-//! chrooted there with its environment, working directory and user ([`Member`]). The pod's
-//! containers share the VM's loopback, `/dev/shm` and memory. Deleting a container unmounts
+//! chrooted there with its environment, working directory and user ([`Member`]), all in one
+//! guest cgroup with the container's memory and pids limits. The pod's containers share the
+//! VM's loopback and `/dev/shm`. Deleting a container unmounts
 //! its root and volumes and frees their disks (a mount that stays busy keeps its disk).
 
 use std::collections::HashMap;
@@ -249,6 +250,8 @@ impl Pod {
             device: guest_disk(i),
             dir: m.dir.clone(),
             upper_bytes: self.upper_bytes,
+            memory_bytes: spec.mem_mib.map(|m| (m as u64) << 20),
+            pids: spec.pids.map(|p| p as u64),
         })
         .await?;
         for (k, v) in spec.mounts.iter().enumerate() {

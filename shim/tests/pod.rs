@@ -312,3 +312,42 @@ fn a_pods_port_is_reached_from_its_network_namespace_and_its_guest_reaches_nothi
     ]);
     assert_ne!(out.code, 0, "the port is still served: {out:?}");
 }
+
+#[test]
+fn a_containers_limits_are_its_own_cgroups_in_the_pods_vm() {
+    preflight!("a_containers_limits_are_its_own_cgroups_in_the_pods_vm");
+    let cd = Containerd::start();
+    let sandbox = ["--annotation", SANDBOX, "--annotation", &sandbox_of("pod3")];
+    cd.run_detached_with(&sandbox, "pod3");
+    // Every process of a container is in one cgroup of its own (its leaf's parent), whose
+    // memory.max is the container's limit: below the 64 MiB a VM needs, as a container's
+    // may be.
+    let show = [
+        "sh",
+        "-c",
+        "g=$(busybox cut -d: -f3 /proc/self/cgroup); g=${g%/*}; echo ${g%/*}; \
+         cat /sys/fs/cgroup$g/memory.max",
+    ];
+    let mut capped = member("pod3");
+    capped.extend([
+        "--rm".into(),
+        "--memory-limit".into(),
+        (48u64 << 20).to_string(),
+    ]);
+    let out = run(&cd, &capped, "capped", &show);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "/work\n50331648\n"),
+        "{out:?}\n{}",
+        cd.log()
+    );
+    let mut free = member("pod3");
+    free.push("--rm".into());
+    let out = run(&cd, &free, "free", &show);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "/work\nmax\n"),
+        "{out:?}"
+    );
+    cd.kill_and_delete("pod3");
+}

@@ -4,8 +4,10 @@
 //! `memory` controllers enabled for its children; each Exec/Serve runs in its own leaf
 //! `<base>/work/<name>`, entered from `pre_exec` by writing `0` to its `cgroup.procs`. Killing a
 //! leaf writes `1` to `cgroup.kill` (kernel >= 5.14) or, failing that, SIGKILLs every pid listed
-//! in `cgroup.procs` until it is empty. When `<base>` is not cgroup2 everything here is skipped
-//! (see [`Cgroups::setup`]).
+//! in `cgroup.procs` until it is empty. A pod member (one container of a pod's VM) gets a group
+//! `<base>/work/<group>` with its own limits, and its processes' leaves go inside it
+//! ([`Cgroups::create_group`], [`Cgroups::create_in`]). When `<base>` is not cgroup2 everything
+//! here is skipped (see [`Cgroups::setup`]).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -34,6 +36,13 @@ pub enum CgroupError {
 pub struct CgroupLimits {
     pub pids_max: Option<u32>,
     pub mem_limit_mib: Option<u32>,
+}
+
+/// A pod member's own limits ([`Cgroups::create_group`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupLimits {
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
 }
 
 /// The `work` cgroup.
@@ -95,9 +104,49 @@ impl Cgroups {
         Ok(Some(Cgroups { work, has_kill }))
     }
 
+    /// Creates the group `work/<name>` with `limits` (its own `memory.max`, `pids.max`), whose
+    /// children get the controllers.
+    pub fn create_group(&self, name: &str, limits: GroupLimits) -> Result<(), CgroupError> {
+        let path = self.work.join(name);
+        std::fs::create_dir(&path).map_err(|source| CgroupError::Create {
+            path: path.clone(),
+            source,
+        })?;
+        if let Some(p) = limits.pids {
+            write(&path.join("pids.max"), &p.to_string())?;
+        }
+        if let Some(bytes) = limits.memory_bytes {
+            write(&path.join("memory.max"), &bytes.to_string())?;
+            let _ = write(&path.join("memory.swap.max"), "0");
+        }
+        for c in ["+pids", "+memory"] {
+            write(&path.join("cgroup.subtree_control"), c)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the group `work/<name>` (its leaves are removed as their processes end; a
+    /// group still busy after a few seconds is left, logged).
+    pub async fn remove_group(&self, name: &str) {
+        let dir = CgroupDir {
+            path: self.work.join(name),
+            procs: CString::default(),
+            has_kill: self.has_kill,
+        };
+        dir.remove().await;
+    }
+
     /// Create the leaf `work/<name>`.
     pub fn create(&self, name: &str) -> Result<CgroupDir, CgroupError> {
-        let path = self.work.join(name);
+        self.create_in(None, name)
+    }
+
+    /// Create the leaf `work/<group>/<name>` (`None`: `work/<name>`).
+    pub fn create_in(&self, group: Option<&str>, name: &str) -> Result<CgroupDir, CgroupError> {
+        let path = match group {
+            Some(g) => self.work.join(g).join(name),
+            None => self.work.join(name),
+        };
         std::fs::create_dir(&path).map_err(|source| CgroupError::Create {
             path: path.clone(),
             source,

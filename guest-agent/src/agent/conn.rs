@@ -117,7 +117,7 @@ pub(super) async fn handle<S: Stream>(
         Request::ExecInteractiveIn { root, request } => {
             super::interactive::run(agent, s, request, Some(&root)).await
         }
-        Request::PodMount(m) => match super::podroot::apply(agent, &m) {
+        Request::PodMount(m) => match super::podroot::apply(agent, &m).await {
             Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
             Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
         },

@@ -245,6 +245,7 @@ fn spawn(
         name,
         user,
         root: None,
+        group: None,
     };
     process::spawn(agent.reaper(), agent.cgroups(), &spec)
 }

@@ -325,6 +325,7 @@ pub(super) async fn run<S: Stream>(
         Err(e) => return send_error(&mut wr, ErrorKind::BadRequest, &e.to_string(), t).await,
     };
     let name = format!("exec-{}", agent.next_id());
+    let group = root.and_then(|r| agent.pod_group(r));
     let spawned = {
         let spec = SpawnSpec {
             command: &req.exec.command,
@@ -339,6 +340,7 @@ pub(super) async fn run<S: Stream>(
             name: &name,
             user: ids.as_ref(),
             root: root.map(Path::new),
+            group: group.as_deref(),
         };
         process::spawn(agent.reaper(), agent.cgroups(), &spec)
     };

@@ -134,6 +134,8 @@ pub struct Agent {
     refusals: RefusalLog,
     /// The token every `Hello` must carry: `opts.token` at start, replaced by `Resume`.
     token: std::sync::RwLock<Option<AgentToken>>,
+    /// A pod member's root → its cgroup group ([`podroot`]).
+    pod_groups: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Agent {
@@ -165,6 +167,7 @@ impl Agent {
             slots,
             pending,
             refusals: RefusalLog::default(),
+            pod_groups: Default::default(),
         }))
     }
 
@@ -216,6 +219,14 @@ impl Agent {
     }
     pub(crate) fn cgroups(&self) -> Option<&Cgroups> {
         self.cgroups.as_ref()
+    }
+    /// The cgroup group of the pod member whose root is `root`, if it has one.
+    pub(crate) fn pod_group(&self, root: &str) -> Option<String> {
+        let groups = self.pod_groups.lock().unwrap_or_else(|p| p.into_inner());
+        groups.get(root).cloned()
+    }
+    fn pod_groups(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
+        self.pod_groups.lock().unwrap_or_else(|p| p.into_inner())
     }
     pub(crate) fn serves(&self) -> &Serves {
         &self.serves

@@ -10,6 +10,9 @@
 //! ([`PodMount::Unmount`]). Before mounting a disk the agent drops its cached blocks
 //! (`BLKFLSBUF`): the kernel read the still empty disk at boot (the partition scan).
 //!
+//! Each member's processes share one cgroup of its own (`work/pod-c<N>`) with the container's
+//! memory and pids limits, so one container of the pod cannot take the others' memory.
+//!
 //! Every path is inside the guest, which is the boundary: a member can reach the pod VM's
 //! other members as processes of one pod can on any node. Only an agent that is PID 1 mounts.
 
@@ -19,8 +22,9 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use super::Agent;
+use super::cgroup::GroupLimits;
 use super::sys::fs as sys;
-use crate::protocol::{ErrorKind, MAX_POD_UPPER_BYTES, PodMount};
+use crate::protocol::{ErrorKind, MAX_POD_UPPER_BYTES, MIN_POD_MEMORY_BYTES, PodMount};
 
 /// The device nodes a member's `/dev` gets, bound from the guest's.
 const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
@@ -39,6 +43,8 @@ pub enum PodMountError {
     NotADisk(String),
     #[error("upper size {0} is not in {MIN_UPPER_BYTES}..={MAX_POD_UPPER_BYTES} bytes")]
     Size(u64),
+    #[error("memory limit {0} is below {MIN_POD_MEMORY_BYTES} bytes")]
+    Memory(u64),
     #[error("{what} {path:?}")]
     Io {
         what: &'static str,
@@ -52,9 +58,10 @@ impl PodMountError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             PodMountError::NotPid1 => ErrorKind::Unsupported,
-            PodMountError::BadPath(_) | PodMountError::NotADisk(_) | PodMountError::Size(_) => {
-                ErrorKind::BadRequest
-            }
+            PodMountError::BadPath(_)
+            | PodMountError::NotADisk(_)
+            | PodMountError::Size(_)
+            | PodMountError::Memory(_) => ErrorKind::BadRequest,
             PodMountError::Io { .. } => ErrorKind::Io,
         }
     }
@@ -191,6 +198,9 @@ fn root(device: &str, dir: &str, upper_bytes: u64) -> Result<(), PodMountError> 
     mount("proc", &root.join("proc"), Some("proc"), hidden, None)?;
     let sys_flags = hidden | libc::MS_RDONLY;
     mount("sysfs", &root.join("sys"), Some("sysfs"), sys_flags, None)?;
+    // The pod's cgroups, read-only: a container reads its own limits where it expects them.
+    let cgroup = root.join("sys/fs/cgroup");
+    mount("cgroup2", &cgroup, Some("cgroup2"), sys_flags, None)?;
     dev_dir(&root.join("dev"))
 }
 
@@ -243,8 +253,27 @@ fn unmount(path: &str) -> Result<(), PodMountError> {
     Ok(())
 }
 
+/// The cgroup group of the member assembled in `dir` (`pod-<last component>`), holding
+/// `limits`; recorded so that processes run in `dir/root` go in it.
+fn member_group(agent: &Agent, dir: &str, limits: GroupLimits) -> Result<(), PodMountError> {
+    let Some(cgroups) = agent.cgroups() else {
+        return Ok(());
+    };
+    let leaf = dir.rsplit('/').next().unwrap_or_default();
+    let name = format!("pod-{leaf}");
+    cgroups
+        .create_group(&name, limits)
+        .map_err(|e| PodMountError::Io {
+            what: "creating the container's cgroup",
+            path: name.clone(),
+            source: std::io::Error::other(e),
+        })?;
+    agent.pod_groups().insert(format!("{dir}/root"), name);
+    Ok(())
+}
+
 /// Carries out one [`PodMount`] step.
-pub fn apply(agent: &Agent, m: &PodMount) -> Result<(), PodMountError> {
+pub async fn apply(agent: &Agent, m: &PodMount) -> Result<(), PodMountError> {
     if !agent.is_pid1() {
         return Err(PodMountError::NotPid1);
     }
@@ -253,10 +282,28 @@ pub fn apply(agent: &Agent, m: &PodMount) -> Result<(), PodMountError> {
             device,
             dir,
             upper_bytes,
-        } => root(device, dir, *upper_bytes),
+            memory_bytes,
+            pids,
+        } => {
+            if let Some(b) = memory_bytes.filter(|b| *b < MIN_POD_MEMORY_BYTES) {
+                return Err(PodMountError::Memory(b));
+            }
+            let limits = GroupLimits {
+                memory_bytes: *memory_bytes,
+                pids: *pids,
+            };
+            root(device, dir, *upper_bytes).and_then(|()| member_group(agent, dir, limits))
+        }
         PodMount::Volume { device, path } => erofs(device, &checked(path)?),
         PodMount::Bind { source, path } => bind(&checked(source)?, &checked(path)?, true),
-        PodMount::Unmount { path } => unmount(path),
+        PodMount::Unmount { path } => {
+            let r = unmount(path);
+            let group = agent.pod_groups().remove(&format!("{path}/root"));
+            if let (Some(cgroups), Some(name)) = (agent.cgroups(), group) {
+                cgroups.remove_group(&name).await;
+            }
+            r
+        }
     };
     match &r {
         Ok(()) => tracing::info!(?m, "pod mount"),

@@ -103,6 +103,8 @@ pub struct SpawnSpec<'a> {
     /// Run chrooted into this guest directory (a pod member's root): `cwd` and the program
     /// are resolved inside it.
     pub root: Option<&'a Path>,
+    /// The leaf goes in this cgroup group (a pod member's, with its limits).
+    pub group: Option<&'a str>,
 }
 
 /// A spawned process tree.
@@ -212,7 +214,10 @@ pub fn spawn(
         }
     }
     let cgroup = match cgroups {
-        Some(c) => Some(c.create(spec.name).map_err(ProcessError::Cgroup)?),
+        Some(c) => Some(
+            c.create_in(spec.group, spec.name)
+                .map_err(ProcessError::Cgroup)?,
+        ),
         None => None,
     };
     let procs = cgroup.as_ref().map(|c| c.procs_path().clone());

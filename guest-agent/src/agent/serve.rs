@@ -106,6 +106,7 @@ impl Serves {
             name: &name,
             user: ids.as_ref(),
             root: None,
+            group: None,
         };
         let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)?;
         let (tx, rx) = watch::channel(None);

@@ -79,6 +79,38 @@ pub fn role(doc: &Value) -> Result<PodRole, ShimError> {
     }
 }
 
+/// The pod's memory (bytes) that containerd 1.7+ puts on the sandbox: the sum of its
+/// containers' limits.
+pub const SANDBOX_MEMORY: &str = "io.kubernetes.cri.sandbox-memory";
+/// The pod's CPU quota and period that containerd 1.7+ puts on the sandbox.
+pub const SANDBOX_CPU_QUOTA: &str = "io.kubernetes.cri.sandbox-cpu-quota";
+pub const SANDBOX_CPU_PERIOD: &str = "io.kubernetes.cri.sandbox-cpu-period";
+
+fn positive(doc: &Value, key: &str) -> Result<Option<u64>, ShimError> {
+    match annotation(doc, key)? {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(0) => Ok(None),
+            Ok(n) => Ok(Some(n)),
+            Err(_) => Err(bad(key, &format!("{v:?} is not a number"))),
+        },
+    }
+}
+
+/// The pod's size from the sandbox's annotations, when containerd gives them (1.7+; 1.6 does
+/// not): memory in MiB (rounded up) and vCPUs (⌈quota / period⌉).
+pub fn pod_size(doc: &Value) -> Result<(Option<i64>, Option<i64>), ShimError> {
+    let mem = positive(doc, SANDBOX_MEMORY)?.map(|b| b.div_ceil(1 << 20) as i64);
+    let cpus = match (
+        positive(doc, SANDBOX_CPU_QUOTA)?,
+        positive(doc, SANDBOX_CPU_PERIOD)?,
+    ) {
+        (Some(q), Some(p)) => Some(q.div_ceil(p) as i64),
+        _ => None,
+    };
+    Ok((mem, cpus))
+}
+
 /// The ports [`PORTS`] lists (each 1–65535, no repeats, at most [`MAX_PORTS`]).
 pub fn ports(doc: &Value) -> Result<Vec<u16>, ShimError> {
     let Some(list) = annotation(doc, PORTS)? else {
@@ -158,6 +190,19 @@ mod tests {
             let e = role(&doc).unwrap_err().to_string();
             assert!(e.contains(named), "{doc}: {e}");
         }
+    }
+
+    #[test]
+    fn the_pods_size_comes_from_the_sandbox_annotations() {
+        assert_eq!(pod_size(&json!({})).unwrap(), (None, None));
+        let doc = with(json!({
+            SANDBOX_MEMORY: "805306368",
+            SANDBOX_CPU_QUOTA: "150000",
+            SANDBOX_CPU_PERIOD: "100000",
+        }));
+        assert_eq!(pod_size(&doc).unwrap(), (Some(768), Some(2)));
+        let e = pod_size(&with(json!({SANDBOX_MEMORY: "lots"}))).unwrap_err();
+        assert!(e.to_string().contains(SANDBOX_MEMORY), "{e}");
     }
 
     #[test]
