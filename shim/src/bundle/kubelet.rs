@@ -11,7 +11,9 @@
 //!   size-bounded tmpfs in the guest at the destination ([`GuestTmpfs`]); nothing reaches the
 //!   host directory.
 //! - containerd's CRI binds the pod sandbox's shm directory writable at `/dev/shm` in every
-//!   container ([`is_sandbox_shm`]): the guest's own `/dev/shm` tmpfs stands in for it. The
+//!   container, read-only in the pod's sandbox container ([`is_sandbox_shm`]): the guest's own
+//!   `/dev/shm` tmpfs stands in for it. The sandbox container's read-only `/etc/resolv.conf`
+//!   is copied in like kubelet's files, without write bits. The
 //!   host's `/dev/shm` itself (a `hostIPC` pod) is refused like any writable bind.
 //! - `/dev/termination-log`: when the init process ends, the last [`MAX_TERMINATION_BYTES`] of
 //!   the guest's copy are read back ([`TerminationTail`]), as kubelet reads its file.
