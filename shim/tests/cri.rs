@@ -8,6 +8,7 @@
 //! `RemoveContainer`, `StopPodSandbox`, `RemovePodSandbox`.
 //!
 //! - a one-container pod runs, `ExecSync` returns stdout, stderr and the exit code, the
+//!   `/etc/hosts` it writes is the guest's copy (kubelet's host file unchanged), the
 //!   container's status goes RUNNING → EXITED with its code, its log has both streams, and
 //!   removing the pod leaves no VM process, shim, run dir, root reference or socket;
 //! - the termination message a container writes is what kubelet reports (kubelet reads the
@@ -174,7 +175,12 @@ fn one_container_pod_runs_execs_and_leaves_nothing() {
     // Runs until an exec tells it to end, then exits 4 with a line on each stream.
     let script = "echo started; while [ ! -e /tmp/done ]; do sleep 0.2; done; \
                   echo finishing >&2; exit 4";
-    let config = container_config("main", IMAGE, &["sh", "-c", script], vec![]);
+    // Kubelet's own /etc/hosts for the pod (`<pod dir>/etc-hosts`, a writable bind).
+    let hosts = dir.join("etc-hosts");
+    let original = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.99.0.2\tsolo\n";
+    std::fs::write(&hosts, original).expect("etc-hosts");
+    let mounts = vec![rw_mount(&hosts, "/etc/hosts")];
+    let config = container_config("main", IMAGE, &["sh", "-c", script], mounts);
     let id = cri
         .create(&pod, &config, &pod_cfg)
         .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
@@ -220,6 +226,29 @@ fn one_container_pod_runs_execs_and_leaves_nothing() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].id, id);
     assert_eq!(listed[0].state, ContainerState::ContainerRunning as i32);
+
+    // The container writes its /etc/hosts (the guest's copy); the host file stays as it was.
+    let out = cri
+        .exec_sync(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "echo '10.0.0.9 added' >> /etc/hosts && cat /etc/hosts",
+            ],
+            60,
+        )
+        .expect("ExecSync");
+    assert_eq!(
+        (String::from_utf8_lossy(&out.stdout), out.exit_code),
+        (format!("{original}10.0.0.9 added\n").into(), 0),
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&hosts).expect("etc-hosts"),
+        original,
+        "the host file was written"
+    );
 
     let stats = cri
         .stats(&id)
