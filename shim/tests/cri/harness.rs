@@ -43,6 +43,20 @@ pub fn host_cannot() -> Option<String> {
             return Some(format!("{tool} is not installed (util-linux, iproute2)"));
         }
     }
+    let netns = Command::new("unshare")
+        .args(["--net", "--", "ip", "link", "set", "lo", "up"])
+        .stdin(Stdio::null())
+        .output();
+    match netns {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            return Some(format!(
+                "cannot make a network namespace (unshare --net): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Err(e) => return Some(format!("cannot run unshare: {e}")),
+    }
     for plugin in CNI_PLUGINS {
         if !Path::new(CNI_BIN_DIR).join(plugin).exists() {
             return Some(format!(
@@ -281,10 +295,13 @@ impl CriContainerd {
 }
 
 impl Drop for CriContainerd {
-    /// Ends the shims this containerd started (their VMs die with them), containerd, then
+    /// Prints containerd's log tail when the test failed, ends the shims this containerd started (their VMs die with them), containerd, then
     /// detaches whatever is still mounted under the temp dir (a failed test's sandbox shm and
     /// network namespaces) so that the dir can go.
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.log_tail());
+        }
         for pid in self.shim_pids() {
             // SAFETY: kill(2) on a shim process this test's containerd started.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
