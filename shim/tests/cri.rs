@@ -498,6 +498,23 @@ fn two_container_pod_shares_one_vm_localhost_and_empty_dir() {
             BOOT_SECS,
         );
     }
+    // The server answers in its own container first (this holds with a VM per container too).
+    let mut own = None;
+    let answered = harness::poll(30, || {
+        own = cri
+            .exec_sync(
+                &ids[0],
+                &["wget", "-q", "-O", "-", "http://127.0.0.1:8080/"],
+                20,
+            )
+            .ok();
+        own.as_ref()
+            .is_some_and(|o| o.stdout == b"hello from the pod\n")
+    });
+    assert!(
+        answered,
+        "the httpd did not answer in its own container: {own:?}"
+    );
     let vms = cd.vm_pids();
     let mut log = String::new();
     let served = harness::poll(60, || {
