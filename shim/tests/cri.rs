@@ -30,6 +30,7 @@ mod harness;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use client::{Cri, container_config, kubelet_termination_message, pod_config, rw_mount};
 use harness::{CriContainerd, IMAGE, doc_runtime_handler};
@@ -302,7 +303,10 @@ fn one_container_pod_runs_execs_and_leaves_nothing() {
 /// `/dev/termination-log`: kubelet reads the host file it mounted there (found through
 /// `ContainerStatus.mounts`), and containerd 1.6's `ContainerStatus.message` is empty for a
 /// container that ran (it holds only a start error). Passes once the shim writes the guest's
-/// message (its last 4 KiB) back into that host file when the container exits.
+/// message (its last 4 KiB) back into that host file when the container exits, before the
+/// exit is reported: the file is read at the first `ContainerStatus` that says EXITED
+/// (containerd's CRI deletes the task before it marks the container EXITED, and the shim's
+/// delete waits for the init process's exit handling, the termination log's read included).
 #[test]
 fn termination_message_is_what_kubelet_reports() {
     cri_preflight!("termination_message_is_what_kubelet_reports");
@@ -325,19 +329,25 @@ fn termination_message_is_what_kubelet_reports() {
         .expect("CreateContainer");
     cri.start(&id)
         .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
-    wait_state(
-        &cd,
-        &mut cri,
-        &id,
-        ContainerState::ContainerExited,
-        BOOT_SECS,
-    );
-    let status = cri.status(&id).expect("ContainerStatus");
+    // Kubelet's view at the first ContainerStatus that says EXITED (polled closely).
+    let mut exited = None;
+    let ended = harness::poll_every(Duration::from_millis(10), BOOT_SECS, || {
+        exited = cri
+            .status(&id)
+            .ok()
+            .filter(|s| s.state == ContainerState::ContainerExited as i32);
+        exited.is_some()
+    });
+    assert!(ended, "the container did not exit; {}", cd.log_tail());
+    let status = exited.expect("an EXITED status");
     assert_eq!((status.exit_code, status.reason.as_str()), (2, "Error"));
     eprintln!(
         "    containerd's ContainerStatus.message: {:?}",
         status.message
     );
+    // Kubelet reads the file as soon as the CRI says EXITED: so does this test, without
+    // waiting for anything else (the message must be there before the exit is reported).
+    let seen = kubelet_termination_message(&status);
     // The shim read the guest's message back (its log line).
     cd.wait_for(30, "the shim's termination message line", || {
         cd.log().lines().any(|l| {
@@ -346,9 +356,10 @@ fn termination_message_is_what_kubelet_reports() {
         })
     });
     assert_eq!(
-        kubelet_termination_message(&status),
+        seen,
         "job failed: bad input",
-        "what kubelet reports (the host file it mounted at {}: {:?}; containerd's message {:?})",
+        "what kubelet reports (the host file it mounted at {} holds {:?} now; containerd's \
+         message {:?})",
         client::TERMINATION_LOG,
         std::fs::read_to_string(&host),
         status.message

@@ -375,7 +375,12 @@ fn containerd_config(d: &Path, runtime: &str) -> String {
 }
 
 /// Polls `cond` every 200 ms for `secs` at most: whether it held.
-pub fn poll(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+pub fn poll(secs: u64, cond: impl FnMut() -> bool) -> bool {
+    poll_every(Duration::from_millis(200), secs, cond)
+}
+
+/// Polls `cond` every `interval` for `secs` at most: whether it held.
+pub fn poll_every(interval: Duration, secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if cond() {
@@ -384,7 +389,7 @@ pub fn poll(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(interval);
     }
 }
 
