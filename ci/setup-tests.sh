@@ -3,7 +3,10 @@
 # set-up): e2fsprogs (the agent's PID-1 guest test builds an ext4 disk), python3
 # (the sandbox tests serve from it; its venv module makes the onnx venv), docker-registry and
 # skopeo (the OCI tests run a registry on 127.0.0.1), containerd (1.6, with ctr: the shim's
-# tests start their own in a temp dir), mmdebstrap and the Debian python3 + numpy root the
+# tests start their own in a temp dir), containernetworking-plugins and iproute2 (the shim's CRI
+# tests: a CNI bridge network in a network namespace of their own; curl reaches a pod's port
+# from the namespace), protobuf-compiler (protoc:
+# the CRI client's build script compiles the CRI protos), mmdebstrap and the Debian python3 + numpy root the
 # image-root tests boot (images/rootfs-debian.sh, cached) with the same root as an OCI image
 # (images/oci-debian.sh), the rustfmt and clippy components for the lint checks, the host
 # onnxruntime venv (~/.cache/vm/venv-onnx: onnx + onnxruntime, the versions
@@ -23,7 +26,8 @@ die() { echo "setup-tests: ERROR: $*" >&2; exit 1; }
 
 [[ $# -eq 0 || ($# -eq 1 && $1 == --packages) ]] || die "unknown arguments: $* (only --packages)"
 ci_timed "setup-tests: apt packages" apt_install_missing setup-tests e2fsprogs python3 python3-venv \
-    docker-registry skopeo containerd mmdebstrap cmake g++ make ||
+    docker-registry skopeo containerd containernetworking-plugins iproute2 curl protobuf-compiler \
+    mmdebstrap cmake g++ make ||
     die "cannot install the packages the tests need"
 
 # `--packages`: only the packages (ci/test-all.sh installs them first: the llama-server build it

@@ -1,11 +1,12 @@
 //! The OCI bundle's `config.json` → what one container's VM runs, with the refusals.
 //!
 //! Honoured: `process.args`, `env`, `cwd`, `user.uid`/`gid`, `terminal`; read-only bind
-//! mounts (→ read-only disks); kubelet's writable files, `emptyDir` binds and `tmpfs` mounts
-//! (→ copies and tmpfs in the guest, see [`kubelet`]); `linux.resources.memory.limit` (→ guest
+//! mounts (→ read-only disks); kubelet's files (writable, or the CRI sandbox's read-only
+//! `/etc/resolv.conf`), `emptyDir` binds, the CRI's pod shm and `tmpfs` mounts (→ copies and
+//! tmpfs in the guest, the guest's own `/dev/shm`, see [`kubelet`]); `linux.resources.memory.limit` (→ guest
 //! memory), `cpu.quota`/`period` (→ vCPUs), `pids.limit`; `root.path` when containerd gives no
 //! rootfs mounts. Refused at create, naming the field: no network namespace (the host's
-//! network), any other bind mount without `ro`, a mount type the VM cannot provide,
+//! network: a hostNetwork pod), any other bind mount without `ro`, a mount type the VM cannot provide,
 //! capabilities beyond the default set (privileged, `--cap-add`), host devices
 //! (`linux.devices`), hooks (host code the runtime would run). Everything else (seccomp,
 //! AppArmor, sysctls, rlimits, masked paths, the guest's own `/proc`, `/sys`, `/dev` mounts) is
@@ -70,6 +71,9 @@ pub struct ContainerSpec {
     pub files: Vec<GuestFile>,
     /// Guest tmpfs mounts (`emptyDir` volumes, `tmpfs` mounts).
     pub tmpfs: Vec<GuestTmpfs>,
+    /// Kubelet's host file behind a writable `/dev/termination-log` bind: the message is
+    /// written back into it when the init process ends (kubelet reads it there).
+    pub termination_host: Option<kubelet::HostFile>,
     pub mem_mib: Option<i64>,
     pub vcpus: Option<i64>,
     pub pids: Option<i64>,
@@ -126,6 +130,7 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         disks: mounts,
         files,
         tmpfs,
+        termination_host,
     } = mounts(doc)?;
     let res = &doc["linux"]["resources"];
     let mem_mib = match res["memory"]["limit"].as_i64() {
@@ -151,6 +156,7 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         mounts,
         files,
         tmpfs,
+        termination_host,
         mem_mib,
         vcpus,
         pids,
@@ -223,7 +229,8 @@ fn refuse_host_network(doc: &Value) -> Result<(), ShimError> {
     if !has_netns {
         return Err(refused(
             "linux.namespaces",
-            "no network namespace means the host's network; untrusted work gets no network",
+            "no network namespace means the host's network (a hostNetwork pod, ctr --net-host); \
+             untrusted work gets no network",
         ));
     }
     Ok(())
@@ -283,6 +290,8 @@ pub struct GuestMounts {
     pub files: Vec<GuestFile>,
     /// `emptyDir` binds and `tmpfs` mounts: a tmpfs in the guest.
     pub tmpfs: Vec<GuestTmpfs>,
+    /// The host file of a writable `/dev/termination-log` bind.
+    pub termination_host: Option<kubelet::HostFile>,
 }
 
 fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
@@ -315,20 +324,28 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
         let source = m["source"]
             .as_str()
             .ok_or_else(|| bad(&field, "bind mount without a source"))?;
-        if options.iter().any(|o| o == "ro") {
-            out.disks.push(Mount::read_only(source, dest));
+        let read_only = options.iter().any(|o| o == "ro");
+        if kubelet::is_sandbox_shm(source, dest) {
+            // The CRI's pod shm: `rw` in every container, `ro` in the pod's sandbox container.
+            continue;
         } else if kubelet::KUBELET_FILES.contains(&dest) {
-            let (data, mode) = kubelet::read_host_file(&named, source)?;
+            // `rw` in every container; `ro` in the pod's sandbox container (the CRI's
+            // `/etc/resolv.conf`), where a disk would shadow the guest's `/etc`: a copy too,
+            // without write permission.
+            let (data, mode, host) = kubelet::read_host_file(&named, source)?;
+            if dest == kubelet::TERMINATION_LOG && !read_only {
+                out.termination_host = Some(host);
+            }
             out.files.push(GuestFile {
                 dest: dest.to_string(),
                 data,
-                mode,
+                mode: if read_only { mode & !0o222 } else { mode },
             });
+        } else if read_only {
+            out.disks.push(Mount::read_only(source, dest));
         } else if kubelet::is_empty_dir(source) {
             out.tmpfs
                 .push(guest_tmpfs(&named, dest, &options, Some(source))?);
-        } else if kubelet::is_sandbox_shm(source, dest) {
-            continue;
         } else {
             return Err(refused(
                 named,

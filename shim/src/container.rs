@@ -110,6 +110,8 @@ pub struct Container {
     host: HostState,
     /// Kubelet gave a `/dev/termination-log`: read it back when the init process ends.
     termination_log: bool,
+    /// Kubelet's host file for it: the message is written back there (kubelet reads it).
+    termination_host: Option<kubelet::HostFile>,
     /// What was read back (its last 4 KiB), kept for the CRI to report.
     termination: Mutex<Option<TerminationMessage>>,
     /// `kill_all` tore the VM down: nothing is left to read back.
@@ -383,6 +385,7 @@ impl Container {
                 .files
                 .iter()
                 .any(|f| f.dest == kubelet::TERMINATION_LOG),
+            termination_host: spec.termination_host.clone(),
             termination: Mutex::new(None),
             torn_down: Default::default(),
             place,
@@ -416,6 +419,16 @@ impl Container {
             .copy_out_to(&path, kubelet::MAX_TERMINATION_READ, &mut tail);
         match tokio::time::timeout(TERMINATION_READ_TIMEOUT, read).await {
             Ok(Ok(_)) if tail.total > 0 => {
+                if let Some(host) = &self.termination_host
+                    && let Err(e) = kubelet::write_termination_message(host, tail.bytes())
+                {
+                    tracing::warn!(
+                        container = %self.id,
+                        error = %e,
+                        path = %host.path.display(),
+                        "writing the termination message for kubelet"
+                    );
+                }
                 *lock(&self.termination) = Some(TerminationMessage {
                     message: tail.message(),
                     truncated: tail.truncated(),

@@ -11,7 +11,9 @@
 //!   size-bounded tmpfs in the guest at the destination ([`GuestTmpfs`]); nothing reaches the
 //!   host directory.
 //! - containerd's CRI binds the pod sandbox's shm directory writable at `/dev/shm` in every
-//!   container ([`is_sandbox_shm`]): the guest's own `/dev/shm` tmpfs stands in for it. The
+//!   container, read-only in the pod's sandbox container ([`is_sandbox_shm`]): the guest's own
+//!   `/dev/shm` tmpfs stands in for it. The sandbox container's read-only `/etc/resolv.conf`
+//!   is copied in like kubelet's files, without write bits. The
 //!   host's `/dev/shm` itself (a `hostIPC` pod) is refused like any writable bind.
 //! - `/dev/termination-log`: when the init process ends, the last [`MAX_TERMINATION_BYTES`] of
 //!   the guest's copy are read back ([`TerminationTail`]), as kubelet reads its file.
@@ -116,9 +118,41 @@ fn parse_size(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
+/// A host file kubelet bind-mounts, as it was when the bundle was read: its path and identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFile {
+    pub path: std::path::PathBuf,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Writes a termination message into kubelet's host file (the source of the container's
+/// `/dev/termination-log` bind), where kubelet reads it: its last [`MAX_TERMINATION_BYTES`],
+/// replacing what the file held. Only the very file read at create: opened without following a
+/// symlink and without blocking, written only if it is still a regular file with the same
+/// device and inode; never created.
+pub fn write_termination_message(host: &HostFile, message: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(&host.path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() || meta.dev() != host.dev || meta.ino() != host.ino {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not the regular file kubelet mounted at create",
+        ));
+    }
+    f.set_len(0)?;
+    (&f).write_all(&message[message.len().saturating_sub(MAX_TERMINATION_BYTES)..])
+}
+
 /// Reads the host file of kubelet mount `field` (`mounts[i] (dest)`): a regular file of at
-/// most [`MAX_FILE_BYTES`], opened without blocking on a FIFO; with its permission bits.
-pub fn read_host_file(field: &str, source: &str) -> Result<(Vec<u8>, u32), ShimError> {
+/// most [`MAX_FILE_BYTES`], opened without blocking on a FIFO; with its permission bits and
+/// identity.
+pub fn read_host_file(field: &str, source: &str) -> Result<(Vec<u8>, u32, HostFile), ShimError> {
     let refused = |why: String| ShimError::Refused(format!("{field}: {why}"));
     let what = || format!("{field}: reading {source}");
     let f = std::fs::OpenOptions::new()
@@ -148,7 +182,13 @@ pub fn read_host_file(field: &str, source: &str) -> Result<(Vec<u8>, u32), ShimE
     if data.len() as u64 > MAX_FILE_BYTES {
         return Err(too_large());
     }
-    Ok((data, meta.permissions().mode() & 0o777))
+    use std::os::unix::fs::MetadataExt;
+    let host = HostFile {
+        path: source.into(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    Ok((data, meta.permissions().mode() & 0o777, host))
 }
 
 /// Keeps the last [`MAX_TERMINATION_BYTES`] of what is streamed into it.
@@ -167,6 +207,11 @@ impl TerminationTail {
         self.buf.extend_from_slice(keep);
         let excess = self.buf.len().saturating_sub(MAX_TERMINATION_BYTES);
         self.buf.drain(..excess);
+    }
+
+    /// The tail's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
     }
 
     /// The message: the tail, with invalid UTF-8 replaced.

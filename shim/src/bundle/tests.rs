@@ -129,6 +129,32 @@ fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
     assert_eq!(container(&base(), Path::new("/b")).unwrap().tmpfs, []);
 }
 
+/// The pod's sandbox container under containerd's CRI has a read-only `/etc/resolv.conf`
+/// bind: a copy too (a disk there would shadow the guest's `/etc`), without write bits.
+#[test]
+fn the_cri_sandbox_read_only_resolv_conf_is_copied_in_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(&resolv, b"nameserver 10.96.0.10\n").unwrap();
+    std::fs::set_permissions(&resolv, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut d = base();
+    push_mount(
+        &mut d,
+        json!({"destination": "/etc/resolv.conf", "type": "bind",
+               "source": resolv.to_str().unwrap(), "options": ["rbind", "ro"]}),
+    );
+    let c = container(&d, Path::new("/b")).unwrap();
+    assert_eq!(
+        c.files,
+        [GuestFile {
+            dest: "/etc/resolv.conf".into(),
+            data: b"nameserver 10.96.0.10\n".to_vec(),
+            mode: 0o444
+        }]
+    );
+    assert!(c.mounts.is_empty(), "no host disk: {:?}", c.mounts);
+}
+
 #[test]
 fn oversized_or_odd_kubelet_file_is_refused_naming_the_mount() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,6 +204,57 @@ fn termination_tail_keeps_the_last_4_kib() {
 }
 
 #[test]
+fn the_termination_message_is_written_back_only_into_the_file_read_at_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("termination-log");
+    std::fs::write(&log, b"old").unwrap();
+    let mut d = base();
+    push_mount(&mut d, rw_bind(&log, "/dev/termination-log"));
+    let host = container(&d, Path::new("/b"))
+        .unwrap()
+        .termination_host
+        .expect("the host file is kept");
+    assert_eq!(host.path, log);
+    let long = [b"HEAD".as_slice(), &[b'y'; 4096]].concat();
+    kubelet::write_termination_message(&host, &long).unwrap();
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        vec![b'y'; 4096],
+        "its last 4 KiB"
+    );
+    kubelet::write_termination_message(&host, b"short").unwrap();
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        b"short",
+        "replaced, not appended"
+    );
+    // Replaced by a symlink or another file since create: not written. (A link keeps the
+    // original inode, so that the replacement cannot reuse its number.)
+    std::fs::hard_link(&log, dir.path().join("kept")).unwrap();
+    let other = dir.path().join("other");
+    std::fs::write(&other, b"").unwrap();
+    std::fs::remove_file(&log).unwrap();
+    std::os::unix::fs::symlink(&other, &log).unwrap();
+    assert!(kubelet::write_termination_message(&host, b"x").is_err());
+    std::fs::remove_file(&log).unwrap();
+    std::fs::write(&log, b"").unwrap();
+    assert!(kubelet::write_termination_message(&host, b"x").is_err());
+    assert_eq!(std::fs::read(&other).unwrap(), b"");
+    assert_eq!(std::fs::read(&log).unwrap(), b"");
+    // A read-only bind there (not kubelet's) keeps no host file.
+    let mut d = base();
+    push_mount(
+        &mut d,
+        json!({"destination": "/dev/termination-log", "type": "bind",
+               "source": log.to_str().unwrap(), "options": ["rbind", "ro"]}),
+    );
+    assert_eq!(
+        container(&d, Path::new("/b")).unwrap().termination_host,
+        None
+    );
+}
+
+#[test]
 fn tmpfs_size_is_bounded() {
     let o = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert_eq!(kubelet::tmpfs_size(&o(&[])), kubelet::TMPFS_BYTES);
@@ -214,7 +291,11 @@ fn writable_bind_mount_is_refused_with_its_field() {
 fn host_network_devices_caps_and_hooks_are_refused() {
     let mut d = base();
     d["linux"]["namespaces"] = json!([{"type": "pid"}, {"type": "mount"}]);
-    assert!(refusal(&d).starts_with("refused: linux.namespaces: no network namespace"));
+    assert_eq!(
+        refusal(&d),
+        "refused: linux.namespaces: no network namespace means the host's network (a \
+         hostNetwork pod, ctr --net-host); untrusted work gets no network"
+    );
 
     let mut d = base();
     d["linux"]["devices"] = json!([{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232}]);
@@ -265,6 +346,24 @@ fn the_cri_sandbox_shm_is_the_guests_own_and_the_hosts_dev_shm_is_refused() {
     push_mount(&mut d, rw_bind(Path::new(shm), "/dev/shm"));
     let c = container(&d, Path::new("/b")).unwrap();
     assert!(c.mounts.is_empty() && c.files.is_empty() && c.tmpfs.is_empty());
+    // The pod's sandbox container gets the same directory read-only: not a disk either (a
+    // disk at /dev/shm would shadow the guest's /dev).
+    let mut d = base();
+    push_mount(
+        &mut d,
+        json!({"destination": "/dev/shm", "type": "bind", "source": shm, "options": ["rbind", "ro"]}),
+    );
+    let c = container(&d, Path::new("/b")).unwrap();
+    assert!(c.mounts.is_empty() && c.files.is_empty() && c.tmpfs.is_empty());
+    // A hostIPC sandbox's read-only host /dev/shm stays a read-only disk (which the spec then
+    // refuses: it would shadow the guest's /dev).
+    let mut d = base();
+    push_mount(
+        &mut d,
+        json!({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind", "ro"]}),
+    );
+    let c = container(&d, Path::new("/b")).unwrap();
+    assert_eq!(c.mounts, [Mount::read_only("/dev/shm", "/dev/shm")]);
     // Anything else at /dev/shm is a writable host bind: a hostIPC pod's /dev/shm, another
     // directory of the sandbox, one that climbs out of it.
     for source in [

@@ -13,6 +13,7 @@ pub mod oci_common;
 use oci_common::{Layer, TestImage, tar_dir};
 
 /// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
+#[allow(unused_macros)] // cri.rs has its own (more host facts)
 macro_rules! preflight {
     ($name:expr) => {
         if let Some(why) = common::host_cannot() {
@@ -124,11 +125,7 @@ impl Containerd {
 
     fn spawn(&mut self) {
         let d = self.dir.path();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(d.join("containerd.log"))
-            .unwrap();
+        let log = append_log(&d.join("containerd.log"));
         let _ = std::fs::remove_file(d.join("c.sock"));
         // The shim inherits containerd's environment (VM_IMAGES_DIR, PATH for qemu).
         let child = Command::new("containerd")
@@ -280,11 +277,7 @@ impl Containerd {
         while !cond() {
             if Instant::now() >= deadline {
                 let log = self.log();
-                let mut from = log.len().saturating_sub(6000);
-                while !log.is_char_boundary(from) {
-                    from += 1;
-                }
-                let tail = &log[from..];
+                let tail = tail(&log, 6000);
                 panic!("timed out waiting for {what}; containerd's log ends:\n{tail}");
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -295,39 +288,43 @@ impl Containerd {
     /// VM's reapers are forks of the shim that never exec, so they carry its command line too:
     /// a process whose parent is one of these is the shim's own child, not another shim.
     pub fn shim_pids(&self) -> Vec<u32> {
-        let all = self.shim_processes();
-        all.iter()
-            .filter(|pid| parent_pid(**pid).is_none_or(|parent| !all.contains(&parent)))
-            .copied()
-            .collect()
+        shim_pids_for(&self.dir.path().join("c.sock"))
     }
+}
 
-    /// Every process with a shim's command line for our socket (shims and their forks).
-    fn shim_processes(&self) -> Vec<u32> {
-        let sock = self.dir.path().join("c.sock");
-        let sock = sock.to_str().unwrap();
-        let mut out = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-            let is_shim = args
-                .first()
-                .is_some_and(|a| a.ends_with(b"containerd-shim-vm-v1"));
-            if is_shim
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"-address" && w[1] == sock.as_bytes())
-            {
-                out.push(pid);
-            }
+/// The shim processes serving the containerd at `sock` (see [`Containerd::shim_pids`]).
+pub fn shim_pids_for(sock: &Path) -> Vec<u32> {
+    let all = shim_processes_for(sock);
+    all.iter()
+        .filter(|pid| parent_pid(**pid).is_none_or(|parent| !all.contains(&parent)))
+        .copied()
+        .collect()
+}
+
+/// Every process with a shim's command line for the containerd at `sock`.
+fn shim_processes_for(sock: &Path) -> Vec<u32> {
+    let sock = sock.to_str().unwrap();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        let is_shim = args
+            .first()
+            .is_some_and(|a| a.ends_with(b"containerd-shim-vm-v1"));
+        if is_shim
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"-address" && w[1] == sock.as_bytes())
+        {
+            out.push(pid);
         }
-        out
     }
+    out
 }
 
 impl Drop for Containerd {
@@ -340,6 +337,24 @@ impl Drop for Containerd {
         }
         self.stop();
     }
+}
+
+/// `path` opened for appending (created): containerd's log, its stdout and stderr.
+pub fn append_log(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The last `bytes` of `text` at most (from a character boundary).
+pub fn tail(text: &str, bytes: usize) -> &str {
+    let mut from = text.len().saturating_sub(bytes);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    &text[from..]
 }
 
 /// Whether `pid` is a live process (not a zombie).
@@ -363,7 +378,13 @@ pub fn entries(dir: &Path) -> Vec<String> {
     }
 }
 
-fn busybox_image() -> TestImage {
+/// The tests' busybox image: `sh` as its command.
+pub fn busybox_image() -> TestImage {
+    busybox_image_with(serde_json::json!({"Env": ["PATH=/bin"], "Cmd": ["sh"]}))
+}
+
+/// The same static busybox layer (with `httpd` and `wget` too) under another image `config`.
+pub fn busybox_image_with(config: serde_json::Value) -> TestImage {
     let busybox = std::fs::read("/bin/busybox").expect("/bin/busybox (busybox-static)");
     let mut l = Layer::new()
         .dir("bin/", 0o755)
@@ -371,18 +392,16 @@ fn busybox_image() -> TestImage {
         .dir("proc/", 0o755)
         .file_as("bin/busybox", 0o755, (0, 0), &busybox);
     for applet in [
-        "sh", "cat", "echo", "sleep", "head", "grep", "id", "ls", "kill", "wc", "stty",
+        "sh", "cat", "echo", "sleep", "head", "grep", "id", "ls", "kill", "wc", "stty", "httpd",
+        "wget",
     ] {
         l = l.symlink(&format!("bin/{applet}"), "busybox");
     }
-    TestImage::new(
-        &[l],
-        serde_json::json!({"Env": ["PATH=/bin"], "Cmd": ["sh"]}),
-    )
+    TestImage::new(&[l], config)
 }
 
 /// The parent of `pid` (field 4 of `/proc/PID/stat`, after the parenthesised command name).
-fn parent_pid(pid: u32) -> Option<u32> {
+pub fn parent_pid(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(1)?.parse().ok()

@@ -1,0 +1,604 @@
+//! The shim under Kubernetes' CRI: a real containerd 1.6 with its CRI plugin, CNI from
+//! Debian's `containernetworking-plugins` (a bridge network in a network namespace the test
+//! creates), the `vm` runtime configured with the snippet of `docs/containerd.md`, and a real
+//! CRI client (the `k8s-cri` crate's gRPC client) making kubelet's calls in kubelet's order:
+//! `Version`, `RunPodSandbox` (with the RuntimeClass's handler), `ImageStatus` (the image is
+//! imported, not pulled: there is no registry offline), `CreateContainer`, `StartContainer`,
+//! `ExecSync`, `ContainerStatus`, `ListContainers`, `ContainerStats`, `StopContainer`,
+//! `RemoveContainer`, `StopPodSandbox`, `RemovePodSandbox`.
+//!
+//! - a one-container pod runs, `ExecSync` returns stdout, stderr and the exit code, the
+//!   `/etc/hosts` it writes is the guest's copy (kubelet's host file unchanged), the
+//!   container's status goes RUNNING → EXITED with its code, its log has both streams, and
+//!   removing the pod leaves no VM process, shim, run dir, root reference or socket;
+//! - the termination message a container writes is what kubelet reports (kubelet reads the
+//!   host file it mounted; containerd's `ContainerStatus.message` is only a start error);
+//! - a privileged container, a hostNetwork pod and a writable hostPath mount are refused
+//!   through the CRI with the field named;
+//! - a two-container pod (an httpd and a client fetching it over localhost, an `emptyDir`
+//!   written by one and read by the other) runs in exactly one VM; its declared port
+//!   (`vm.shim/ports`) reaches the httpd from the node at the pod's IP, and the guest has no
+//!   interface but `lo` and reaches nothing outside.
+//!
+//! Skipped (counted) without containerd, ctr, mkfs.erofs, root, `unshare`, `ip` or the CNI
+//! plugins; no guest driver fails, as elsewhere.
+
+#[macro_use]
+mod common;
+#[path = "cri/client.rs"]
+mod client;
+#[path = "cri/harness.rs"]
+mod harness;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use client::{Cri, container_config, kubelet_termination_message, pod_config, rw_mount};
+use harness::{CriContainerd, IMAGE, doc_runtime_handler};
+use k8s_cri::v1::{ContainerState, LinuxContainerSecurityContext, PodSandboxConfig};
+
+/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
+macro_rules! cri_preflight {
+    ($name:expr) => {
+        if let Some(why) = harness::host_cannot() {
+            vm_test_support::skip($name, &why);
+            return;
+        }
+        if let Some(why) = common::guest_unavailable() {
+            return vm_test_support::no_guest_driver($name, &why);
+        }
+    };
+}
+
+/// How long a VM may take to boot and answer (TCG on two shared cores).
+const BOOT_SECS: u64 = 120;
+
+/// A started containerd, a CRI client that has made kubelet's first call, and the handler.
+fn start() -> (CriContainerd, Cri, String) {
+    let cd = CriContainerd::start();
+    let mut cri = Cri::connect(&cd.socket());
+    let mut version = None;
+    cd.wait_for(60, "the CRI to answer Version", || {
+        assert!(
+            !cd.log()
+                .contains("failed to load plugin io.containerd.grpc.v1.cri"),
+            "containerd's CRI did not load; {}",
+            cd.log_tail()
+        );
+        version = cri.version().ok();
+        version.is_some()
+    });
+    let v = version.expect("a Version answer");
+    assert_eq!(
+        (v.runtime_name.as_str(), v.runtime_api_version.as_str()),
+        ("containerd", "v1"),
+        "{v:?}"
+    );
+    // Kubelet asks for the image before it pulls: here it was imported.
+    let image = cri.image_status(IMAGE).expect("ImageStatus");
+    assert!(image.is_some(), "{IMAGE} is not in the CRI's image store");
+    (cd, cri, doc_runtime_handler())
+}
+
+/// `RunPodSandbox` of a pod `name` with kubelet's pod directory; the pod id, its config and
+/// its directory.
+fn run_pod(
+    cd: &CriContainerd,
+    cri: &mut Cri,
+    handler: &str,
+    name: &str,
+    tweak: impl FnOnce(&mut PodSandboxConfig),
+) -> (String, PodSandboxConfig, PathBuf) {
+    let uid = format!("{name}-uid");
+    let dir = cd.pod_dir(&uid);
+    let mut config = pod_config(name, &uid, &dir.join("logs"), false);
+    tweak(&mut config);
+    let pod = cri
+        .run_pod(&config, handler)
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e:?}\n{}", cd.log_tail()));
+    (pod, config, dir)
+}
+
+/// `StopPodSandbox` + `RemovePodSandbox`, then nothing of the pod is left: no VM process, no
+/// shim, no run directory, no root reference, no shim socket, nothing mounted.
+fn remove_pod_leaves_nothing(cd: &CriContainerd, cri: &mut Cri, pod: &str, ids: &[&str]) {
+    let vms = cd.vm_pids();
+    let shims = cd.shim_pids();
+    cri.stop_pod(pod)
+        .unwrap_or_else(|e| panic!("StopPodSandbox: {e:?}\n{}", cd.log_tail()));
+    cri.remove_pod(pod)
+        .unwrap_or_else(|e| panic!("RemovePodSandbox: {e:?}\n{}", cd.log_tail()));
+    cd.wait_for(60, "the pod's shims to exit", || cd.shim_pids().is_empty());
+    cd.wait_for(30, "the pod's VM processes to end", || {
+        vms.iter().chain(&shims).all(|p| !common::alive(*p))
+    });
+    assert_eq!(cd.vm_pids(), Vec::<u32>::new(), "VM processes left");
+    assert_eq!(
+        common::entries(&cd.run_dir()),
+        Vec::<String>::new(),
+        "run dirs left"
+    );
+    assert_eq!(
+        common::entries(&cd.root_refs()),
+        Vec::<String>::new(),
+        "root references left"
+    );
+    let mut all = vec![pod];
+    all.extend_from_slice(ids);
+    assert_eq!(
+        cd.leftover_sockets(&all),
+        Vec::<String>::new(),
+        "shim sockets left"
+    );
+    let state = cd.dir.path().join("state");
+    assert_eq!(
+        harness::mounts_under(&state),
+        Vec::<String>::new(),
+        "sandbox mounts left"
+    );
+}
+
+/// The container's state, waiting up to `secs` for `want`.
+fn wait_state(cd: &CriContainerd, cri: &mut Cri, id: &str, want: ContainerState, secs: u64) {
+    let mut last = None;
+    cd.wait_for(secs, &format!("container {id} to be {want:?}"), || {
+        last = cri.status(id).ok().map(|s| s.state);
+        last == Some(want as i32)
+    });
+}
+
+/// The CRI log file of a container (`<pod log dir>/<log_path>`): kubelet's `kubectl logs`.
+fn cri_log(pod_dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(pod_dir.join("logs").join(name).join("0.log")).unwrap_or_default()
+}
+
+/// The lines of a CRI log (`TIMESTAMP STREAM P|F TEXT`) of `stream`, their text.
+fn log_lines(log: &str, stream: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(4, ' ');
+            let (_ts, s, _tag) = (f.next()?, f.next()?, f.next()?);
+            (s == stream).then(|| f.next().unwrap_or("").to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn one_container_pod_runs_execs_and_leaves_nothing() {
+    cri_preflight!("one_container_pod_runs_execs_and_leaves_nothing");
+    let (cd, mut cri, handler) = start();
+    assert_eq!(handler, "vm", "the documented RuntimeClass's handler");
+    let (pod, pod_cfg, dir) = run_pod(&cd, &mut cri, &handler, "solo", |_| {});
+    let status = cri.pod_status(&pod).expect("PodSandboxStatus");
+    assert_eq!(status.state, 0, "SANDBOX_READY: {status:?}");
+    let ip = status.network.map(|n| n.ip).unwrap_or_default();
+    assert!(ip.starts_with("10.99.0."), "the pod's CNI address: {ip:?}");
+
+    // Runs until an exec tells it to end, then exits 4 with a line on each stream.
+    let script = "echo started; while [ ! -e /done ]; do sleep 0.2; done; \
+                  echo finishing >&2; exit 4";
+    // Kubelet's own /etc/hosts for the pod (`<pod dir>/etc-hosts`, a writable bind).
+    let hosts = dir.join("etc-hosts");
+    let original = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.99.0.2\tsolo\n";
+    std::fs::write(&hosts, original).expect("etc-hosts");
+    let mounts = vec![rw_mount(&hosts, "/etc/hosts")];
+    let config = container_config("main", IMAGE, &["sh", "-c", script], mounts);
+    let id = cri
+        .create(&pod, &config, &pod_cfg)
+        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
+    cri.start(&id)
+        .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
+    wait_state(
+        &cd,
+        &mut cri,
+        &id,
+        ContainerState::ContainerRunning,
+        BOOT_SECS,
+    );
+
+    let out = cri
+        .exec_sync(&id, &["sh", "-c", "echo out; echo err >&2; exit 3"], 60)
+        .unwrap_or_else(|e| panic!("ExecSync: {e:?}\n{}", cd.log_tail()));
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&out.stdout).as_ref(),
+            String::from_utf8_lossy(&out.stderr).as_ref(),
+            out.exit_code
+        ),
+        ("out\n", "err\n", 3),
+        "{out:?}"
+    );
+
+    let status = cri.status(&id).expect("ContainerStatus");
+    assert_eq!(
+        status.state,
+        ContainerState::ContainerRunning as i32,
+        "{status:?}"
+    );
+    assert!(
+        status.started_at > 0 && status.finished_at == 0,
+        "{status:?}"
+    );
+    assert_eq!(
+        status.metadata.as_ref().map(|m| m.name.as_str()),
+        Some("main")
+    );
+
+    let listed = cri.list(&pod).expect("ListContainers");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].id, id);
+    assert_eq!(listed[0].state, ContainerState::ContainerRunning as i32);
+
+    // The container writes its /etc/hosts (the guest's copy); the host file stays as it was.
+    let out = cri
+        .exec_sync(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "echo '10.0.0.9 added' >> /etc/hosts && cat /etc/hosts",
+            ],
+            60,
+        )
+        .expect("ExecSync");
+    assert_eq!(
+        (String::from_utf8_lossy(&out.stdout), out.exit_code),
+        (format!("{original}10.0.0.9 added\n").into(), 0),
+        "{out:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&hosts).expect("etc-hosts"),
+        original,
+        "the host file was written"
+    );
+
+    let stats = cri
+        .stats(&id)
+        .unwrap_or_else(|e| panic!("ContainerStats: {e:?}\n{}", cd.log_tail()));
+    assert_eq!(
+        stats.attributes.as_ref().map(|a| a.id.as_str()),
+        Some(id.as_str())
+    );
+    let cpu = stats
+        .cpu
+        .and_then(|c| c.usage_core_nano_seconds)
+        .map(|v| v.value);
+    let mem = stats
+        .memory
+        .and_then(|m| m.working_set_bytes)
+        .map(|v| v.value);
+    assert!(
+        cpu.unwrap_or(0) > 0 && mem.unwrap_or(0) > 16 << 20,
+        "the VM's CPU time and memory: cpu {cpu:?} memory {mem:?}"
+    );
+    assert!(!cd.vm_pids().is_empty(), "no VM process");
+
+    // The container ends by itself: EXITED with its code, both streams in its log.
+    let out = cri
+        .exec_sync(&id, &["sh", "-c", "echo > /done"], 60)
+        .expect("ExecSync");
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    wait_state(&cd, &mut cri, &id, ContainerState::ContainerExited, 60);
+    let status = cri.status(&id).expect("ContainerStatus");
+    assert_eq!(
+        (
+            status.exit_code,
+            status.reason.as_str(),
+            status.message.as_str()
+        ),
+        (4, "Error", ""),
+        "{status:?}"
+    );
+    assert!(status.finished_at >= status.started_at, "{status:?}");
+    let log = cri_log(&dir, "main");
+    assert_eq!(log_lines(&log, "stdout"), ["started"], "{log}");
+    assert_eq!(log_lines(&log, "stderr"), ["finishing"], "{log}");
+
+    cri.stop(&id, 10).expect("StopContainer");
+    cri.remove(&id).expect("RemoveContainer");
+    assert_eq!(cri.list(&pod).expect("ListContainers"), vec![]);
+    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &[&id]);
+}
+
+/// What a kubelet reports as the termination message of a container that wrote
+/// `/dev/termination-log`: kubelet reads the host file it mounted there (found through
+/// `ContainerStatus.mounts`), and containerd 1.6's `ContainerStatus.message` is empty for a
+/// container that ran (it holds only a start error). Passes once the shim writes the guest's
+/// message (its last 4 KiB) back into that host file when the container exits, before the
+/// exit is reported: the file is read at the first `ContainerStatus` that says EXITED
+/// (containerd's CRI deletes the task before it marks the container EXITED, and the shim's
+/// delete waits for the init process's exit handling, the termination log's read included).
+#[test]
+fn termination_message_is_what_kubelet_reports() {
+    cri_preflight!("termination_message_is_what_kubelet_reports");
+    let (cd, mut cri, handler) = start();
+    let (pod, pod_cfg, dir) = run_pod(&cd, &mut cri, &handler, "term", |_| {});
+    // Kubelet's file: `<pod dir>/containers/<name>/<id>`, empty, 0666.
+    let host = dir.join("containers/job/3f2a");
+    std::fs::create_dir_all(host.parent().expect("a parent")).expect("the containers dir");
+    std::fs::write(&host, b"").expect("the termination log");
+    std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let script = "printf 'job failed: bad input' > /dev/termination-log; exit 2";
+    let config = container_config(
+        "job",
+        IMAGE,
+        &["sh", "-c", script],
+        vec![rw_mount(&host, client::TERMINATION_LOG)],
+    );
+    let id = cri
+        .create(&pod, &config, &pod_cfg)
+        .expect("CreateContainer");
+    cri.start(&id)
+        .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
+    // Kubelet's view at the first ContainerStatus that says EXITED (polled closely).
+    let mut exited = None;
+    let ended = harness::poll_every(Duration::from_millis(10), BOOT_SECS, || {
+        exited = cri
+            .status(&id)
+            .ok()
+            .filter(|s| s.state == ContainerState::ContainerExited as i32);
+        exited.is_some()
+    });
+    assert!(ended, "the container did not exit; {}", cd.log_tail());
+    let status = exited.expect("an EXITED status");
+    assert_eq!((status.exit_code, status.reason.as_str()), (2, "Error"));
+    eprintln!(
+        "    containerd's ContainerStatus.message: {:?}",
+        status.message
+    );
+    // Kubelet reads the file as soon as the CRI says EXITED: so does this test, without
+    // waiting for anything else (the message must be there before the exit is reported).
+    let seen = kubelet_termination_message(&status);
+    // The shim read the guest's message back (its log line).
+    cd.wait_for(30, "the shim's termination message line", || {
+        cd.log().lines().any(|l| {
+            l.contains("termination message")
+                && l.contains("termination_message=\"job failed: bad input\"")
+        })
+    });
+    assert_eq!(
+        seen,
+        "job failed: bad input",
+        "what kubelet reports (the host file it mounted at {} holds {:?} now; containerd's \
+         message {:?})",
+        client::TERMINATION_LOG,
+        std::fs::read_to_string(&host),
+        status.message
+    );
+    cri.remove(&id).expect("RemoveContainer");
+    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &[&id]);
+}
+
+/// The CRI error of a container that is refused at `StartContainer` (containerd creates the
+/// task there), also kept as the container's `ContainerStatus.message` (reason StartError),
+/// which is what kubelet shows.
+fn refused_at_start(cd: &CriContainerd, cri: &mut Cri, id: &str) -> String {
+    let err = match cri.start(id) {
+        Ok(()) => panic!("StartContainer of {id} was not refused\n{}", cd.log_tail()),
+        Err(e) => e.message().to_string(),
+    };
+    let status = cri.status(id).expect("ContainerStatus");
+    assert_eq!(
+        (status.state, status.reason.as_str()),
+        (ContainerState::ContainerExited as i32, "StartError"),
+        "{status:?}"
+    );
+    assert!(status.message.contains("refused: "), "{status:?}");
+    err
+}
+
+#[test]
+fn privileged_host_network_and_writable_host_path_are_refused_naming_the_field() {
+    cri_preflight!("privileged_host_network_and_writable_host_path_are_refused_naming_the_field");
+    let (cd, mut cri, handler) = start();
+
+    // A hostNetwork pod: refused at RunPodSandbox, naming the network namespace.
+    let uid = "hostnet-uid";
+    let config = pod_config("hostnet", uid, &cd.pod_dir(uid).join("logs"), true);
+    let err = cri
+        .run_pod(&config, &handler)
+        .expect_err("a hostNetwork pod was not refused");
+    eprintln!("    hostNetwork: {}", err.message());
+    assert!(
+        err.message()
+            .contains("refused: linux.namespaces: no network namespace")
+            && err.message().contains("hostNetwork"),
+        "{err:?}"
+    );
+    assert_eq!(
+        cd.vm_pids(),
+        Vec::<u32>::new(),
+        "a VM runs for a refused pod"
+    );
+
+    // A privileged pod (kubelet allows privileged containers only in one), in which a
+    // privileged container and a writable hostPath mount are each refused.
+    let (pod, pod_cfg, dir) = run_pod(&cd, &mut cri, &handler, "priv", |c| {
+        if let Some(sc) = c.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+            sc.privileged = true;
+        }
+    });
+    let mut config = container_config("root", IMAGE, &["true"], vec![]);
+    if let Some(l) = config.linux.as_mut() {
+        l.security_context = Some(LinuxContainerSecurityContext {
+            privileged: true,
+            ..l.security_context.clone().unwrap_or_default()
+        });
+    }
+    let privileged = cri
+        .create(&pod, &config, &pod_cfg)
+        .expect("CreateContainer");
+    let err = refused_at_start(&cd, &mut cri, &privileged);
+    eprintln!("    privileged: {err}");
+    assert!(
+        err.contains("refused: process.capabilities.") && err.contains("privileged"),
+        "{err}"
+    );
+
+    let data = dir.join("hostdata");
+    std::fs::create_dir(&data).expect("the hostPath directory");
+    let config = container_config("hp", IMAGE, &["true"], vec![rw_mount(&data, "/data")]);
+    let host_path = cri
+        .create(&pod, &config, &pod_cfg)
+        .expect("CreateContainer");
+    let err = refused_at_start(&cd, &mut cri, &host_path);
+    eprintln!("    hostPath: {err}");
+    let want = format!(
+        "(/data): writable host bind mount of {}; only read-only (ro) is allowed",
+        data.display()
+    );
+    assert!(
+        err.contains("refused: mounts[") && err.contains(&want),
+        "{err}"
+    );
+    assert_eq!(common::entries(&data), Vec::<String>::new());
+
+    for id in [&privileged, &host_path] {
+        cri.remove(id).expect("RemoveContainer");
+    }
+    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &[&privileged, &host_path]);
+}
+
+/// A pod of two containers in one VM: a busybox httpd on 8080 and a client that fetches
+/// `http://127.0.0.1:8080/` (the pod's localhost) in a loop; the client's log shows the page;
+/// exactly one VM process runs for the pod; an `emptyDir` written by the server is read by
+/// the client.
+#[test]
+fn two_container_pod_shares_one_vm_localhost_and_empty_dir() {
+    cri_preflight!("two_container_pod_shares_one_vm_localhost_and_empty_dir");
+    let (cd, mut cri, handler) = start();
+    let (pod, pod_cfg, dir) = run_pod(&cd, &mut cri, &handler, "web", |c| {
+        c.annotations.insert("vm.shim/ports".into(), "8080".into());
+    });
+    let shared = dir.join("volumes/kubernetes.io~empty-dir/shared");
+    std::fs::create_dir_all(&shared).expect("the emptyDir");
+    let server = container_config(
+        "server",
+        IMAGE,
+        &[
+            "sh",
+            "-c",
+            "echo 'hello from the pod' > /index.html && \
+             echo 'written by the server' > /shared/note && exec httpd -f -p 8080 -h /",
+        ],
+        vec![rw_mount(&shared, "/shared")],
+    );
+    let client = container_config(
+        "client",
+        IMAGE,
+        &[
+            "sh",
+            "-c",
+            "while true; do wget -q -O - http://127.0.0.1:8080/ && cat /shared/note; \
+             sleep 1; done",
+        ],
+        vec![rw_mount(&shared, "/shared")],
+    );
+    let mut ids = Vec::new();
+    for config in [&server, &client] {
+        let id = cri
+            .create(&pod, config, &pod_cfg)
+            .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
+        cri.start(&id)
+            .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
+        ids.push(id);
+    }
+    for id in &ids {
+        wait_state(
+            &cd,
+            &mut cri,
+            id,
+            ContainerState::ContainerRunning,
+            BOOT_SECS,
+        );
+    }
+    // The server answers in its own container first (this holds with a VM per container too).
+    let mut own = None;
+    let answered = harness::poll(30, || {
+        own = cri
+            .exec_sync(
+                &ids[0],
+                &["wget", "-q", "-O", "-", "http://127.0.0.1:8080/"],
+                20,
+            )
+            .ok();
+        own.as_ref()
+            .is_some_and(|o| o.stdout == b"hello from the pod\n")
+    });
+    assert!(
+        answered,
+        "the httpd did not answer in its own container: {own:?}"
+    );
+    let vms = cd.vm_pids();
+    let mut log = String::new();
+    // The page, then (the loop's next command) the note: wait for both, as the client writes
+    // them one after the other.
+    let served = harness::poll(60, || {
+        log = cri_log(&dir, "client");
+        let lines = log_lines(&log, "stdout");
+        lines.contains(&"hello from the pod".to_string())
+            && lines.contains(&"written by the server".to_string())
+    });
+    assert!(
+        served,
+        "the client's log never showed the server's page over the pod's localhost ({} VM \
+         processes for the pod: {vms:?}); the client's log ends:\n{}\n{}",
+        vms.len(),
+        common::tail(&log, 1500),
+        cd.log_tail()
+    );
+    assert_eq!(vms.len(), 1, "one VM process for the pod: {vms:?}");
+    let lines = log_lines(&log, "stdout");
+    assert!(
+        lines.iter().any(|l| l == "written by the server"),
+        "the emptyDir written by the server, read by the client: {log}"
+    );
+    assert_eq!(
+        common::entries(&shared),
+        Vec::<String>::new(),
+        "the emptyDir reached the host directory"
+    );
+    // The pod's declared port, from the node to the pod's IP (as a Service's traffic comes):
+    // the shim listens in the pod's network namespace and forwards into the VM.
+    let ip = cri
+        .pod_status(&pod)
+        .expect("PodSandboxStatus")
+        .network
+        .map(|n| n.ip)
+        .unwrap_or_default();
+    let url = format!("http://{ip}:8080/");
+    let mut page = None;
+    let reached = harness::poll(30, || {
+        let out = cd.in_node_net(&["curl", "-sS", "--max-time", "3", &url]);
+        page = Some(out);
+        page.as_ref()
+            .is_some_and(|o| o.stdout == "hello from the pod\n")
+    });
+    assert!(reached, "{url} from the node: {page:?}\n{}", cd.log_tail());
+    // And nothing in the guest reaches out: its only interface is lo, and the node's
+    // gateway address on the pod network is unreachable.
+    let probe = cri
+        .exec_sync(
+            &ids[1],
+            &[
+                "sh",
+                "-c",
+                "busybox awk -F: 'NR>2 {gsub(/ /, \"\", $1); print $1}' /proc/net/dev; \
+                 busybox nc -w 2 10.99.0.1 8080 </dev/null; echo nc=$?",
+            ],
+            30,
+        )
+        .expect("ExecSync");
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout),
+        "lo\nnc=1\n",
+        "{probe:?}"
+    );
+    for id in &ids {
+        cri.stop(id, 10).expect("StopContainer");
+        cri.remove(id).expect("RemoveContainer");
+    }
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &ids);
+}
