@@ -273,9 +273,10 @@ pub enum Request {
     /// `/dev/termination-log` is 0666, for a container that is not root). An older agent
     /// answers `Unsupported`.
     SetMode { path: String, mode: u32 },
-    /// As `ExecInteractive`, with the command run chrooted into the guest directory `root`
-    /// (a pod member's root, set up by [`PodMount::Root`]): its `cwd` is inside that root and
-    /// its program is found on its `PATH` there. An older agent closes the connection.
+    /// As `ExecInteractive`, with the command run with the guest directory `root` (a pod
+    /// member's root, set up by [`PodMount::Root`]) as `/`, in a mount namespace of its own:
+    /// its `cwd` is inside that root and its program is found on its `PATH` there. An older
+    /// agent closes the connection.
     ExecInteractiveIn {
         root: String,
         request: InteractiveRequest,

@@ -91,7 +91,7 @@ pub struct Guest {
     link: Link,
     confinement: Confinement,
     root_ready: tokio::sync::OnceCell<()>,
-    /// A pod member's root: every process is chrooted into this guest directory
+    /// A pod member's root: every process runs with this guest directory as `/`
     /// ([`Guest::member`]).
     chroot: Option<String>,
 }

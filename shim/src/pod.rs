@@ -9,10 +9,11 @@
 //! `/proc`, `/sys` and `/dev`); each of its read-only volumes takes a disk the same way. Its
 //! `emptyDir` volumes are tmpfs in the guest shared by the pod's containers (one per host
 //! `emptyDir` directory), its kubelet files are copied into its root, and its processes run
-//! chrooted there with its environment, working directory and user ([`Member`]), all in one
-//! guest cgroup with the container's memory and pids limits. The pod's containers share the
-//! VM's loopback and `/dev/shm`. Deleting a container unmounts
-//! its root and volumes and frees their disks (a mount that stays busy keeps its disk).
+//! there (its root as `/`, in mount namespaces of their own) with its environment, working
+//! directory and user ([`Member`]), all in one guest cgroup with the container's memory and
+//! pids limits. The pod's containers share the VM's loopback and `/dev/shm`. Deleting a
+//! container unmounts its root and volumes and frees their disks (a mount that stays busy
+//! keeps its disk).
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, Write};

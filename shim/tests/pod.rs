@@ -135,6 +135,25 @@ fn a_pod_is_one_vm_whose_containers_share_localhost_and_an_empty_dir() {
         "{out:?}"
     );
     assert!(out.stderr.contains("to-stderr"), "{out:?}");
+    // In a mount namespace of its own (its root pivoted in, the VM's detached), not the VM's:
+    // the sandbox's `sleep` runs in the VM's.
+    let out = cd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e2",
+        "web",
+        "sh",
+        "-c",
+        "for d in /proc/[0-9]*; do [ \"$(cat $d/comm)\" = sleep ] && \
+         vm=$(busybox readlink $d/ns/mnt); done; own=$(busybox readlink /proc/self/ns/mnt); \
+         [ -n \"$vm\" ] && [ -n \"$own\" ] && [ \"$vm\" != \"$own\" ] && echo own-mount-ns",
+    ]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "own-mount-ns\n"),
+        "{out:?}"
+    );
 
     // A deleted container gives its disk back: more containers than the pod has disks run
     // one after another.

@@ -299,7 +299,7 @@ async fn read_err(err: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> std::io::
     }
 }
 
-/// Handle one `ExecInteractive` (`root`: an `ExecInteractiveIn`'s chroot); `conn` is
+/// Handle one `ExecInteractive` (`root`: an `ExecInteractiveIn`'s root); `conn` is
 /// positioned right after the request frame.
 pub(super) async fn run<S: Stream>(
     agent: &Agent,

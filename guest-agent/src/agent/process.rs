@@ -100,8 +100,8 @@ pub struct SpawnSpec<'a> {
     pub name: &'a str,
     /// Run as this identity (`None` = the agent's own, root).
     pub user: Option<&'a Ids>,
-    /// Run chrooted into this guest directory (a pod member's root): `cwd` and the program
-    /// are resolved inside it.
+    /// Run with this guest directory (a pod member's root, a mount) as `/`, in a mount
+    /// namespace of its own: `cwd` and the program are resolved inside it.
     pub root: Option<&'a Path>,
     /// The leaf goes in this cgroup group (a pod member's, with its limits).
     pub group: Option<&'a str>,
@@ -179,8 +179,8 @@ pub fn spawn(
             });
         }
     }
-    // In a root the directory is entered after the chroot (std's own chdir comes before it).
-    let chroot = match spec.root {
+    // In a root the directory is entered after the pivot (std's own chdir comes before it).
+    let enter_root = match spec.root {
         Some(root) => Some((cstring_of(root)?, cstring_of(cwd)?)),
         None => {
             cmd.current_dir(cwd);
@@ -236,8 +236,8 @@ pub fn spawn(
             super::sys::take_stdin_as_controlling_tty()?;
         }
         // Into the member's root once the agent's paths (the cgroup) are done with.
-        if let Some((root, cwd)) = &chroot {
-            super::sys::fs::chroot_and_chdir(root, cwd)?;
+        if let Some((root, cwd)) = &enter_root {
+            super::sys::fs::pivot_into(root, cwd)?;
         }
         // The identity switch comes last: joining the cgroup needs root.
         if let Some(ids) = &ids {
@@ -252,7 +252,8 @@ pub fn spawn(
         Ok(())
     };
     // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close,
-    // chroot, chdir, ioctl, setgroups, setgid, setuid, prctl) and allocates nothing.
+    // unshare, mount, chdir, pivot_root, umount2, ioctl, setgroups, setgid, setuid, prctl) and
+    // allocates nothing.
     unsafe { cmd.pre_exec(pre_exec) };
     let spawned = reaper.spawn(&mut cmd);
     drop(cmd); // closes our copies of the child's pipe ends

@@ -62,7 +62,7 @@ impl AgentClient {
         self.start_interactive(None, req).await
     }
 
-    /// As [`AgentClient::exec_interactive`], run chrooted into the guest directory `root` (a
+    /// As [`AgentClient::exec_interactive`], run with the guest directory `root` as `/` (a
     /// pod member's root: its `cwd` and program are resolved there). An agent that predates
     /// it gives [`ClientError::Unsupported`].
     pub async fn exec_interactive_in(

@@ -1,7 +1,8 @@
 //! A pod member: one container of a pod whose VM holds them all, seen as a [`Guest`] of its
-//! own; and [`Guest::forward_from`], how the pod's ports reach the VM. Its processes run chrooted into the member's root (set up with [`Guest::pod_mount`]),
-//! with the member's environment, working directory and user instead of the VM's; the agent,
-//! the link and the VM are the pod's.
+//! own. Its processes run with the member's root (set up with [`Guest::pod_mount`]) as `/`, in
+//! mount namespaces of their own, with the member's environment, working directory and user
+//! instead of the VM's; the agent, the link and the VM are the pod's. Also
+//! [`Guest::forward_from`], how the pod's ports reach the VM.
 
 use guest_agent::protocol::PodMount;
 

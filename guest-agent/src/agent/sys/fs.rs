@@ -1,6 +1,7 @@
 //! Filesystem calls with no std equivalent: `mount(2)`, `openat2(2)` with resolve flags,
 //! `fstat`/`mkdirat`/`renameat`/`unlinkat`/`fchownat` on descriptors, bounded directory
-//! listing of a descriptor, `BLKROSET`/`BLKFLSBUF`, `umount2`, `chroot`, `sync`, and pointing the standard descriptors at a file.
+//! listing of a descriptor, `BLKROSET`/`BLKFLSBUF`, `umount2`, entering a root (`pivot_root` in a
+//! mount namespace of its own), `sync`, and pointing the standard descriptors at a file.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -164,12 +165,34 @@ pub fn umount(target: &CStr, flags: libc::c_int) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `chroot(2)` then `chdir(2)`, async-signal-safe (between `fork` and `exec`): both paths are
-/// allocated before the fork; `cwd` is resolved inside the new root.
-pub fn chroot_and_chdir(root: &CStr, cwd: &CStr) -> std::io::Result<()> {
-    // SAFETY: NUL-terminated strings that outlive the calls; the kernel only reads them.
-    check(unsafe { libc::chroot(root.as_ptr()) })?;
-    // SAFETY: as above.
+/// Makes the mount `root` this process's `/` in a mount namespace of its own, as container
+/// runtimes do: `unshare(CLONE_NEWNS)`, every mount private, `pivot_root(".", ".")` inside
+/// `root` and the old root detached (so no `chroot` trick leads back out), then `chdir(cwd)`
+/// resolved inside it. Async-signal-safe (between `fork` and `exec`): both paths are
+/// allocated before the fork.
+pub fn pivot_into(root: &CStr, cwd: &CStr) -> std::io::Result<()> {
+    // SAFETY: unshare takes a flag word.
+    check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+    let private = libc::MS_REC | libc::MS_PRIVATE;
+    // SAFETY: NUL-terminated strings that outlive the call (null type and data: a
+    // propagation change), the kernel only reads them.
+    check(unsafe {
+        libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            private,
+            std::ptr::null(),
+        )
+    })?;
+    // SAFETY: a NUL-terminated string that outlives the call.
+    check(unsafe { libc::chdir(root.as_ptr()) })?;
+    let dot = c".".as_ptr();
+    // SAFETY: pivot_root reads two NUL-terminated strings that outlive the call.
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, dot, dot) } as libc::c_int)?;
+    // SAFETY: as above; the old root, now stacked on ".", is detached from this namespace.
+    check(unsafe { libc::umount2(dot, libc::MNT_DETACH) })?;
+    // SAFETY: a NUL-terminated string that outlives the call.
     check(unsafe { libc::chdir(cwd.as_ptr()) })?;
     Ok(())
 }
