@@ -7,7 +7,8 @@
 //! `ExecSync`, `ContainerStatus`, `ListContainers`, `ContainerStats`, `StopContainer`,
 //! `RemoveContainer`, `StopPodSandbox`, `RemovePodSandbox`.
 //!
-//! - a one-container pod runs, `ExecSync` returns stdout, stderr and the exit code, the
+//! - a one-container pod runs, `ExecSync` and a streaming `Exec` (a websocket to the CRI's
+//!   streaming server, as kubectl opens it) return stdout, stderr and the exit code, the
 //!   `/etc/hosts` it writes is the guest's copy (kubelet's host file unchanged), the
 //!   container's status goes RUNNING → EXITED with its code, its log has both streams, and
 //!   removing the pod leaves no VM process, shim, run dir, root reference or socket;
@@ -29,6 +30,8 @@ mod common;
 mod client;
 #[path = "cri/harness.rs"]
 mod harness;
+#[path = "cri/stream.rs"]
+mod stream;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -208,6 +211,20 @@ fn one_container_pod_runs_execs_and_leaves_nothing() {
         ),
         ("out\n", "err\n", 3),
         "{out:?}"
+    );
+    // The streaming `Exec`, through the CRI's streaming server as kubectl reaches it.
+    let url = cri
+        .exec(&id, &["sh", "-c", "echo streamed; echo to-err >&2; exit 5"])
+        .unwrap_or_else(|e| panic!("Exec: {e:?}\n{}", cd.log_tail()));
+    let streamed = stream::exec(cd.pid(), &url);
+    assert_eq!(
+        (streamed.stdout.as_slice(), streamed.stderr.as_slice()),
+        (b"streamed\n".as_slice(), b"to-err\n".as_slice()),
+        "{streamed:?}"
+    );
+    assert!(
+        streamed.status.contains("NonZeroExitCode") && streamed.status.contains("\"5\""),
+        "the exit code in the stream's status: {streamed:?}"
     );
 
     let status = cri.status(&id).expect("ContainerStatus");

@@ -141,6 +141,20 @@ impl Cri {
         Ok(self.rt.block_on(self.runtime.exec_sync(req))?.into_inner())
     }
 
+    /// `Exec` of `cmd` in `id` (stdout and stderr, no stdin, no tty): the streaming server's
+    /// URL, which a client then opens ([`crate::stream::exec`]).
+    pub fn exec(&mut self, id: &str, cmd: &[&str]) -> CriResult<String> {
+        let req = ExecRequest {
+            container_id: id.into(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            tty: false,
+            stdin: false,
+            stdout: true,
+            stderr: true,
+        };
+        Ok(self.rt.block_on(self.runtime.exec(req))?.into_inner().url)
+    }
+
     /// `ContainerStatus` of `id`.
     pub fn status(&mut self, id: &str) -> CriResult<ContainerStatus> {
         let req = ContainerStatusRequest {

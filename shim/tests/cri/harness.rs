@@ -189,10 +189,15 @@ impl CriContainerd {
         });
     }
 
+    /// containerd's pid (its network namespace is the node's).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("containerd runs").id()
+    }
+
     /// `argv` run in containerd's network namespace (the node's, to the pods: the CNI bridge
     /// and its gateway address live there).
     pub fn in_node_net(&self, argv: &[&str]) -> common::Out {
-        let pid = self.child.as_ref().expect("containerd runs").id();
+        let pid = self.pid();
         common::Out::from(
             Command::new("nsenter")
                 .arg(format!("--net=/proc/{pid}/ns/net"))
