@@ -288,6 +288,15 @@ pub enum Request {
 
 /// Largest tmpfs upper of a pod member's root: 64 GiB (the guest's memory bounds it anyway).
 pub const MAX_POD_UPPER_BYTES: u64 = 64 << 30;
+/// Where the cgroup of the pod member assembled in `dir` is in a PID-1 agent's guest (its
+/// `memory.current`, `pids.current` and `cpu.stat` are the member's usage).
+pub fn pod_member_cgroup(dir: &str) -> String {
+    format!(
+        "/sys/fs/cgroup/work/pod-{}",
+        dir.rsplit('/').next().unwrap_or_default()
+    )
+}
+
 /// Smallest memory limit of a pod member: 4 MiB.
 pub const MIN_POD_MEMORY_BYTES: u64 = 4 << 20;
 

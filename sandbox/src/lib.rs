@@ -143,7 +143,7 @@ pub mod agent {
     };
     pub use guest_agent::protocol::{
         Command, ErrorKind, ExecOutput, ExitStatus, MAX_POD_UPPER_BYTES, MAX_SIGNAL, PodMount,
-        TtySize,
+        TtySize, pod_member_cgroup,
     };
     pub use guest_agent::sparse::{ChunkSink, Plain, SparseWriter};
 }

@@ -119,6 +119,8 @@ pub struct Container {
     place: Place,
     /// Its ports' forwarding from its network namespace (stopped when it is dropped).
     _forwards: Forwards,
+    /// A pod's app container's memory limit, bytes.
+    member_limit: Option<u64>,
 }
 
 /// A container's termination message: the last [`kubelet::MAX_TERMINATION_BYTES`] of its
@@ -390,6 +392,7 @@ impl Container {
             torn_down: Default::default(),
             place,
             _forwards: forwards,
+            member_limit: spec.mem_mib.map(|m| (m as u64) << 20),
         })
     }
 
@@ -569,14 +572,23 @@ impl Container {
         self.vm.machine().is_paused()
     }
 
-    /// What the VM uses on the host now.
-    pub fn usage(&self) -> vm_sandbox::sys::Usage {
-        self.vm.machine().host_usage()
+    /// What the container uses now: its VM's host processes, or, for a pod's app container,
+    /// its cgroup in the pod's VM.
+    pub async fn usage(&self) -> Result<vm_sandbox::sys::Usage, ShimError> {
+        match &self.place {
+            Place::Member { member, .. } => member.usage(&self.vm).await,
+            Place::Own | Place::Sandbox { .. } => Ok(self.vm.machine().host_usage()),
+        }
     }
 
-    /// The guest's memory, bytes (the bundle's memory limit, or the default).
+    /// Its memory limit, bytes: the guest's memory (the bundle's limit, or the default), or a
+    /// pod's app container's own limit when it has one.
     pub fn memory_limit(&self) -> u64 {
-        u64::from(self.vm.spec().limits().mem_mib) << 20
+        let vm = u64::from(self.vm.spec().limits().mem_mib) << 20;
+        match &self.place {
+            Place::Member { .. } => self.member_limit.unwrap_or(vm),
+            Place::Own | Place::Sandbox { .. } => vm,
+        }
     }
 
     /// Host pids of the VM (its processes on this host).

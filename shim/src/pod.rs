@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use vm_sandbox::agent::PodMount;
+use vm_sandbox::agent::{PodMount, pod_member_cgroup};
+use vm_sandbox::sys::Usage;
 use vm_sandbox::{Guest, MemberRoot, MicroVm, MountCache, Options};
 use vm_spec::Mount;
 
@@ -163,6 +164,35 @@ impl Member {
     /// The guest path of `dest` (absolute) inside this member's root.
     pub fn path(&self, dest: &str) -> String {
         format!("{}/root{dest}", self.dir)
+    }
+
+    /// What this member's processes use in the guest: its cgroup's CPU time, memory and
+    /// process count (each file read bounded by the agent's file cap).
+    pub async fn usage(&self, vm: &MicroVm) -> Result<Usage, ShimError> {
+        let group = pod_member_cgroup(&self.dir);
+        let read = |name: &'static str| {
+            let path = format!("{group}/{name}");
+            async move {
+                let bytes = vm.read_absolute(&path).await.map_err(ShimError::sandbox(
+                    "reading a container's usage in the guest",
+                ))?;
+                Ok::<_, ShimError>(String::from_utf8_lossy(&bytes).into_owned())
+            }
+        };
+        let number = |text: &str| text.trim().parse::<u64>().unwrap_or(0);
+        let cpu = read("cpu.stat").await?;
+        let field = |key: &str| {
+            cpu.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+                .map(number)
+                .unwrap_or(0)
+        };
+        Ok(Usage {
+            processes: number(&read("pids.current").await?),
+            user_ns: field("user_usec").saturating_mul(1000),
+            system_ns: field("system_usec").saturating_mul(1000),
+            rss_bytes: number(&read("memory.current").await?),
+        })
     }
 }
 

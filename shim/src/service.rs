@@ -479,15 +479,17 @@ impl Task for TaskService {
         Ok(api::Empty::default())
     }
 
-    /// The VM's host processes as cgroup v1 metrics (what `ctr task metrics` and the CRI
-    /// read): CPU time, resident memory (the guest RAM touched included), process count.
+    /// Usage as cgroup v1 metrics (what `ctr task metrics` and the CRI read): a VM's host
+    /// processes' CPU time, resident memory (the guest RAM touched included) and process
+    /// count; a pod's app container's cgroup in the guest (CPU time, charged memory, its
+    /// processes).
     async fn stats(
         &self,
         _ctx: &TtrpcContext,
         req: api::StatsRequest,
     ) -> TtrpcResult<api::StatsResponse> {
         let c = self.container(&req.id)?;
-        let metrics = crate::metrics::of(&c.usage(), c.memory_limit());
+        let metrics = crate::metrics::of(&c.usage().await?, c.memory_limit());
         let any = containerd_shim::util::convert_to_any(Box::new(metrics))
             .map_err(ShimError::sandbox("encoding the metrics"))?;
         Ok(api::StatsResponse {

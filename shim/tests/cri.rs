@@ -285,9 +285,11 @@ fn one_container_pod_runs_execs_and_leaves_nothing() {
         .memory
         .and_then(|m| m.working_set_bytes)
         .map(|v| v.value);
+    // The container's own cgroup in the pod's VM: some CPU time, and memory charged to it
+    // that is far below the VM's (a shell loop, not the guest kernel and agent).
     assert!(
-        cpu.unwrap_or(0) > 0 && mem.unwrap_or(0) > 16 << 20,
-        "the VM's CPU time and memory: cpu {cpu:?} memory {mem:?}"
+        cpu.unwrap_or(0) > 0 && (1..64 << 20).contains(&mem.unwrap_or(0)),
+        "the container's CPU time and memory: cpu {cpu:?} memory {mem:?}"
     );
     assert!(!cd.vm_pids().is_empty(), "no VM process");
 

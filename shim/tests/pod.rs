@@ -155,6 +155,25 @@ fn a_pod_is_one_vm_whose_containers_share_localhost_and_an_empty_dir() {
         "{out:?}"
     );
 
+    // Its stats are its own cgroup's in the guest: its processes (httpd, none of the VM's host
+    // processes), the memory charged to it (far below the VM's resident memory), CPU time.
+    let metrics = |id: &str| -> serde_json::Value {
+        let out = cd.ctr(&["task", "metrics", "--format", "json", id]);
+        assert_eq!(out.code, 0, "{out:?}");
+        serde_json::from_str(&out.stdout).expect("metrics JSON")
+    };
+    let (web_m, pod_m) = (metrics("web"), metrics("pod1"));
+    let memory = |m: &serde_json::Value| m["memory"]["usage"]["usage"].as_u64().unwrap_or(0);
+    assert_eq!(web_m["pids"]["current"].as_u64(), Some(1), "{web_m}");
+    assert!(
+        memory(&web_m) > 0 && memory(&web_m) < memory(&pod_m) / 4,
+        "web {web_m}\npod {pod_m}"
+    );
+    assert!(
+        web_m["cpu"]["usage"]["total"].as_u64().unwrap_or(0) > 0,
+        "{web_m}"
+    );
+
     // A deleted container gives its disk back: more containers than the pod has disks run
     // one after another.
     cd.kill_and_delete("web");

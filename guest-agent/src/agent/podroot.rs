@@ -259,6 +259,7 @@ fn member_group(agent: &Agent, dir: &str, limits: GroupLimits) -> Result<(), Pod
     let Some(cgroups) = agent.cgroups() else {
         return Ok(());
     };
+    // The last component of `protocol::pod_member_cgroup(dir)`, under `work`.
     let leaf = dir.rsplit('/').next().unwrap_or_default();
     let name = format!("pod-{leaf}");
     cgroups
