@@ -320,7 +320,17 @@ pub(super) async fn run<S: Stream>(
             return send_error(&mut wr, ErrorKind::Io, &msg, t).await;
         }
     };
-    let ids = match super::user::resolve_opt(req.exec.user.as_deref()) {
+    // A pod member's user is looked up in its own root's /etc.
+    let looked_up = match root {
+        None => super::user::resolve_opt(req.exec.user.as_deref()),
+        Some(r) => {
+            let etc = Path::new(r).join("etc");
+            (req.exec.user.as_deref())
+                .map(|u| super::user::resolve(u, &etc))
+                .transpose()
+        }
+    };
+    let ids = match looked_up {
         Ok(ids) => ids,
         Err(e) => return send_error(&mut wr, ErrorKind::BadRequest, &e.to_string(), t).await,
     };
