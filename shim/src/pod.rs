@@ -36,6 +36,10 @@ pub const MAX_POD_DISKS: usize = 12;
 pub const DISK_BYTES: u64 = 64 << 30;
 /// Largest single file a read-only file mount of a pod member may be.
 pub const MAX_FILE_VOLUME_BYTES: u64 = 16 << 20;
+/// Largest cgroup file read for an app container's stats (a guest could put anything there).
+const MAX_STAT_FILE_BYTES: u64 = 64 << 10;
+/// How long reading an app container's stats may take.
+const STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Where the spare disks appear in the guest (`…/disk<N>`).
 const GUEST_DISKS: &str = "/run/vm-pod/disk";
 /// Where each member's root and volumes are assembled in the guest (`…/c<N>`).
@@ -167,15 +171,23 @@ impl Member {
     }
 
     /// What this member's processes use in the guest: its cgroup's CPU time, memory and
-    /// process count (each file read bounded by the agent's file cap).
+    /// process count (each file read at most [`MAX_STAT_FILE_BYTES`], within
+    /// [`STATS_TIMEOUT`]: the guest answers it).
     pub async fn usage(&self, vm: &MicroVm) -> Result<Usage, ShimError> {
         let group = pod_member_cgroup(&self.dir);
         let read = |name: &'static str| {
             let path = format!("{group}/{name}");
             async move {
-                let bytes = vm.read_absolute(&path).await.map_err(ShimError::sandbox(
-                    "reading a container's usage in the guest",
-                ))?;
+                let mut bytes = Vec::new();
+                let read = vm.copy_out_to(&path, MAX_STAT_FILE_BYTES, &mut bytes);
+                tokio::time::timeout(STATS_TIMEOUT, read)
+                    .await
+                    .map_err(|_| {
+                        ShimError::State(format!("reading {path} in the guest timed out"))
+                    })?
+                    .map_err(ShimError::sandbox(
+                        "reading a container's usage in the guest",
+                    ))?;
                 Ok::<_, ShimError>(String::from_utf8_lossy(&bytes).into_owned())
             }
         };
