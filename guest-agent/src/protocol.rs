@@ -297,6 +297,12 @@ pub fn pod_member_cgroup(dir: &str) -> String {
     )
 }
 
+/// The range of a pod member's CPU period, microseconds (the kernel's: 1 ms to 1 s).
+pub const POD_CPU_PERIOD_MICROS: std::ops::RangeInclusive<u64> = 1_000..=1_000_000;
+/// The range of a pod member's CPU quota, microseconds per period (1 ms to 64 CPUs' worth of
+/// the longest period).
+pub const POD_CPU_QUOTA_MICROS: std::ops::RangeInclusive<u64> = 1_000..=64_000_000;
+
 /// Smallest memory limit of a pod member: 4 MiB.
 pub const MIN_POD_MEMORY_BYTES: u64 = 4 << 20;
 
@@ -312,14 +318,16 @@ pub enum PodMount {
     /// `/sys/fs/cgroup`) and a `/dev` of its own (the standard nodes, the guest's `/dev/pts`,
     /// and the pod's shared `/dev/shm`). Every process later run in
     /// that root ([`Request::ExecInteractiveIn`]) is in one cgroup of the container's with
-    /// `memory_bytes` (at least [`MIN_POD_MEMORY_BYTES`]) and `pids` as its limits (`None`: the
-    /// VM's).
+    /// `memory_bytes` (at least [`MIN_POD_MEMORY_BYTES`]), `pids` and `cpu_max` (CFS quota in
+    /// [`POD_CPU_QUOTA_MICROS`] per period in [`POD_CPU_PERIOD_MICROS`]) as its limits (`None`:
+    /// the VM's).
     Root {
         device: String,
         dir: String,
         upper_bytes: u64,
         memory_bytes: Option<u64>,
         pids: Option<u64>,
+        cpu_max: Option<(u64, u64)>,
     },
     /// The read-only erofs volume on `device` at `path`.
     Volume { device: String, path: String },

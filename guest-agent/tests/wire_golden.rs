@@ -223,8 +223,9 @@ fn requests() -> Vec<(Request, &'static str)> {
                 upper_bytes: 4096,
                 memory_bytes: Some(1 << 26),
                 pids: None,
+                cpu_max: Some((50_000, 100_000)),
             }),
-            "11000000011100022f64022f708020018080802000",
+            "18000000011100022f64022f70802001808080200001d08603a08d06",
         ),
         (
             Request::PodMount(PodMount::Volume {

@@ -76,6 +76,8 @@ pub struct ContainerSpec {
     pub termination_host: Option<kubelet::HostFile>,
     pub mem_mib: Option<i64>,
     pub vcpus: Option<i64>,
+    /// `cpu.quota`/`period` as given, microseconds (a pod's app container's `cpu.max`).
+    pub cpu_max: Option<(u64, u64)>,
     pub pids: Option<i64>,
     /// `root.path`, resolved against the bundle.
     pub root_path: PathBuf,
@@ -137,10 +139,11 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         Some(b) if b > 0 => Some((b + (1 << 20) - 1) >> 20),
         _ => None,
     };
-    let vcpus = match (res["cpu"]["quota"].as_i64(), res["cpu"]["period"].as_u64()) {
-        (Some(q), Some(p)) if q > 0 && p > 0 => Some((q as u64).div_ceil(p) as i64),
+    let cpu_max = match (res["cpu"]["quota"].as_i64(), res["cpu"]["period"].as_u64()) {
+        (Some(q), Some(p)) if q > 0 && p > 0 => Some((q as u64, p)),
         _ => None,
     };
+    let vcpus = cpu_max.map(|(q, p)| q.div_ceil(p) as i64);
     let pids = res["pids"]["limit"].as_i64().filter(|p| *p > 0);
     // A pod's VM is sized by the pod, when containerd says how big it is.
     let (mem_mib, vcpus) = match role {
@@ -159,6 +162,7 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         termination_host,
         mem_mib,
         vcpus,
+        cpu_max,
         pids,
         root_path: bundle.join(root),
         role,

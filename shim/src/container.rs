@@ -309,6 +309,7 @@ impl Container {
             Some(_) => &ContainerSpec {
                 mem_mib: None,
                 vcpus: None,
+                cpu_max: None,
                 pids: None,
                 ..spec.clone()
             },

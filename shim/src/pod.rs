@@ -295,6 +295,7 @@ impl Pod {
             upper_bytes: self.upper_bytes,
             memory_bytes: spec.mem_mib.map(|m| (m as u64) << 20),
             pids: spec.pids.map(|p| p as u64),
+            cpu_max: spec.cpu_max,
         })
         .await?;
         for (k, v) in spec.mounts.iter().enumerate() {

@@ -350,24 +350,26 @@ fn a_containers_limits_are_its_own_cgroups_in_the_pods_vm() {
     let sandbox = ["--annotation", SANDBOX, "--annotation", &sandbox_of("pod3")];
     cd.run_detached_with(&sandbox, "pod3");
     // Every process of a container is in one cgroup of its own (its leaf's parent), whose
-    // memory.max is the container's limit: below the 64 MiB a VM needs, as a container's
-    // may be.
+    // memory.max and cpu.max are the container's limits: a memory limit below the 64 MiB a
+    // VM needs, as a container's may be, and half a CPU.
     let show = [
         "sh",
         "-c",
         "g=$(busybox cut -d: -f3 /proc/self/cgroup); g=${g%/*}; echo ${g%/*}; \
-         cat /sys/fs/cgroup$g/memory.max",
+         cat /sys/fs/cgroup$g/memory.max /sys/fs/cgroup$g/cpu.max",
     ];
     let mut capped = member("pod3");
     capped.extend([
         "--rm".into(),
         "--memory-limit".into(),
         (48u64 << 20).to_string(),
+        "--cpus".into(),
+        "0.5".into(),
     ]);
     let out = run(&cd, &capped, "capped", &show);
     assert_eq!(
         (out.code, out.stdout.as_str()),
-        (0, "/work\n50331648\n"),
+        (0, "/work\n50331648\n50000 100000\n"),
         "{out:?}\n{}",
         cd.log()
     );
@@ -376,7 +378,7 @@ fn a_containers_limits_are_its_own_cgroups_in_the_pods_vm() {
     let out = run(&cd, &free, "free", &show);
     assert_eq!(
         (out.code, out.stdout.as_str()),
-        (0, "/work\nmax\n"),
+        (0, "/work\nmax\nmax 100000\n"),
         "{out:?}"
     );
     cd.kill_and_delete("pod3");

@@ -43,7 +43,12 @@ pub struct CgroupLimits {
 pub struct GroupLimits {
     pub memory_bytes: Option<u64>,
     pub pids: Option<u64>,
+    /// `cpu.max`: quota and period, microseconds.
+    pub cpu_max: Option<(u64, u64)>,
 }
+
+/// The controllers the agent's cgroups use (`cpu` where the kernel has it).
+const CONTROLLERS: [&str; 3] = ["+pids", "+memory", "+cpu"];
 
 /// The `work` cgroup.
 #[derive(Debug)]
@@ -75,7 +80,7 @@ impl Cgroups {
             tracing::warn!(base = %base.display(), "not a cgroup2 hierarchy: per-exec cgroups and limits disabled");
             return Ok(None);
         }
-        for c in ["+pids", "+memory"] {
+        for c in CONTROLLERS {
             if let Err(e) = write(&base.join("cgroup.subtree_control"), c) {
                 tracing::warn!(controller = c, error = %e, "cannot enable controller at the root");
             }
@@ -95,7 +100,7 @@ impl Cgroups {
             // No swap in the guest, but if there were, the limit must not leak through it.
             let _ = write(&work.join("memory.swap.max"), "0");
         }
-        for c in ["+pids", "+memory"] {
+        for c in CONTROLLERS {
             if let Err(e) = write(&work.join("cgroup.subtree_control"), c) {
                 tracing::warn!(controller = c, error = %e, "cannot enable controller in work");
             }
@@ -118,6 +123,10 @@ impl Cgroups {
         if let Some(bytes) = limits.memory_bytes {
             write(&path.join("memory.max"), &bytes.to_string())?;
             let _ = write(&path.join("memory.swap.max"), "0");
+        }
+        // Its quota holds for all its processes together (the leaves below share it).
+        if let Some((quota, period)) = limits.cpu_max {
+            write(&path.join("cpu.max"), &format!("{quota} {period}"))?;
         }
         for c in ["+pids", "+memory"] {
             write(&path.join("cgroup.subtree_control"), c)?;

@@ -11,7 +11,7 @@
 //! (`BLKFLSBUF`): the kernel read the still empty disk at boot (the partition scan).
 //!
 //! Each member's processes share one cgroup of its own (`work/pod-c<N>`) with the container's
-//! memory and pids limits, so one container of the pod cannot take the others' memory.
+//! memory, pids and CPU limits, so one container of the pod cannot take the others' memory.
 //!
 //! Every path is inside the guest, which is the boundary: a member can reach the pod VM's
 //! other members as processes of one pod can on any node. Only an agent that is PID 1 mounts.
@@ -24,7 +24,10 @@ use std::path::{Path, PathBuf};
 use super::Agent;
 use super::cgroup::GroupLimits;
 use super::sys::fs as sys;
-use crate::protocol::{ErrorKind, MAX_POD_UPPER_BYTES, MIN_POD_MEMORY_BYTES, PodMount};
+use crate::protocol::{
+    ErrorKind, MAX_POD_UPPER_BYTES, MIN_POD_MEMORY_BYTES, POD_CPU_PERIOD_MICROS,
+    POD_CPU_QUOTA_MICROS, PodMount,
+};
 
 /// The device nodes a member's `/dev` gets, bound from the guest's.
 const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
@@ -45,6 +48,8 @@ pub enum PodMountError {
     Size(u64),
     #[error("memory limit {0} is below {MIN_POD_MEMORY_BYTES} bytes")]
     Memory(u64),
+    #[error("cpu quota {0} µs per period {1} µs is out of bounds")]
+    Cpu(u64, u64),
     #[error("{what} {path:?}")]
     Io {
         what: &'static str,
@@ -61,7 +66,8 @@ impl PodMountError {
             PodMountError::BadPath(_)
             | PodMountError::NotADisk(_)
             | PodMountError::Size(_)
-            | PodMountError::Memory(_) => ErrorKind::BadRequest,
+            | PodMountError::Memory(_)
+            | PodMountError::Cpu(..) => ErrorKind::BadRequest,
             PodMountError::Io { .. } => ErrorKind::Io,
         }
     }
@@ -285,13 +291,20 @@ pub async fn apply(agent: &Agent, m: &PodMount) -> Result<(), PodMountError> {
             upper_bytes,
             memory_bytes,
             pids,
+            cpu_max,
         } => {
             if let Some(b) = memory_bytes.filter(|b| *b < MIN_POD_MEMORY_BYTES) {
                 return Err(PodMountError::Memory(b));
             }
+            if let Some((q, p)) = cpu_max.filter(|(q, p)| {
+                !POD_CPU_QUOTA_MICROS.contains(q) || !POD_CPU_PERIOD_MICROS.contains(p)
+            }) {
+                return Err(PodMountError::Cpu(q, p));
+            }
             let limits = GroupLimits {
                 memory_bytes: *memory_bytes,
                 pids: *pids,
+                cpu_max: *cpu_max,
             };
             root(device, dir, *upper_bytes).and_then(|()| member_group(agent, dir, limits))
         }
