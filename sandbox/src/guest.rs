@@ -93,7 +93,7 @@ pub struct Guest {
     root_ready: tokio::sync::OnceCell<()>,
     /// A pod member's root: every process runs with this guest directory as `/`
     /// ([`Guest::member`]).
-    chroot: Option<String>,
+    member_root: Option<String>,
 }
 
 impl Guest {
@@ -108,7 +108,7 @@ impl Guest {
             link,
             confinement,
             root_ready,
-            chroot: None,
+            member_root: None,
         }
     }
 
@@ -303,7 +303,7 @@ impl Guest {
         let exec = self.request(run)?;
         self.ensure_root().await?;
         let req = InteractiveRequest { exec, tty };
-        let started = match &self.chroot {
+        let started = match &self.member_root {
             None => self.link.call(|c| c.exec_interactive(req)).await,
             Some(root) => self.link.call(|c| c.exec_interactive_in(root, req)).await,
         };

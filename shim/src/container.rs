@@ -119,8 +119,6 @@ pub struct Container {
     place: Place,
     /// Its ports' forwarding from its network namespace (stopped when it is dropped).
     _forwards: Forwards,
-    /// A pod's app container's memory limit, bytes.
-    member_limit: Option<u64>,
 }
 
 /// A container's termination message: the last [`kubelet::MAX_TERMINATION_BYTES`] of its
@@ -393,7 +391,6 @@ impl Container {
             torn_down: Default::default(),
             place,
             _forwards: forwards,
-            member_limit: spec.mem_mib.map(|m| (m as u64) << 20),
         })
     }
 
@@ -587,7 +584,7 @@ impl Container {
     pub fn memory_limit(&self) -> u64 {
         let vm = u64::from(self.vm.spec().limits().mem_mib) << 20;
         match &self.place {
-            Place::Member { .. } => self.member_limit.unwrap_or(vm),
+            Place::Member { member, .. } => member.memory_limit.unwrap_or(vm),
             Place::Own | Place::Sandbox { .. } => vm,
         }
     }

@@ -159,6 +159,8 @@ pub struct Pod {
 #[derive(Debug)]
 pub struct Member {
     pub guest: Guest,
+    /// Its own memory limit, bytes (`None`: the pod VM's).
+    pub memory_limit: Option<u64>,
     /// Its guest directory (the root is `dir/root`).
     dir: String,
     disks: Mutex<Vec<usize>>,
@@ -269,6 +271,7 @@ impl Pod {
         });
         let member = Member {
             guest,
+            memory_limit: spec.mem_mib.map(|m| (m as u64) << 20),
             dir,
             disks: Mutex::new(Vec::new()),
         };
@@ -293,7 +296,7 @@ impl Pod {
             device: guest_disk(i),
             dir: m.dir.clone(),
             upper_bytes: self.upper_bytes,
-            memory_bytes: spec.mem_mib.map(|m| (m as u64) << 20),
+            memory_bytes: m.memory_limit,
             pids: spec.pids.map(|p| p as u64),
             cpu_max: spec.cpu_max,
         })

@@ -159,9 +159,9 @@ pub fn spawn(
         cmd.env(k, v);
     }
     let cwd = spec.cwd.map(Path::new).unwrap_or(spec.default_cwd);
-    let seen_cwd = match spec.root {
-        Some(root) => root.join(cwd.strip_prefix("/").unwrap_or(cwd)),
-        None => cwd.to_path_buf(),
+    let seen_cwd: std::borrow::Cow<'_, Path> = match spec.root {
+        Some(root) => root.join(cwd.strip_prefix("/").unwrap_or(cwd)).into(),
+        None => cwd.into(),
     };
     // Checked here so that a failed exec's ENOENT can only be the program's.
     match std::fs::metadata(&seen_cwd) {

@@ -47,7 +47,7 @@ impl Guest {
             },
         };
         let mut g = Guest::new(self.link.clone(), confinement, true);
-        g.chroot = Some(root.dir);
+        g.member_root = Some(root.dir);
         g
     }
 
@@ -69,7 +69,7 @@ impl Guest {
     /// Refuses a collecting or streaming exec for a member (only interactive processes run
     /// in a member's root).
     pub(super) fn refuse_member(&self) -> Result<(), SandboxError> {
-        match self.chroot {
+        match self.member_root {
             Some(_) => Err(SandboxError::Unsupported(
                 "a pod member runs interactive processes only",
             )),

@@ -307,8 +307,8 @@ impl CriContainerd {
 
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on the pid of a child we spawned (unshare exec'd sh, which
-            // exec'd containerd) and have not reaped.
+            // unshare exec'd sh, which exec'd containerd: the child's pid is containerd's.
+            // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let _ = c.wait();
         }
@@ -316,9 +316,10 @@ impl CriContainerd {
 }
 
 impl Drop for CriContainerd {
-    /// Prints containerd's log tail when the test failed, ends the shims this containerd started (their VMs die with them), containerd, then
-    /// detaches whatever is still mounted under the temp dir (a failed test's sandbox shm and
-    /// network namespaces) so that the dir can go.
+    /// Prints containerd's log tail when the test failed, ends the shims this containerd
+    /// started (their VMs die with them) and containerd, then detaches whatever is still
+    /// mounted under the temp dir (a failed test's sandbox shm and network namespaces) so
+    /// that the dir can go.
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("{}", self.log_tail());

@@ -174,8 +174,8 @@ pub fn pivot_into(root: &CStr, cwd: &CStr) -> std::io::Result<()> {
     // SAFETY: unshare takes a flag word.
     check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
     let private = libc::MS_REC | libc::MS_PRIVATE;
-    // SAFETY: NUL-terminated strings that outlive the call (null type and data: a
-    // propagation change), the kernel only reads them.
+    // A propagation change: no type, no data.
+    // SAFETY: NUL-terminated strings that outlive the call; the kernel only reads them.
     check(unsafe {
         libc::mount(
             c"none".as_ptr(),
