@@ -172,10 +172,29 @@ def queue_state(i, size=256, next_idx=7, used=None):
             + varint(next_idx) + varint(next_idx) + bytes([0]))
 
 
-def device(kind, queues, acked=1 << 32):
+def device(kind, queues, acked=1 << 32, fs=None):
     transport = (varint(0xF) + bytes([0]) + varint(acked) + varint(1) + varint(1) + varint(0)
                  + varint(0) + varint(1))  # status DRIVER_OK..., interrupt VRING
-    return kind + transport + varint(len(queues)) + b"".join(queues)
+    session = bytes([0]) if fs is None else bytes([1]) + fs
+    return kind + transport + varint(len(queues)) + b"".join(queues) + session
+
+
+def blob_bytes(b):
+    return varint(len(b)) + b
+
+
+# DeviceKind 3 = Fs { tag, share, dax_window }; its FUSE session (vm_virtiofs::SessionState):
+# open, FsState { next_node, next_fh, inodes [SavedInode { nodeid, parent, name, dev, ino,
+# nlookup }], handles [SavedHandle { fh, nodeid, dir }] }, mappings [ChunkMapping { moffset,
+# nodeid, foffset, file_len }].
+FS = bytes([3]) + blob_bytes(b"fs0") + blob_bytes(b"/srv/models") + varint(64 << 20)
+FS_SESSION = (bytes([1]) + varint(4) + varint(2)
+              + varint(2) + varint(2) + varint(1) + blob_bytes(b"sub") + varint(2049) + varint(77)
+              + varint(1)
+              + varint(3) + varint(2) + blob_bytes(b"model.gguf") + varint(2049) + varint(78)
+              + varint(2)
+              + varint(1) + varint(1) + varint(3) + bytes([0])
+              + varint(1) + varint(0) + varint(3) + varint(0) + varint(2 << 20))
 
 
 RNG = bytes([2])
@@ -195,7 +214,7 @@ def vm_state(vcpus=1, mem_mib=16, regions=None, states=None, xsave=True, devices
             + varint(len(devices)) + b"".join(devices))
 
 
-def state_file(payload, version=2, magic=b"VMSNAPST", length=None):
+def state_file(payload, version=3, magic=b"VMSNAPST", length=None):
     length = len(payload) if length is None else length
     body = magic + struct.pack("<IQ", version, length) + payload
     return body + hashlib.sha256(body).digest()
@@ -206,6 +225,7 @@ write("snapshot_state", "valid-1vcpu", VALID)
 write("snapshot_state", "valid-2vcpus-no-xsave", state_file(vm_state(vcpus=2, xsave=False)))
 write("snapshot_state", "bad-magic", state_file(vm_state(), magic=b"VMSNAPSX"))
 write("snapshot_state", "version-1", state_file(vm_state(), version=1))
+write("snapshot_state", "version-2", state_file(vm_state(), version=2))
 write("snapshot_state", "huge-length", state_file(vm_state(), length=2**64 - 1))
 write("snapshot_state", "truncated", VALID[:len(VALID) // 2])
 write("snapshot_state", "short-header", VALID[:19])
@@ -227,6 +247,12 @@ write("snapshot_state", "device-features",
       state_file(vm_state(devices=[device(RNG, [queue_state(0)], acked=(1 << 32) | 1)])))
 write("snapshot_state", "device-queue-count",
       state_file(vm_state(devices=[device(RNG, [queue_state(0), queue_state(1)])])))
+write("snapshot_state", "valid-fs-session",
+      state_file(vm_state(devices=[device(FS, [queue_state(0), queue_state(1)], fs=FS_SESSION)])))
+write("snapshot_state", "fs-without-session",
+      state_file(vm_state(devices=[device(FS, [queue_state(0), queue_state(1)])])))
+write("snapshot_state", "session-on-rng",
+      state_file(vm_state(devices=[device(RNG, [queue_state(0)], fs=FS_SESSION)])))
 write("snapshot_state", "too-many-devices",
       state_file(vm_state(devices=[device(RNG, [queue_state(0)])] * 20)))
 # The target also frames its input as a payload: bare payloads reach the decoder directly.

@@ -155,6 +155,10 @@ pub struct JailConfig {
     /// creating one.
     #[serde(default)]
     pub netns_fd: Option<i32>,
+    /// Descriptors beyond [`NOFILE_LIMIT`] the process may hold: a file server's inodes (one
+    /// descriptor each, capped by the server).
+    #[serde(default)]
+    pub extra_open_files: u64,
 }
 
 /// Why the jail could not be built; the VM does not start.
@@ -223,6 +227,9 @@ pub struct MemoryCap {
     /// `RLIMIT_FSIZE`: 0 for a process that writes no files; QEMU needs the guest's RAM (it
     /// sizes its memfd with `ftruncate`, which this limit covers).
     pub file_size: u64,
+    /// `RLIMIT_NOFILE`: [`NOFILE_LIMIT`] plus the jail's [`JailConfig::extra_open_files`]
+    /// (the builders set it from the config).
+    pub open_files: u64,
 }
 
 /// Closes every file descriptor above stderr but `keep` (the network namespace passed on
@@ -316,6 +323,7 @@ fn reap(
         resource: Resource::RLIMIT_DATA,
         bytes: REAPER_DATA_MIB << 20,
         file_size: 0,
+        open_files: NOFILE_LIMIT,
     };
     // The uid change in `restrict` cleared the parent-death signal: re-armed, then the launcher
     // must still be the parent (it may have died in between).
@@ -376,6 +384,7 @@ pub fn confine(
         resource: Resource::RLIMIT_DATA,
         bytes: data_limit(guest_mib),
         file_size: 0,
+        open_files: NOFILE_LIMIT.saturating_add(cfg.extra_open_files),
     };
     if let Some(w) = writable {
         let dir = root::cstring(w.dir)?;
@@ -400,7 +409,7 @@ pub fn data_limit(guest_mib: u32) -> u64 {
 pub fn restrict(who: Identity, memory: MemoryCap) -> Result<(), JailError> {
     for (res, limit) in [
         (memory.resource, memory.bytes),
-        (Resource::RLIMIT_NOFILE, NOFILE_LIMIT),
+        (Resource::RLIMIT_NOFILE, memory.open_files),
         (Resource::RLIMIT_FSIZE, memory.file_size),
         (Resource::RLIMIT_CORE, 0),
         (Resource::RLIMIT_NPROC, NPROC_LIMIT),

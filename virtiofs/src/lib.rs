@@ -28,4 +28,4 @@ mod sys;
 
 pub use dax::DaxWindow;
 pub use fs::{Fs, FsError, Limits};
-pub use server::{MAX_REQUEST_BYTES, Outcome, Server};
+pub use server::{ChunkMapping, MAX_REQUEST_BYTES, Outcome, Server, SessionState};

@@ -18,6 +18,7 @@
 //!
 //! Before `INIT` everything else is `EIO`.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::AsFd;
 
@@ -69,6 +70,8 @@ pub struct Server {
     session: bool,
     valid: Validity,
     scratch: Vec<u8>,
+    /// What each 2 MiB chunk of the DAX window maps (a snapshot re-maps it).
+    mappings: BTreeMap<u64, ChunkMapping>,
 }
 
 impl std::fmt::Debug for Server {
@@ -97,6 +100,7 @@ impl Server {
             session: false,
             valid: Validity { secs: 1 },
             scratch: Vec::new(),
+            mappings: BTreeMap::new(),
         }
     }
 
@@ -158,6 +162,7 @@ impl Server {
 
     fn reset(&mut self) {
         self.fs.reset();
+        self.mappings.clear();
         if let Some(d) = self.dax.as_mut() {
             let size = d.size();
             if size > 0 && d.unmap(0, size).is_err() {
@@ -311,6 +316,8 @@ impl Server {
                 for (moffset, len) in items.iter() {
                     dax::check_range(size, moffset, len)?;
                     dax.unmap(moffset, len)?;
+                    let end = moffset + len;
+                    self.mappings.retain(|&at, _| at < moffset || at >= end);
                 }
             }
             Op::WriteLike(_) => return Err(Errno::EROFS),
@@ -334,9 +341,22 @@ impl Server {
         let handle = self.fs.file_handle(fh)?;
         let size = u64::try_from(sys::stat(handle.fd.as_fd())?.st_size).unwrap_or(0);
         let m = dax::check_setup(dax.size(), foffset, len, flags, moffset, size)?;
+        let end = m.moffset + m.len;
+        self.mappings.retain(|&at, _| at < m.moffset || at >= end);
         dax.unmap(m.moffset, m.len)?;
         if m.file_len > 0 {
             dax.map(m.moffset, m.file_len, handle.fd.as_fd(), m.foffset)?;
+        }
+        let mut at = 0;
+        while at < m.file_len {
+            let chunk = ChunkMapping {
+                moffset: m.moffset + at,
+                nodeid: handle.nodeid,
+                foffset: m.foffset + at,
+                file_len: (m.file_len - at).min(dax::DAX_ALIGN),
+            };
+            self.mappings.insert(chunk.moffset, chunk);
+            at += dax::DAX_ALIGN;
         }
         Ok(())
     }
@@ -462,5 +482,8 @@ fn finish(out: &mut Vec<u8>, h: &InHeader, result: Result<(), Errno>, room: usiz
     Outcome::Replied { len, errno }
 }
 
+mod session;
 #[cfg(test)]
 mod tests;
+
+pub use session::{ChunkMapping, SessionState};

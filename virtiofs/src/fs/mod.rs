@@ -19,6 +19,7 @@
 
 mod attr;
 mod dir;
+mod session;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -33,6 +34,7 @@ use crate::abi::Attr;
 use crate::sys;
 
 pub use dir::Batch;
+pub use session::{FsState, RestoreError, SavedHandle, SavedInode};
 
 /// The root's node id (FUSE's `FUSE_ROOT_ID`).
 pub const ROOT_ID: u64 = 1;
@@ -108,6 +110,10 @@ pub struct Inode {
     nlookup: u64,
     /// Never forgotten (the root, a single file's inode).
     pinned: bool,
+    /// The directory it was first looked up in, and the name (what a restored session
+    /// resolves again; 0 and empty for a pinned inode).
+    parent: u64,
+    name: Vec<u8>,
 }
 
 /// An open handle.
@@ -155,6 +161,25 @@ fn key_of(st: &FileStat) -> (u64, u64) {
     (st.st_dev, st.st_ino)
 }
 
+/// `name` in `dir` (already opened `O_PATH` as `path_fd`, `st` its attributes) opened again
+/// to be read when it is a directory or regular file and the same inode is found; else the
+/// `O_PATH` descriptor (not readable).
+fn open_to_read(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    path_fd: OwnedFd,
+    st: &FileStat,
+) -> (OwnedFd, bool) {
+    let key = key_of(st);
+    match read_flags(kind_of(st))
+        .and_then(|f| sys::open_beneath(dir, name, f).ok())
+        .filter(|fd| sys::stat(fd.as_fd()).is_ok_and(|s| key_of(&s) == key))
+    {
+        Some(fd) => (fd, true),
+        None => (path_fd, false),
+    }
+}
+
 /// The flags a directory or regular file is opened again with, to be read.
 fn read_flags(kind: Kind) -> Option<OFlag> {
     match kind {
@@ -198,6 +223,8 @@ impl Fs {
             key,
             nlookup: 1,
             pinned: true,
+            parent: 0,
+            name: Vec::new(),
         };
         if kind == Kind::Dir {
             fs.inodes
@@ -234,13 +261,10 @@ impl Fs {
     pub fn reset(&mut self) {
         self.handles.clear();
         self.inodes.retain(|_, i| i.pinned);
-        let keep: HashMap<(u64, u64), u64> = self
-            .inodes
-            .iter()
-            .filter(|(_, i)| i.kind != Kind::SingleFileRoot)
-            .map(|(n, i)| (i.key, *n))
-            .collect();
-        self.by_key = keep;
+        // In place: a new map would draw hash keys (`getrandom`), which a worker's seccomp
+        // filter does not allow.
+        let inodes = &self.inodes;
+        self.by_key.retain(|_, node| inodes.contains_key(node));
     }
 
     /// The inode `nodeid`.
@@ -289,29 +313,40 @@ impl Fs {
         if self.inodes.len() >= self.limits.max_inodes {
             return Err(Errno::ENFILE);
         }
-        let kind = kind_of(&st);
-        let (fd, readable) = match read_flags(kind)
-            .and_then(|f| sys::open_beneath(dir_fd.as_fd(), name, f).ok())
-            .filter(|fd| sys::stat(fd.as_fd()).is_ok_and(|s| key_of(&s) == key))
-        {
-            Some(fd) => (fd, true),
-            None => (path_fd, false),
-        };
+        let (fd, readable) = open_to_read(dir_fd.as_fd(), name, path_fd, &st);
         let node = self.next_node;
         self.next_node += 1;
+        self.insert(node, parent, name, fd, readable, &st, 1);
+        Ok((node, attr::from_stat(&st)))
+    }
+
+    /// Adds inode `node` (`name` in `parent`) with `nlookup` lookups.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        node: u64,
+        parent: u64,
+        name: &[u8],
+        fd: OwnedFd,
+        readable: bool,
+        st: &FileStat,
+        nlookup: u64,
+    ) {
+        let key = key_of(st);
         self.inodes.insert(
             node,
             Inode {
                 fd: Arc::new(fd),
-                kind,
+                kind: kind_of(st),
                 readable,
                 key,
-                nlookup: 1,
+                nlookup,
                 pinned: false,
+                parent,
+                name: name.to_vec(),
             },
         );
         self.by_key.insert(key, node);
-        Ok((node, attr::from_stat(&st)))
     }
 
     fn lookup_single(&mut self, name: &[u8]) -> Result<(u64, Attr), Errno> {

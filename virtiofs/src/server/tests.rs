@@ -4,6 +4,7 @@
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
+use super::session::{ChunkMapping, SessionState};
 use super::*;
 use crate::abi::{ENTRY_OUT_LEN, opcode};
 use crate::fs::{Limits, ROOT_ID};
@@ -525,4 +526,83 @@ fn user_xattrs_are_read_and_others_are_not() {
     put_u32(&mut b, 64);
     put_u32(&mut b, 0);
     assert_eq!(g.call(opcode::LISTXATTR, node, &b).body, b"user.sha\0");
+}
+
+#[test]
+fn a_saved_session_restores_with_the_same_ids_or_is_refused_naming_what_changed() {
+    let d = tree();
+    let mut g = Guest::new(d.path());
+    let (sub, _, _) = g.lookup(ROOT_ID, "sub").entry();
+    let (inner, _, _) = g.lookup(sub, "inner").entry();
+    let (small, _, _) = g.lookup(ROOT_ID, "small.bin").entry();
+    let fh = g.open(small, libc::O_RDONLY).u64_at(0);
+    let dh = g.call(opcode::OPENDIR, sub, &[0u8; 8]).u64_at(0);
+    let saved = g.server.save();
+    assert_eq!(saved.fs.inodes.len(), 3);
+
+    // A fresh server over the same tree answers for the same node ids and handles.
+    let mut again = Guest::with(d.path(), Limits::default(), None);
+    again.server.restore(&saved).unwrap();
+    assert_eq!(again.read(fh, 0, 64).body, b"hello weights");
+    assert_eq!(again.read_all(inner, 1 << 20).len(), 3 << 20);
+    assert_eq!(again.readdir(opcode::READDIR, dh, 0, 4096).errno, 0);
+    // New ids do not collide with restored ones.
+    let (fresh, _, _) = again.lookup(ROOT_ID, "inside").entry();
+    assert!(fresh > inner && fresh > small);
+
+    // The tree changed under the snapshot: refused, naming the path.
+    std::fs::remove_file(d.path().join("sub/inner")).unwrap();
+    std::fs::write(d.path().join("sub/inner"), b"other").unwrap();
+    let mut changed = Guest::with(d.path(), Limits::default(), None);
+    let e = changed.server.restore(&saved).unwrap_err();
+    assert_eq!(
+        e,
+        crate::fs::RestoreError::Changed {
+            path: "sub/inner".into()
+        }
+    );
+    std::fs::remove_file(d.path().join("sub/inner")).unwrap();
+    let mut gone = Guest::with(d.path(), Limits::default(), None);
+    let e = gone.server.restore(&saved).unwrap_err().to_string();
+    assert!(e.contains("sub/inner") && e.contains("changed"), "{e}");
+}
+
+#[test]
+fn a_hostile_saved_session_is_refused() {
+    let d = tree();
+    let mut g = Guest::new(d.path());
+    let (sub, _, _) = g.lookup(ROOT_ID, "sub").entry();
+    g.lookup(sub, "inner").entry();
+    let saved = g.server.save();
+    let refused = |edit: &dyn Fn(&mut SessionState)| {
+        let mut s = saved.clone();
+        edit(&mut s);
+        let mut fresh = Guest::with(d.path(), Limits::default(), None);
+        fresh.server.restore(&s).unwrap_err()
+    };
+    // A child before its parent, a name with a slash, a duplicate id, a parent that is not a
+    // directory, a huge list, a handle on nothing, a mapping without a window.
+    refused(&|s| s.fs.inodes.reverse());
+    refused(&|s| s.fs.inodes[1].name = b"../etc".to_vec());
+    refused(&|s| s.fs.inodes[1].nodeid = s.fs.inodes[0].nodeid);
+    refused(&|s| s.fs.inodes[0].nodeid = 1);
+    refused(&|s| {
+        let i = s.fs.inodes[1].clone();
+        s.fs.inodes = vec![i; 40_000];
+    });
+    refused(&|s| {
+        s.fs.handles.push(crate::fs::SavedHandle {
+            fh: 1,
+            nodeid: 999,
+            dir: false,
+        })
+    });
+    refused(&|s| {
+        s.mappings.push(ChunkMapping {
+            moffset: 0,
+            nodeid: 2,
+            foffset: 0,
+            file_len: 4096,
+        })
+    });
 }
