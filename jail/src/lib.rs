@@ -50,7 +50,7 @@ use std::path::PathBuf;
 
 use caps::CapSet;
 use nix::sched::{CloneFlags, unshare};
-use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Uid, getpid, setgroups, setresgid, setresuid};
@@ -407,9 +407,13 @@ pub fn data_limit(guest_mib: u32) -> u64 {
 /// Rlimits (the memory cap among them), capabilities, uid/gid and `no_new_privs`. Allocates
 /// nothing on success.
 pub fn restrict(who: Identity, memory: MemoryCap) -> Result<(), JailError> {
+    // A hard limit is raised only with CAP_SYS_RESOURCE, which a launcher in a container may
+    // lack: the descriptors asked for are capped at the hard limit it has (a file server
+    // lowers its inode cap to what it finds).
+    let (_, nofile_hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(at(Step::Rlimit))?;
     for (res, limit) in [
         (memory.resource, memory.bytes),
-        (Resource::RLIMIT_NOFILE, memory.open_files),
+        (Resource::RLIMIT_NOFILE, memory.open_files.min(nofile_hard)),
         (Resource::RLIMIT_FSIZE, memory.file_size),
         (Resource::RLIMIT_CORE, 0),
         (Resource::RLIMIT_NPROC, NPROC_LIMIT),
