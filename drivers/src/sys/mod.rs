@@ -8,6 +8,15 @@
 
 pub mod term;
 
+/// Confines this whole process as a reader of agent frames that starts nothing more:
+/// `no_new_privs`, then `vm_jail::seccomp::client`'s filter on every thread (no program
+/// executed, no process forked, no change of identity, namespace or mounts; a call outside
+/// its list ends the process with `SIGSYS`). Call it once every process this one will ever
+/// start is started (the VM's), before more of the guest is read.
+pub fn confine_reader() -> Result<(), vm_jail::seccomp::SeccompError> {
+    vm_jail::seccomp::client::apply_to_process()
+}
+
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
