@@ -90,6 +90,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Drivers(a) => cmd::drivers::run(a),
         Command::Images(a) => cmd::images::run(a).await,
         Command::Snapshot(a) => cmd::snapshot::run(a).await,
+        Command::Mcp(a) => cmd::mcp::run(a).await,
         Command::Supervise(a) => supervisor::run(a).await,
     }
 }
