@@ -191,16 +191,10 @@ impl Calls {
             let tail = serving.output();
             let _ = serving.stop().await;
             let mut message = vm_error_chain::error_chain(&e);
-            if !tail.trim().is_empty() {
-                let tail: String = tail
-                    .chars()
-                    .rev()
-                    .take(2000)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                message.push_str(&format!("; its output: {}", tail.trim()));
+            // The server's retained output tail, its last 2000 characters at most.
+            let start = tail.char_indices().rev().nth(1999).map_or(0, |(i, _)| i);
+            if !tail[start..].trim().is_empty() {
+                message.push_str(&format!("; its output: {}", tail[start..].trim()));
             }
             return Err(Fault::failed(message));
         }
