@@ -48,10 +48,10 @@ sandbox_create, sandbox_remove, sandbox_exec, sandbox_read_file, sandbox_write_f
 sandbox_list_files, sandbox_serve (a guest port on a loopback URL), sandbox_list.
 
 The flags decide what a tool call may ask for: trust and driver policy as `vm exec`'s;
---memory/--timeout are the defaults and, unless --max-memory/--max-timeout say more, the
-ceilings; -v mounts and -e variables apply to every sandbox; a call's image must be --image
-or an --allow-image; a call's mounts must lie under an --allow-mount directory (read-only, as
-always). Each stream of a command's output is cut at --max-output (the result says so). A
+--memory/--timeout (default 256M, 10m) are the defaults and, unless --max-memory or
+--max-timeout say more, the ceilings; -v mounts and -e variables apply to every sandbox; a
+call's image must be --image or an --allow-image; a call's mounts must lie under an
+--allow-mount directory (read-only, as always). Each stream of a command's output is cut at --max-output (the result says so). A
 cancelled call kills the guest command tree, as Ctrl-C does. A sandbox is removed when the
 session that created it ends (stdin closes; over HTTP the session is deleted or idles out),
 unless it was created with keep and a name: then it is a named VM (`vm ps`, `vm exec NAME`,
