@@ -5,6 +5,7 @@ pub mod drivers;
 pub mod exec;
 pub mod images;
 pub mod manage;
+pub mod mcp;
 pub mod pause;
 pub mod run;
 pub mod serve;
