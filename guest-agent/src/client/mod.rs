@@ -24,7 +24,7 @@ pub use ready::{READY_ATTEMPT, READY_RETRY_MAX};
 pub use stream::{ExecEvent, ExecStream};
 
 use crate::PROTOCOL_VERSION;
-use crate::frame::{FrameError, read_frame, write_frame};
+use crate::frame::{FrameError, encode_frame, read_frame, write_frame};
 use crate::protocol::{
     AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, MAX_EXEC_OUTPUT,
     MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request, ServeId, ServeRequest, ServeStatus,
@@ -84,8 +84,10 @@ pub enum ClientError {
     },
     #[error("timed out during {step}")]
     Timeout { step: &'static str },
-    #[error("hybrid vsock handshake failed: {reply}")]
-    VsockHandshake { reply: String },
+    /// The VM's vsock device did not answer `CONNECT <port>` with `OK`: `reply` is what it
+    /// sent instead (empty: it closed the connection without a word).
+    #[error("hybrid vsock handshake failed: {}", describe_handshake(*.port, .reply))]
+    VsockHandshake { port: u32, reply: String },
     #[error("protocol error during {step}")]
     Frame {
         step: &'static str,
@@ -293,21 +295,29 @@ impl AgentClient {
                 path: path.clone(),
                 source,
             })?;
-        if let Transport::HybridVsock { port, .. } = &self.transport {
-            s = vsock_handshake(s, *port, ct).await?;
-        }
+        let hello = ClientFrame::Hello {
+            version: PROTOCOL_VERSION,
+            token: self.token.as_ref().map_or([0; TOKEN_LEN], |t| *t.bytes()),
+        };
+        // Through hybrid vsock the `Hello` goes out with the `CONNECT` line, in one write: the
+        // vsock device then sees a client that speaks at once, which a flood of silent
+        // connections never pushes out or queues ahead of (`vmm::virtio::vsock::muxer`).
+        let pipelined = match &self.transport {
+            Transport::HybridVsock { port, .. } => {
+                let first =
+                    encode_frame(&hello, MAX_FRAME).map_err(|e| frame_err("handshake", e))?;
+                s = vsock_handshake(s, *port, first, ct).await?;
+                true
+            }
+            Transport::Unix(_) => false,
+        };
         let mut conn = Conn {
             s,
             step: self.limits.step_timeout,
         };
-        conn.send_or_reason(
-            &ClientFrame::Hello {
-                version: PROTOCOL_VERSION,
-                token: self.token.as_ref().map_or([0; TOKEN_LEN], |t| *t.bytes()),
-            },
-            "handshake",
-        )
-        .await?;
+        if !pipelined {
+            conn.send_or_reason(&hello, "handshake").await?;
+        }
         match conn.recv(None, "handshake").await {
             Ok(AgentFrame::HelloOk { version, info }) if version == PROTOCOL_VERSION => {
                 Ok((conn, info))
@@ -462,21 +472,26 @@ fn dropped_in_handshake(e: &ClientError) -> bool {
             step: "handshake",
             source: FrameError::Closed | FrameError::Io(_),
         } => true,
-        // The vsock backend closed before its `OK`: a flood of other host clients made it
-        // give this one's slot away (vm-vsock and vm-vmm evict the oldest silent client at
-        // their connection cap), or the guest refused the port. Nothing was sent.
-        ClientError::VsockHandshake { reply } => reply.is_empty(),
-        // ... or before the `CONNECT` line went out: a client starved past the backend's
-        // 2 s `CONNECT` deadline (a loaded host) finds the connection already closed.
-        ClientError::Io {
-            step: "hybrid vsock connect",
-            source,
-        } => matches!(
-            source.kind(),
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-        ),
+        // The vsock backend closed before its `OK` (or before the `CONNECT` line went out: a
+        // client starved past the backend's 2 s `CONNECT` deadline on a loaded host): a flood
+        // of other host clients made it give this one's slot away, or the guest refused the
+        // port or had no room in its accept backlog. No request reached the agent.
+        ClientError::VsockHandshake { reply, .. } => reply.is_empty(),
         _ => false,
     }
+}
+
+/// What a failed `CONNECT` exchange means, for [`ClientError::VsockHandshake`].
+fn describe_handshake(port: u32, reply: &str) -> String {
+    if reply.is_empty() {
+        return format!(
+            "the VM's vsock device closed the connection without answering CONNECT {port} (the \
+             guest refused or reset it, did not answer within the device's deadline, or the \
+             device was at its connection cap)"
+        );
+    }
+    let shown: String = reply.escape_debug().take(80).collect();
+    format!("the VM's vsock device answered CONNECT {port} with \"{shown}\", not OK")
 }
 
 /// Connects to `path`. A full listen backlog (`EAGAIN` on a Unix socket: a flood of other
@@ -509,12 +524,13 @@ const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
 async fn vsock_handshake(
     s: UnixStream,
     port: u32,
+    first: Vec<u8>,
     timeout: Duration,
 ) -> Result<UnixStream, ClientError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let mut s = s;
-        match tokio::time::timeout(timeout, vsock_connect(&mut s, port)).await {
+        match tokio::time::timeout(timeout, vsock_connect(&mut s, port, &first)).await {
             Ok(result) => {
                 // If the caller is gone, `s` is dropped after the reply: harmless.
                 let _ = tx.send(result.map(|()| s));
@@ -546,21 +562,32 @@ async fn drain_line(s: &mut UnixStream) {
     }
 }
 
-async fn vsock_connect(s: &mut UnixStream, port: u32) -> Result<(), ClientError> {
+/// Sends `CONNECT <port>\n` and `first` (the bytes that follow the line; the backend passes
+/// them on once the guest accepted) in one write, then reads the reply line.
+async fn vsock_connect(s: &mut UnixStream, port: u32, first: &[u8]) -> Result<(), ClientError> {
     let step = "hybrid vsock connect";
-    s.write_all(format!("CONNECT {port}\n").as_bytes())
-        .await
-        .map_err(|source| ClientError::Io { step, source })?;
+    // The backend closed the connection (before our bytes were read it is a reset, not an
+    // end of file): it answered nothing, or only `line`.
+    let io = |line: &[u8], source: std::io::Error| match source.kind() {
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+            ClientError::VsockHandshake {
+                port,
+                reply: String::from_utf8_lossy(line).into_owned(),
+            }
+        }
+        _ => ClientError::Io { step, source },
+    };
+    let mut out = format!("CONNECT {port}\n").into_bytes();
+    out.extend_from_slice(first);
+    s.write_all(&out).await.map_err(|e| io(&[], e))?;
     // Read byte by byte so nothing past the line is consumed; bounded to 64 bytes.
     let mut line = Vec::with_capacity(64);
     loop {
         let mut b = [0u8; 1];
-        let n = s
-            .read(&mut b)
-            .await
-            .map_err(|source| ClientError::Io { step, source })?;
+        let n = s.read(&mut b).await.map_err(|e| io(&line, e))?;
         if n == 0 || line.len() >= 64 {
             return Err(ClientError::VsockHandshake {
+                port,
                 reply: String::from_utf8_lossy(&line).into_owned(),
             });
         }
@@ -573,6 +600,7 @@ async fn vsock_connect(s: &mut UnixStream, port: u32) -> Result<(), ClientError>
     match reply.strip_prefix("OK ") {
         Some(n) if n.trim().parse::<u32>().is_ok() => Ok(()),
         _ => Err(ClientError::VsockHandshake {
+            port,
             reply: reply.into_owned(),
         }),
     }
