@@ -22,6 +22,19 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 use std::process::ExitStatus;
 
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (as the Go runtime does at
+/// start) and returns the soft limit in force: a process that forwards hundreds of
+/// connections holds two descriptors for each, past the usual soft default of 1024.
+pub fn raise_nofile() -> io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+        return Ok(hard);
+    }
+    Ok(soft)
+}
+
 /// The signals the host side sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
