@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use vm_spec::Mount;
 use vm_tests::host::{content_fingerprint, manifest, pseudo_random, sha256_file, sha256_hex};
-use vm_tests::probe::FS;
+use vm_tests::probe::{self, FS};
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_as, exec_ok, sh};
 
 const DIR: &str = "/models";
@@ -245,7 +245,7 @@ async fn symlinks(vm: &MicroVm, h: &Host) -> Result<(), String> {
 }
 
 async fn writes_fail(vm: &MicroVm) -> Result<(), String> {
-    FS.install(vm).await?;
+    probe::install(vm, FS).await?;
     let t = format!("{DIR}/ten");
     let lines = [
         format!("echo x > {DIR}/new"),
