@@ -19,7 +19,10 @@
 //! - a two-container pod (an httpd and a client fetching it over localhost, an `emptyDir`
 //!   written by one and read by the other) runs in exactly one VM; its declared port
 //!   (`vm.shim/ports`) reaches the httpd from the node at the pod's IP, and the guest has no
-//!   interface but `lo` and reaches nothing outside.
+//!   interface but `lo` and reaches nothing outside;
+//! - without the annotation (as kubelet and critest make pods), a port the container listens
+//!   on at every address is reached at the pod's IP, one an exec opens later too, and it
+//!   closes with its server; a loopback-only one is not reached.
 //!
 //! Skipped (counted) without containerd, ctr, mkfs.erofs, root, `unshare`, `ip` or the CNI
 //! plugins; no guest driver fails, as elsewhere.
@@ -509,4 +512,81 @@ fn two_container_pod_shares_one_vm_localhost_and_empty_dir() {
     }
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     remove_pod_leaves_nothing(&cd, &mut cri, &pod, &ids);
+}
+
+/// A pod without `vm.shim/ports`, as kubelet and critest make them: a port its container
+/// listens on at every address is reached from the node at the pod's IP (the shim learns it
+/// from the agent and binds it in the pod's namespace), one opened later by an exec too and
+/// it closes when its server goes; a port listened on at loopback only stays the pod's own.
+#[test]
+fn a_listening_port_is_reached_on_the_pod_ip_without_an_annotation() {
+    cri_preflight!("a_listening_port_is_reached_on_the_pod_ip_without_an_annotation");
+    let (cd, mut cri, handler) = start();
+    let (pod, pod_cfg, _dir) = run_pod(&cd, &mut cri, &handler, "ports", |_| {});
+    let server = container_config(
+        "server",
+        IMAGE,
+        &[
+            "sh",
+            "-c",
+            "echo 'found without an annotation' > /index.html && \
+             httpd -p 127.0.0.1:8082 -h / && exec httpd -f -p 8081 -h /",
+        ],
+        vec![],
+    );
+    let id = cri
+        .create(&pod, &server, &pod_cfg)
+        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
+    cri.start(&id)
+        .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
+    wait_state(
+        &cd,
+        &mut cri,
+        &id,
+        ContainerState::ContainerRunning,
+        BOOT_SECS,
+    );
+    let ip = cri
+        .pod_status(&pod)
+        .expect("PodSandboxStatus")
+        .network
+        .map(|n| n.ip)
+        .unwrap_or_default();
+    let get = |port: u16| {
+        let url = format!("http://{ip}:{port}/");
+        cd.in_node_net(&["curl", "-sS", "--max-time", "3", &url])
+    };
+    let reached = |port: u16| {
+        let mut last = None;
+        let ok = harness::poll(30, || {
+            let out = get(port);
+            let ok = out.stdout == "found without an annotation\n";
+            last = Some(out);
+            ok
+        });
+        assert!(ok, "port {port} from the node: {last:?}\n{}", cd.log_tail());
+    };
+    reached(8081);
+    // Opened by an exec after the container started, then closed.
+    let exec = |cri: &mut Cri, cmd: &str| {
+        let out = cri
+            .exec_sync(&id, &["sh", "-c", cmd], 30)
+            .expect("ExecSync");
+        assert_eq!(out.exit_code, 0, "{cmd}: {out:?}");
+    };
+    exec(
+        &mut cri,
+        "httpd -f -p 8083 -h / </dev/null >/dev/null 2>&1 & echo $! > /httpd-8083.pid",
+    );
+    reached(8083);
+    exec(&mut cri, "kill $(cat /httpd-8083.pid)");
+    let closed = harness::poll(30, || get(8083).code != 0);
+    assert!(closed, "port 8083 still answers after its server ended");
+    // The loopback-only server answers inside, never from the node.
+    exec(&mut cri, "wget -q -O - http://127.0.0.1:8082/");
+    let outside = get(8082);
+    assert_ne!(outside.code, 0, "a loopback-only port reached: {outside:?}");
+    cri.stop(&id, 10).expect("StopContainer");
+    cri.remove(&id).expect("RemoveContainer");
+    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &[&id]);
 }
