@@ -1,5 +1,5 @@
 //! A container's termination message: what kubelet reports, read back from the guest's
-//! `/dev/termination-log` when the init process ends.
+//! termination log (kubelet's file's destination, or `/dev/termination-log`) when the init process ends.
 
 use super::{Container, Place, lock};
 use crate::bundle::kubelet::{self, TerminationTail};
@@ -22,13 +22,13 @@ impl Container {
         lock(&self.termination).clone()
     }
 
-    /// Reads the last 4 KiB of the guest's `/dev/termination-log` (bounded in size and
-    /// time) into [`Container::termination_message`]; an empty log is no message.
-    pub(super) async fn read_termination_log(&self) {
+    /// Reads the last 4 KiB of the guest's termination log `log` (bounded in size and time)
+    /// into [`Container::termination_message`]; an empty log is no message.
+    pub(super) async fn read_termination_log(&self, log: &str) {
         let mut tail = TerminationTail::default();
         let path = match &self.place {
-            Place::Member { member, .. } => member.path(kubelet::TERMINATION_LOG),
-            Place::Own | Place::Sandbox { .. } => kubelet::TERMINATION_LOG.to_string(),
+            Place::Member { member, .. } => member.path(log),
+            Place::Own | Place::Sandbox { .. } => log.to_string(),
         };
         let read = self
             .vm
