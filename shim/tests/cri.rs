@@ -21,8 +21,8 @@
 //!   (`vm.shim/ports`) reaches the httpd from the node at the pod's IP, and the guest has no
 //!   interface but `lo` and reaches nothing outside;
 //! - without the annotation (as kubelet and critest make pods), a port the container listens
-//!   on at every address is reached at the pod's IP, one an exec opens later too, and it
-//!   closes with its server; a loopback-only one is not reached.
+//!   on at every address is reached at the pod's IP, one it opens later too, and it closes
+//!   with its server; a loopback-only one is not reached.
 //!
 //! Skipped (counted) without containerd, ctr, mkfs.erofs, root, `unshare`, `ip` or the CNI
 //! plugins; no guest driver fails, as elsewhere.
@@ -544,8 +544,8 @@ fn two_container_pod_shares_one_vm_localhost_and_empty_dir() {
 
 /// A pod without `vm.shim/ports`, as kubelet and critest make them: a port its container
 /// listens on at every address is reached from the node at the pod's IP (the shim learns it
-/// from the agent and binds it in the pod's namespace), one opened later by an exec too and
-/// it closes when its server goes; a port listened on at loopback only stays the pod's own.
+/// from the agent and binds it in the pod's namespace), one opened later too and it closes
+/// when its server goes; a port listened on at loopback only stays the pod's own.
 #[test]
 fn a_listening_port_is_reached_on_the_pod_ip_without_an_annotation() {
     cri_preflight!("a_listening_port_is_reached_on_the_pod_ip_without_an_annotation");
@@ -557,8 +557,18 @@ fn a_listening_port_is_reached_on_the_pod_ip_without_an_annotation() {
         &[
             "sh",
             "-c",
-            "echo 'found without an annotation' > /index.html && \
-             httpd -p 127.0.0.1:8082 -h / && exec httpd -f -p 8081 -h /",
+            // 8081 from the start, 8082 on loopback only, and 8083 opened when /open
+            // appears, closed when /close does (the container's own, as a server an exec
+            // starts would be with runc: this agent ends an exec's processes with it).
+            "echo 'found without an annotation' > /index.html
+             httpd -p 127.0.0.1:8082 -h /
+             httpd -f -p 8081 -h / &
+             until [ -e /open ]; do sleep 1; done
+             httpd -f -p 8083 -h / &
+             late=$!
+             until [ -e /close ]; do sleep 1; done
+             kill $late
+             wait",
         ],
         vec![],
     );
@@ -595,19 +605,21 @@ fn a_listening_port_is_reached_on_the_pod_ip_without_an_annotation() {
         assert!(ok, "port {port} from the node: {last:?}\n{}", cd.log_tail());
     };
     reached(8081);
-    // Opened by an exec after the container started, then closed.
+    // Opened after the container started, then closed.
     let exec = |cri: &mut Cri, cmd: &str| {
         let out = cri
             .exec_sync(&id, &["sh", "-c", cmd], 30)
             .expect("ExecSync");
         assert_eq!(out.exit_code, 0, "{cmd}: {out:?}");
     };
-    exec(
-        &mut cri,
-        "httpd -f -p 8083 -h / </dev/null >/dev/null 2>&1 & echo $! > /httpd-8083.pid",
+    assert_ne!(
+        get(8083).code,
+        0,
+        "port 8083 answers before its server started"
     );
+    exec(&mut cri, "touch /open");
     reached(8083);
-    exec(&mut cri, "kill $(cat /httpd-8083.pid)");
+    exec(&mut cri, "touch /close");
     let closed = harness::poll(30, || get(8083).code != 0);
     assert!(closed, "port 8083 still answers after its server ended");
     // The loopback-only server answers inside, never from the node.
