@@ -31,6 +31,7 @@
 mod common;
 #[path = "cri/client.rs"]
 mod client;
+#[macro_use]
 #[path = "cri/harness.rs"]
 mod harness;
 #[path = "cri/steps.rs"]
@@ -44,20 +45,10 @@ use std::time::Duration;
 use client::{Cri, container_config, kubelet_termination_message, pod_config, rw_mount};
 use harness::{CriContainerd, IMAGE};
 use k8s_cri::v1::{ContainerState, LinuxContainerSecurityContext};
-use steps::{BOOT_SECS, cri_log, log_lines, remove_pod_leaves_nothing, run_pod, start, wait_state};
-
-/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
-macro_rules! cri_preflight {
-    ($name:expr) => {
-        if let Some(why) = harness::host_cannot() {
-            vm_test_support::skip($name, &why);
-            return;
-        }
-        if let Some(why) = common::guest_unavailable() {
-            return vm_test_support::no_guest_driver($name, &why);
-        }
-    };
-}
+use steps::{
+    BOOT_SECS, cri_log, log_lines, pod_ip, remove_pod_leaves_nothing, run_pod, start,
+    start_running, wait_state,
+};
 
 #[test]
 fn one_container_pod_runs_execs_and_leaves_nothing() {
@@ -79,18 +70,7 @@ fn one_container_pod_runs_execs_and_leaves_nothing() {
     std::fs::write(&hosts, original).expect("etc-hosts");
     let mounts = vec![rw_mount(&hosts, "/etc/hosts")];
     let config = container_config("main", IMAGE, &["sh", "-c", script], mounts);
-    let id = cri
-        .create(&pod, &config, &pod_cfg)
-        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
-    cri.start(&id)
-        .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
-    wait_state(
-        &cd,
-        &mut cri,
-        &id,
-        ContainerState::ContainerRunning,
-        BOOT_SECS,
-    );
+    let id = start_running(&cd, &mut cri, &pod, &config, &pod_cfg);
 
     let out = cri
         .exec_sync(&id, &["sh", "-c", "echo out; echo err >&2; exit 3"], 60)
@@ -500,12 +480,7 @@ fn two_container_pod_shares_one_vm_localhost_and_empty_dir() {
     );
     // The pod's declared port, from the node to the pod's IP (as a Service's traffic comes):
     // the shim listens in the pod's network namespace and forwards into the VM.
-    let ip = cri
-        .pod_status(&pod)
-        .expect("PodSandboxStatus")
-        .network
-        .map(|n| n.ip)
-        .unwrap_or_default();
+    let ip = pod_ip(&mut cri, &pod);
     let url = format!("http://{ip}:8080/");
     let mut page = None;
     let reached = harness::poll(30, || {
@@ -572,24 +547,8 @@ fn a_listening_port_is_reached_on_the_pod_ip_without_an_annotation() {
         ],
         vec![],
     );
-    let id = cri
-        .create(&pod, &server, &pod_cfg)
-        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
-    cri.start(&id)
-        .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
-    wait_state(
-        &cd,
-        &mut cri,
-        &id,
-        ContainerState::ContainerRunning,
-        BOOT_SECS,
-    );
-    let ip = cri
-        .pod_status(&pod)
-        .expect("PodSandboxStatus")
-        .network
-        .map(|n| n.ip)
-        .unwrap_or_default();
+    let id = start_running(&cd, &mut cri, &pod, &server, &pod_cfg);
+    let ip = pod_ip(&mut cri, &pod);
     let get = |port: u16| {
         let url = format!("http://{ip}:{port}/");
         cd.in_node_net(&["curl", "-sS", "--max-time", "3", &url])

@@ -27,6 +27,7 @@ mod common;
 #[path = "cri/client.rs"]
 mod client;
 #[allow(dead_code)]
+#[macro_use]
 #[path = "cri/harness.rs"]
 mod harness;
 #[allow(dead_code)]
@@ -41,19 +42,6 @@ use k8s_cri::v1::{
     LinuxContainerSecurityContext, NamespaceMode, PodSandboxConfig, SecurityProfile,
 };
 use steps::{BOOT_SECS, remove_pod_leaves_nothing, run_pod, start, wait_state};
-
-/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
-macro_rules! cri_preflight {
-    ($name:expr) => {
-        if let Some(why) = harness::host_cannot() {
-            vm_test_support::skip($name, &why);
-            return;
-        }
-        if let Some(why) = common::guest_unavailable() {
-            return vm_test_support::no_guest_driver($name, &why);
-        }
-    };
-}
 
 /// A running pod and what its containers need.
 struct Pod {

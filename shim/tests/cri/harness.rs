@@ -17,6 +17,20 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, oci_common};
 
+/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts
+/// (the test crate names this module `harness` and has `common`).
+macro_rules! cri_preflight {
+    ($name:expr) => {
+        if let Some(why) = harness::host_cannot() {
+            vm_test_support::skip($name, &why);
+            return;
+        }
+        if let Some(why) = common::guest_unavailable() {
+            return vm_test_support::no_guest_driver($name, &why);
+        }
+    };
+}
+
 /// The image every CRI test runs (and the pods' sandbox image).
 pub const IMAGE: &str = "example.com/cri/box:1";
 
