@@ -121,15 +121,15 @@ pub fn container(
 ) -> Result<ContainerSpec, ShimError> {
     refuse_hooks(doc)?;
     refuse_host_network(doc)?;
-    security::refuse_unsupported(doc)?;
     let role = pod::role(doc)?;
     let ports = pod::ports(doc)?;
     let process = process(
         doc.get("process")
             .ok_or_else(|| bad("process", "missing"))?,
     )?;
-    // Capabilities (in `process`) before devices: a privileged bundle is named by its
-    // capabilities.
+    // Capabilities (in `process`) before devices and the other unsupported fields: a
+    // privileged bundle (with `rshared` propagation, say) is named by its capabilities.
+    security::refuse_unsupported(doc)?;
     refuse_devices(doc)?;
     let GuestMounts {
         disks: mounts,
