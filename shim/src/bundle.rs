@@ -26,6 +26,7 @@ use crate::error::ShimError;
 pub mod kubelet;
 pub mod pod;
 pub mod security;
+pub mod submounts;
 
 pub use kubelet::{GuestFile, GuestTmpfs};
 use vm_sandbox::agent::container::{Confine, ContainerInit, SeccompProfile};
@@ -134,9 +135,12 @@ pub fn container(
     let GuestMounts {
         disks: mounts,
         files,
-        tmpfs,
+        mut tmpfs,
         termination_host,
     } = mounts(doc, &owners(doc, bundle, &role, kubelet_root))?;
+    if !mounts.is_empty() {
+        tmpfs.extend(submounts::writable_beneath(&mounts));
+    }
     let res = &doc["linux"]["resources"];
     let mem_mib = match res["memory"]["limit"].as_i64() {
         Some(b) if b > 0 => Some((b + (1 << 20) - 1) >> 20),
