@@ -257,6 +257,52 @@ fn a_read_only_root_is_read_only_but_kubelets_files_stay_writable() {
     pod.remove();
 }
 
+/// A read-only volume is not recursive (runc's meaning; critest's non-recursive readonly
+/// mounts): a tmpfs the host mounted beneath its source is writable in the container, the
+/// rest of the volume is not, and the host's tmpfs is never written.
+#[test]
+fn a_writable_tmpfs_beneath_a_read_only_volume_stays_writable() {
+    cri_preflight!("a_writable_tmpfs_beneath_a_read_only_volume_stays_writable");
+    let mut pod = Pod::run("rro", |_| {});
+    let vol = pod.dir.join("vol");
+    let sub = vol.join("tmpfs");
+    std::fs::create_dir_all(&sub).expect("volume");
+    std::fs::write(vol.join("data"), "host\n").expect("data");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "none"])
+        .arg(&sub)
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mount -t tmpfs: {mounted}");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(sub.clone());
+    let mut ro = rw_mount(&vol, "/mnt");
+    ro.readonly = true;
+    let id = pod.container("c", &["sleep", "3600"], vec![ro], |_| {});
+    let (out, err, code) = pod.exec(&id, &["sh", "-c", "touch /mnt/tmpfs/file && cat /mnt/data"]);
+    assert_eq!(
+        (out.as_str(), code),
+        ("host\n", 0),
+        "the tmpfs beneath: {err:?}"
+    );
+    let (_, err, code) = pod.exec(&id, &["sh", "-c", "touch /mnt/file"]);
+    assert!(
+        code != 0 && err.contains("Read-only file system"),
+        "the read-only volume itself: {code} {err:?}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&sub).expect("host tmpfs").collect();
+    assert!(left.is_empty(), "the host's tmpfs was written: {left:?}");
+    pod.remove();
+}
+
 #[test]
 fn masked_and_read_only_paths_are_hidden_and_write_protected() {
     cri_preflight!("masked_and_read_only_paths_are_hidden_and_write_protected");
