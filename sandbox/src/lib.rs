@@ -147,6 +147,8 @@ pub mod agent {
     pub use guest_agent::client::{
         ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
     };
+    /// What confines a container's processes in the guest.
+    pub use guest_agent::container;
     pub use guest_agent::protocol::{
         Command, ErrorKind, ExecOutput, ExitStatus, MAX_POD_UPPER_BYTES, MAX_SIGNAL, PodMount,
         TtySize, pod_member_cgroup,
