@@ -177,3 +177,8 @@ sdk_wheel() {
     say "Python SDK installed in $sdk_venv: $(basename "$sdk_venv"/wheels/vm_sandbox-*.whl)"
 }
 ci_timed "setup-tests: the Python SDK wheel (release builds, maturin)" sdk_wheel
+
+# critest, Kubernetes' CRI conformance suite: Go 1.23 from bookworm-backports, critest from the
+# kit's vendored source (../shared/critest) and its test images, each cached under
+# ~/.cache/vm/critest keyed by its inputs (ci/critest.sh, which times itself); ci/test.sh runs it.
+bash ci/critest.sh build || die "ci/critest.sh build failed"

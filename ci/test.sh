@@ -18,7 +18,8 @@
 # Checks (not tests, their own line): rustfmt, the workspace build linted by clippy (one
 # compile: clippy-driver as the workspace's rustc wrapper), images/verify.sh,
 # the agent's PID-1 test in a TCG guest (guest-agent/tests/guest/run-tcg.sh), the kvm proof
-# (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), the same pack on
+# (ci/kvm-proof.sh pack; run.sh must answer 0 or 3; its pipeline on tcg), critest (the CRI
+# conformance suite, ci/critest.sh run: `critest ok (N passed, N failed, N skipped)`), the same pack on
 # real KVM nested in TCG (ci/kvm-nested.sh: every case must pass; `kvm-nested ok (N/N cases
 # on kvm)`) after the nested runner's own self-test of its stall diagnosis and retry, and a 60 s
 # cargo-fuzz run per target (in the background beside the nested road's one-vCPU L1, one at
@@ -225,6 +226,19 @@ kvm_proof() {
     OUT=$work/kvm-proof-tcg "$kvm_pack/run.sh" --quick --driver tcg --only boot || return 1
 }
 check kvm-proof kvm_proof
+
+step "critest: Kubernetes' CRI conformance suite against the shim (ci/critest.sh run)"
+# critest v1.32.0 (built by ci/setup-tests.sh from ../shared/critest) on cri.rs's node: it fails
+# on any spec failing outside shim/tests/critest.rs's commented list of refusals by design; the
+# totals line ("critest: N passed, N failed, N skipped") is shown beside its "ok".
+critest_run() {
+    local log=$work/critest.log rc=0
+    bash ci/critest.sh run 2>&1 | tee "$log" >&2 || rc=$?
+    check_detail=$(grep -o 'critest: [0-9]* passed, [0-9]* failed, [0-9]* skipped' "$log" | tail -1)
+    check_detail=${check_detail#critest: }
+    return "$rc"
+}
+check critest critest_run
 
 # The fuzz smoke: a 60 s cargo-fuzz run per target from its seeds, started in the background
 # beside the nested kvm road. The nested L1 has one vCPU (ci/kvm-nested.sh says why), so for

@@ -69,6 +69,7 @@
 pub mod agent;
 pub mod client;
 pub mod config;
+pub mod container;
 pub mod frame;
 pub mod protocol;
 pub mod sparse;

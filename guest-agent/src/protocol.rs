@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::container::ContainerExec;
+
 /// Hard maximum size of one frame body, both directions.
 pub const MAX_FRAME: u32 = 1024 * 1024;
 /// Largest byte chunk carried in one `Data`/`Stdout`/`Stderr` frame.
@@ -35,6 +37,8 @@ pub const MAX_LIST_ENTRIES: u32 = 100_000;
 /// Largest tmpfs a `MountTmpfs` mounts (the guest's memory bounds it further: a tmpfs holds
 /// only what is written to it).
 pub const MAX_TMPFS_BYTES: u64 = 1 << 30;
+/// Most ports a `Ports` reply lists.
+pub const MAX_LISTENING_PORTS: usize = 1024;
 /// Largest path (bytes) accepted anywhere in the protocol.
 pub const MAX_PATH_BYTES: usize = 4096;
 /// Interactive exec: stdin bytes the host may have sent and the agent not yet acknowledged
@@ -284,6 +288,17 @@ pub enum Request {
     /// Reply `Ok`: one step of a pod member's filesystem, done by the agent itself (only when
     /// it is PID 1; `Unsupported` otherwise, and from an older agent).
     PodMount(PodMount),
+    /// As `ExecInteractiveIn` (or `ExecInteractive` without a root), with the process
+    /// confined as a container's: its capabilities, `no_new_privs`, groups and seccomp filter,
+    /// in the container's mount and PID namespaces (made by its first process, joined by the
+    /// others; see [`crate::container`]). Only an agent that is PID 1 runs it (`Unsupported`
+    /// otherwise); an older agent answers `Unsupported`.
+    /// (Boxed: the confinement is by far the largest request.)
+    ExecContainer(Box<ContainerExec>),
+    /// Reply: `Ports` (sorted, at most [`MAX_LISTENING_PORTS`]): the TCP ports something in the guest listens
+    /// on at every address (`0.0.0.0`; a loopback-only listener is not one), from the guest
+    /// kernel's `/proc/net/tcp`. An older agent answers `Unsupported`.
+    ListeningPorts,
 }
 
 /// Largest tmpfs upper of a pod member's root: 64 GiB (the guest's memory bounds it anyway).
@@ -427,6 +442,8 @@ pub enum AgentFrame {
     /// Interactive exec: this many more stdin bytes were written to the command (the
     /// client may send that much more).
     StdinAck(u32),
+    /// `ListeningPorts`: the ports.
+    Ports(Vec<u16>),
 }
 
 impl AgentFrame {
@@ -451,6 +468,7 @@ impl AgentFrame {
             AgentFrame::ForwardOk => "ForwardOk",
             AgentFrame::Started => "Started",
             AgentFrame::StdinAck(_) => "StdinAck",
+            AgentFrame::Ports(_) => "Ports",
         }
     }
 }

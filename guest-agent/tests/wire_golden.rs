@@ -13,6 +13,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use guest_agent::PROTOCOL_VERSION;
+use guest_agent::container::{
+    CapSets, Confine, ContainerExec, ContainerInit, PidNamespace, Rlimit, SeccompAction,
+    SeccompArg, SeccompOp, SeccompProfile, SeccompRule,
+};
 use guest_agent::frame::{decode_frame, encode_frame};
 use guest_agent::protocol::{
     AgentFrame, AgentInfo, ClientFrame, Command, ErrorKind, ExecRequest, ExitStatus, FileEntry,
@@ -32,6 +36,50 @@ fn exec_request() -> ExecRequest {
         timeout: Some(Duration::from_millis(1500)),
         max_output: Some(300),
         user: Some("u".into()),
+    }
+}
+
+/// A container's confinement with every field set (and one of each kind in its lists).
+fn confine() -> Confine {
+    Confine {
+        caps: CapSets {
+            bounding: 0xa804_25fb,
+            effective: 1 << 13,
+            permitted: 1 << 13,
+            inheritable: 0,
+            ambient: 1 << 10,
+        },
+        no_new_privs: true,
+        groups: vec![1234],
+        seccomp: Some(SeccompProfile {
+            default_action: SeccompAction::Errno(1),
+            rules: vec![SeccompRule {
+                names: vec!["chmod".into()],
+                action: SeccompAction::Allow,
+                args: vec![SeccompArg {
+                    index: 1,
+                    op: SeccompOp::MaskedEq,
+                    value: 0o7000,
+                    value_two: 0,
+                }],
+            }],
+        }),
+        rlimits: vec![Rlimit {
+            resource: 7,
+            soft: 1024,
+            hard: 4096,
+        }],
+        umask: Some(0o22),
+        oom_score_adj: Some(-999),
+        init: Some(ContainerInit {
+            pid: PidNamespace::Pod,
+            readonly_root: true,
+            writable: vec!["/etc/hosts".into()],
+            masked: vec!["/proc/kcore".into()],
+            readonly: vec!["/proc/sys".into()],
+            sysctls: vec![("net.core.somaxconn".into(), "1024".into())],
+            hostname: Some("web".into()),
+        }),
     }
 }
 
@@ -63,9 +111,11 @@ fn request_ordinal(r: &Request) -> usize {
         Request::SetMode { .. } => 15,
         Request::ExecInteractiveIn { .. } => 16,
         Request::PodMount(_) => 17,
+        Request::ExecContainer(_) => 18,
+        Request::ListeningPorts => 19,
     }
 }
-const REQUESTS: usize = 18;
+const REQUESTS: usize = 20;
 
 fn client_ordinal(f: &ClientFrame) -> usize {
     match f {
@@ -100,9 +150,10 @@ fn agent_ordinal(f: &AgentFrame) -> usize {
         AgentFrame::ForwardOk => 15,
         AgentFrame::Started => 16,
         AgentFrame::StdinAck(_) => 17,
+        AgentFrame::Ports(_) => 18,
     }
 }
-const AGENT_FRAMES: usize = 18;
+const AGENT_FRAMES: usize = 19;
 
 fn error_ordinal(k: ErrorKind) -> usize {
     match k {
@@ -245,6 +296,21 @@ fn requests() -> Vec<(Request, &'static str)> {
             Request::PodMount(PodMount::Unmount { path: "/p".into() }),
             "06000000011103022f70",
         ),
+        (
+            Request::ExecContainer(Box::new(ContainerExec {
+                root: Some("/r".into()),
+                request: InteractiveRequest {
+                    exec: exec_request(),
+                    tty: None,
+                },
+                confine: confine(),
+            })),
+            "9a000000011201022f720102026c73022d6c02696e010141016201022f77010180cab5ee0101ac02\
+             01017500fbcb90c00a804080400080080101d20901010101010563686d6f6400010106801c000107\
+             80088020011201cd0f010101010a2f6574632f686f737473010b2f70726f632f6b636f726501092f\
+             70726f632f73797301126e65742e636f72652e736f6d6178636f6e6e04313032340103776562",
+        ),
+        (Request::ListeningPorts, "020000000113"),
     ]
 }
 
@@ -348,6 +414,7 @@ fn agent_frames() -> Vec<(AgentFrame, &'static str)> {
         (AgentFrame::ForwardOk, "010000000f"),
         (AgentFrame::Started, "0100000010"),
         (AgentFrame::StdinAck(65536), "0400000011808004"),
+        (AgentFrame::Ports(vec![80, 8080]), "05000000120250903f"),
     ]
 }
 

@@ -19,6 +19,7 @@
 use std::time::Duration;
 
 use guest_agent::client::{ExecStream, Interactive};
+use guest_agent::container::Confine;
 use guest_agent::protocol::{
     Command, ErrorKind, ExecOutput, ExecRequest, InteractiveRequest, TtySize,
 };
@@ -295,6 +296,38 @@ impl Guest {
         run: Run,
         tty: Option<TtySize>,
     ) -> Result<Interactive, SandboxError> {
+        let req = self.interactive_request(run, tty).await?;
+        let started = match &self.member_root {
+            None => self.link.call(|c| c.exec_interactive(req)).await,
+            Some(root) => self.link.call(|c| c.exec_interactive_in(root, req)).await,
+        };
+        started.map_err(SandboxError::machine("interactive exec"))
+    }
+
+    /// As [`Guest::exec_interactive`], the process confined as a container's (its
+    /// capabilities, `no_new_privs`, groups, seccomp filter and namespaces; see
+    /// `guest_agent::container`): in the member's root for a pod member, else in the VM's own
+    /// root. Only an agent that is PID 1 runs it.
+    pub async fn exec_container(
+        &self,
+        run: Run,
+        tty: Option<TtySize>,
+        confine: Confine,
+    ) -> Result<Interactive, SandboxError> {
+        let req = self.interactive_request(run, tty).await?;
+        let root = self.member_root.as_deref();
+        self.link
+            .call(|c| c.exec_container(root, req, confine))
+            .await
+            .map_err(SandboxError::machine("container exec"))
+    }
+
+    /// The request of an interactive exec of `run` (whose stdin must be empty).
+    async fn interactive_request(
+        &self,
+        run: Run,
+        tty: Option<TtySize>,
+    ) -> Result<InteractiveRequest, SandboxError> {
         if !run.stdin.is_empty() {
             return Err(SandboxError::Unsupported(
                 "interactive exec: stdin is written through the input half, not Run::stdin",
@@ -302,12 +335,7 @@ impl Guest {
         }
         let exec = self.request(run)?;
         self.ensure_root().await?;
-        let req = InteractiveRequest { exec, tty };
-        let started = match &self.member_root {
-            None => self.link.call(|c| c.exec_interactive(req)).await,
-            Some(root) => self.link.call(|c| c.exec_interactive_in(root, req)).await,
-        };
-        started.map_err(SandboxError::machine("interactive exec"))
+        Ok(InteractiveRequest { exec, tty })
     }
 
     /// Read a file relative to the root.

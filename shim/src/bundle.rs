@@ -5,13 +5,16 @@
 //! `/etc/resolv.conf`), `emptyDir` binds, the CRI's pod shm and `tmpfs` mounts (→ copies and
 //! tmpfs in the guest, the guest's own `/dev/shm`, see [`kubelet`]); `linux.resources.memory.limit` (→ guest
 //! memory), `cpu.quota`/`period` (→ vCPUs), `pids.limit`; `root.path` when containerd gives no
-//! rootfs mounts. Refused at create, naming the field: no network namespace (the host's
-//! network: a hostNetwork pod), any other bind mount without `ro` (kubelet's files are known by
-//! their source, not their destination), a mount type the VM cannot provide,
+//! rootfs mounts; every security field, enforced by the agent in the guest ([`security`]:
+//! capabilities, `noNewPrivileges`, groups, seccomp, read-only root, masked and read-only
+//! paths, sysctls, hostname, the PID namespace). Refused at create, naming the field: no
+//! network namespace (the host's network: a hostNetwork pod), the host's IPC or UTS
+//! namespace, any other bind mount without `ro` (kubelet's files are known by their source,
+//! not their destination), a mount type the VM cannot provide,
 //! capabilities beyond the default set (privileged, `--cap-add`), host devices
-//! (`linux.devices`), hooks (host code the runtime would run). Everything else (seccomp,
-//! AppArmor, sysctls, rlimits, masked paths, the guest's own `/proc`, `/sys`, `/dev` mounts) is
-//! ignored: the guest kernel is the boundary. docs/containerd.md's table lists each field.
+//! (`linux.devices`), hooks (host code the runtime would run), and each security field the
+//! guest cannot honour ([`security`]). The guest's own `/proc`, `/sys`, `/dev` mounts are
+//! its kernel's. docs/containerd.md's table lists each field.
 
 use std::path::{Path, PathBuf};
 
@@ -22,26 +25,11 @@ use crate::error::ShimError;
 
 pub mod kubelet;
 pub mod pod;
+pub mod security;
+pub mod submounts;
 
 pub use kubelet::{GuestFile, GuestTmpfs};
-
-/// Capabilities containerd gives a container by default; more is refused.
-pub const DEFAULT_CAPS: &[&str] = &[
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-];
+use vm_sandbox::agent::container::{Confine, ContainerInit, SeccompProfile};
 
 /// Mount types the guest provides itself (its own kernel's), so the bundle's are ignored.
 const GUEST_MOUNT_TYPES: &[&str] = &[
@@ -60,6 +48,10 @@ pub struct ProcessSpec {
     /// `UID:GID`; `None` = root.
     pub user: Option<String>,
     pub terminal: bool,
+    /// Its capabilities, `noNewPrivileges`, groups, umask, rlimits and OOM score
+    /// ([`security::process`]; the container's seccomp profile and namespaces are added
+    /// when it runs).
+    pub confine: Confine,
 }
 
 /// What a container's VM is made of.
@@ -89,13 +81,17 @@ pub struct ContainerSpec {
     pub ports: Vec<u16>,
     /// The network namespace it was given (`linux.namespaces` network `path`), if any.
     pub netns: Option<PathBuf>,
+    /// Its seccomp profile (`linux.seccomp`), for every process of it.
+    pub seccomp: Option<SeccompProfile>,
+    /// What its first process sets up ([`security::container`]).
+    pub init: ContainerInit,
 }
 
-fn refused(field: impl std::fmt::Display, why: impl std::fmt::Display) -> ShimError {
+pub(crate) fn refused(field: impl std::fmt::Display, why: impl std::fmt::Display) -> ShimError {
     ShimError::Refused(format!("{field}: {why}"))
 }
 
-fn bad(field: &str, why: &str) -> ShimError {
+pub(crate) fn bad(field: &str, why: &str) -> ShimError {
     ShimError::Bundle {
         what: "config.json",
         detail: format!("{field}: {why}"),
@@ -132,15 +128,19 @@ pub fn container(
         doc.get("process")
             .ok_or_else(|| bad("process", "missing"))?,
     )?;
-    // Capabilities before devices: a privileged bundle is named by its capabilities.
-    refuse_caps(&doc["process"])?;
+    // Capabilities (in `process`) before devices and the other unsupported fields: a
+    // privileged bundle (with `rshared` propagation, say) is named by its capabilities.
+    security::refuse_unsupported(doc)?;
     refuse_devices(doc)?;
     let GuestMounts {
         disks: mounts,
         files,
-        tmpfs,
+        mut tmpfs,
         termination_host,
     } = mounts(doc, &owners(doc, bundle, &role, kubelet_root))?;
+    if !mounts.is_empty() {
+        tmpfs.extend(submounts::writable_beneath(&mounts));
+    }
     let res = &doc["linux"]["resources"];
     let mem_mib = match res["memory"]["limit"].as_i64() {
         Some(b) if b > 0 => Some((b + (1 << 20) - 1) >> 20),
@@ -161,6 +161,9 @@ pub fn container(
         _ => (mem_mib, vcpus),
     };
     let root = doc["root"]["path"].as_str().unwrap_or("rootfs");
+    let writable = files.iter().map(|f| f.dest.clone()).collect();
+    let init = security::container(doc, &role, writable)?;
+    let seccomp = security::seccomp(doc)?;
     Ok(ContainerSpec {
         process,
         mounts,
@@ -175,6 +178,8 @@ pub fn container(
         role,
         ports,
         netns: netns_path(doc),
+        seccomp,
+        init,
     })
 }
 
@@ -201,10 +206,11 @@ pub fn process(p: &Value) -> Result<ProcessSpec, ShimError> {
         cwd,
         user,
         terminal: p["terminal"].as_bool().unwrap_or(false),
+        confine: security::process(p)?,
     })
 }
 
-fn strings(v: &Value, field: &str) -> Result<Vec<String>, ShimError> {
+pub(crate) fn strings(v: &Value, field: &str) -> Result<Vec<String>, ShimError> {
     match v {
         Value::Null => Ok(Vec::new()),
         Value::Array(items) => items
@@ -265,29 +271,6 @@ fn refuse_devices(doc: &Value) -> Result<(), ShimError> {
             "linux.devices[0]",
             format!("host device {path} cannot be given to the guest"),
         ));
-    }
-    Ok(())
-}
-
-pub fn refuse_caps(process: &Value) -> Result<(), ShimError> {
-    for set in [
-        "bounding",
-        "effective",
-        "permitted",
-        "inheritable",
-        "ambient",
-    ] {
-        for (i, cap) in strings(&process["capabilities"][set], "process.capabilities")?
-            .iter()
-            .enumerate()
-        {
-            if !DEFAULT_CAPS.contains(&cap.as_str()) {
-                return Err(refused(
-                    format!("process.capabilities.{set}[{i}]"),
-                    format!("{cap} is beyond the default set (privileged or an added capability)"),
-                ));
-            }
-        }
     }
     Ok(())
 }

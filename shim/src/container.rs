@@ -17,18 +17,27 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use vm_sandbox::agent::container::{Confine, ContainerInit, SeccompProfile};
 use vm_sandbox::{MicroVm, Options, SnapshotRoots};
 use vm_spec::{Guarantees, Limits, Spec};
 
-use crate::bundle::kubelet::{self, TerminationTail};
+use crate::bundle::kubelet;
 use crate::bundle::pod::PodRole;
 use crate::bundle::{self, ContainerSpec, ProcessSpec};
+use crate::discover::{self, Discovery};
 use crate::error::ShimError;
 use crate::options::ShimConfig;
 use crate::pod::{MAX_POD_DISKS, Member, Pod, PodDisks, PodTable};
 use crate::ports::{self, Forwards};
 use crate::process::{Process, Stdio};
 use crate::rootfs::{self, Root};
+
+mod termination;
+
+pub use termination::TerminationMessage;
+
+/// The guest cgroup every process of a VM's own work runs under.
+const WORK_CGROUP: &str = "/sys/fs/cgroup/work";
 
 /// The bundle file that records what a container holds on the host.
 pub const STATE_FILE: &str = "vm-shim.json";
@@ -120,19 +129,12 @@ pub struct Container {
     place: Place,
     /// Its ports' forwarding from its network namespace (stopped when it is dropped).
     _forwards: Forwards,
+    /// Its seccomp profile and what its init process sets up ([`ContainerSpec`]).
+    seccomp: Option<SeccompProfile>,
+    setup: ContainerInit,
+    /// The ports its VM's guest listens on, forwarded (a VM of its own, or a pod's sandbox).
+    _discovery: Discovery,
 }
-
-/// A container's termination message: the last [`kubelet::MAX_TERMINATION_BYTES`] of its
-/// `/dev/termination-log`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TerminationMessage {
-    pub message: String,
-    /// More was written than kept.
-    pub truncated: bool,
-}
-
-/// How long reading the termination log back may take (the guest's agent answers it).
-const TERMINATION_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -373,6 +375,12 @@ impl Container {
                 return Err(e);
             }
         };
+        let discovery = match place {
+            Place::Member { .. } => Discovery::default(),
+            Place::Own | Place::Sandbox { .. } => {
+                discover::start(vm.clone(), spec.netns.clone(), spec.ports.clone())
+            }
+        };
         let pid = vm.machine().host_pids().first().copied().unwrap_or(0);
         let init = Process::new(String::new(), req.stdio, spec.process.clone());
         Ok(Container {
@@ -399,6 +407,9 @@ impl Container {
             torn_down: Default::default(),
             place,
             _forwards: forwards,
+            seccomp: spec.seccomp,
+            setup: spec.init,
+            _discovery: discovery,
         })
     }
 
@@ -407,47 +418,6 @@ impl Container {
         match &self.place {
             Place::Member { member, .. } => &member.guest,
             Place::Own | Place::Sandbox { .. } => &self.vm,
-        }
-    }
-
-    /// The termination message read back when the init process ended, if any.
-    pub fn termination_message(&self) -> Option<TerminationMessage> {
-        lock(&self.termination).clone()
-    }
-
-    /// Reads the last 4 KiB of the guest's termination log `log` (bounded in size and time)
-    /// into [`Container::termination_message`]; an empty log is no message.
-    async fn read_termination_log(&self, log: &str) {
-        let mut tail = TerminationTail::default();
-        let path = match &self.place {
-            Place::Member { member, .. } => member.path(log),
-            Place::Own | Place::Sandbox { .. } => log.to_string(),
-        };
-        let read = self
-            .vm
-            .copy_out_to(&path, kubelet::MAX_TERMINATION_READ, &mut tail);
-        match tokio::time::timeout(TERMINATION_READ_TIMEOUT, read).await {
-            Ok(Ok(_)) if tail.total > 0 => {
-                if let Some(host) = &self.termination_host
-                    && let Err(e) = kubelet::write_termination_message(host, tail.bytes())
-                {
-                    tracing::warn!(
-                        container = %self.id,
-                        error = %e,
-                        path = %host.path.display(),
-                        "writing the termination message for kubelet"
-                    );
-                }
-                *lock(&self.termination) = Some(TerminationMessage {
-                    message: tail.message(),
-                    truncated: tail.truncated(),
-                });
-            }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(container = %self.id, error = %vm_error_chain::error_chain(&e), "reading the termination log")
-            }
-            Err(_) => tracing::warn!(container = %self.id, "reading the termination log timed out"),
         }
     }
 
@@ -467,7 +437,12 @@ impl Container {
         if !exec_id.is_empty() && self.init.status() != crate::process::Status::Running {
             return Err(ShimError::State("the container is not running".into()));
         }
-        p.start(self.guest(), &self.cwd).await?;
+        let confine = Confine {
+            seccomp: self.seccomp.clone(),
+            init: exec_id.is_empty().then(|| self.setup.clone()),
+            ..p.spec.confine.clone()
+        };
+        p.start(self.guest(), &self.cwd, confine).await?;
         Ok(p)
     }
 
@@ -596,6 +571,25 @@ impl Container {
         match &self.place {
             Place::Member { member, .. } => member.memory_limit.unwrap_or(vm),
             Place::Own | Place::Sandbox { .. } => vm,
+        }
+    }
+
+    /// Whether the OOM killer killed one of its processes: its cgroup's in the pod's VM, or
+    /// any of its own VM's work (a failed read is no; a pod's sandbox is never told so).
+    pub async fn oom_killed(&self) -> bool {
+        let kills = match &self.place {
+            Place::Member { member, .. } => member.oom_kills(&self.vm).await,
+            Place::Own => crate::pod::cgroup_file(&self.vm, WORK_CGROUP, "memory.events")
+                .await
+                .map(|e| crate::pod::oom_kills(&e)),
+            Place::Sandbox { .. } => return false,
+        };
+        match kills {
+            Ok(n) => n > 0,
+            Err(e) => {
+                tracing::debug!(container = %self.id, error = %e, "reading the OOM count");
+                false
+            }
         }
     }
 

@@ -11,10 +11,13 @@
 //! Modules: [`options`] (the runtime options → trust and policy), [`bundle`] (the OCI bundle's
 //! `config.json` → our `Spec`, with the refusals), [`rootfs`] (containerd's snapshot mounts →
 //! a cached read-only erofs root), [`process`] (one guest process wired to containerd's
-//! FIFOs), [`container`] (one VM and its processes), [`service`] (the shim and task services).
+//! FIFOs), [`container`] (one VM and its processes), [`pod`] (a pod's containers in one VM),
+//! [`ports`] and [`discover`] (the ports reached from the container's network namespace),
+//! [`service`] (the shim and task services).
 
 mod bundle;
 mod container;
+mod discover;
 mod error;
 mod metrics;
 mod options;

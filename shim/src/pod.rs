@@ -181,28 +181,11 @@ impl Member {
     }
 
     /// What this member's processes use in the guest: its cgroup's CPU time, memory and
-    /// process count (each file read at most [`MAX_STAT_FILE_BYTES`], within
-    /// [`STATS_TIMEOUT`]: the guest answers it).
+    /// process count.
     pub async fn usage(&self, vm: &MicroVm) -> Result<Usage, ShimError> {
         let group = pod_member_cgroup(&self.dir);
-        let read = |name: &'static str| {
-            let path = format!("{group}/{name}");
-            async move {
-                let mut bytes = Vec::new();
-                let read = vm.copy_out_to(&path, MAX_STAT_FILE_BYTES, &mut bytes);
-                tokio::time::timeout(STATS_TIMEOUT, read)
-                    .await
-                    .map_err(|_| {
-                        ShimError::State(format!("reading {path} in the guest timed out"))
-                    })?
-                    .map_err(ShimError::sandbox(
-                        "reading a container's usage in the guest",
-                    ))?;
-                Ok::<_, ShimError>(String::from_utf8_lossy(&bytes).into_owned())
-            }
-        };
         let number = |text: &str| text.trim().parse::<u64>().unwrap_or(0);
-        let cpu = read("cpu.stat").await?;
+        let cpu = cgroup_file(vm, &group, "cpu.stat").await?;
         let field = |key: &str| {
             cpu.lines()
                 .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
@@ -210,12 +193,43 @@ impl Member {
                 .unwrap_or(0)
         };
         Ok(Usage {
-            processes: number(&read("pids.current").await?),
+            processes: number(&cgroup_file(vm, &group, "pids.current").await?),
             user_ns: field("user_usec").saturating_mul(1000),
             system_ns: field("system_usec").saturating_mul(1000),
-            rss_bytes: number(&read("memory.current").await?),
+            rss_bytes: number(&cgroup_file(vm, &group, "memory.current").await?),
         })
     }
+
+    /// How many of this member's processes the OOM killer killed (its cgroup's
+    /// `memory.events`, which counts the whole subtree).
+    pub async fn oom_kills(&self, vm: &MicroVm) -> Result<u64, ShimError> {
+        let events = cgroup_file(vm, &pod_member_cgroup(&self.dir), "memory.events").await?;
+        Ok(oom_kills(&events))
+    }
+}
+
+/// The `oom_kill` count of a cgroup's `memory.events`.
+pub fn oom_kills(events: &str) -> u64 {
+    events
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The guest cgroup file `group/name`, read at most [`MAX_STAT_FILE_BYTES`] within
+/// [`STATS_TIMEOUT`] (the guest answers it).
+pub async fn cgroup_file(vm: &MicroVm, group: &str, name: &str) -> Result<String, ShimError> {
+    let path = format!("{group}/{name}");
+    let mut bytes = Vec::new();
+    let read = vm.copy_out_to(&path, MAX_STAT_FILE_BYTES, &mut bytes);
+    tokio::time::timeout(STATS_TIMEOUT, read)
+        .await
+        .map_err(|_| ShimError::State(format!("reading {path} in the guest timed out")))?
+        .map_err(ShimError::sandbox(
+            "reading a container's cgroup in the guest",
+        ))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// A guest path below `/` without `..` (a member's mount destination).
@@ -536,6 +550,14 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("at most"), "{e}");
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_memory_events() {
+        let events = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(oom_kills(events), 1);
+        assert_eq!(oom_kills("oom_kill_other 3\n"), 0);
+        assert_eq!(oom_kills(""), 0);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! One guest process of a container (its init or an exec), wired to containerd's FIFOs.
 //!
-//! A process runs as one interactive exec through `vm-sandbox` ([`vm_sandbox::Guest::
-//! exec_interactive`]): stdin streamed from containerd's stdin FIFO with the agent's flow
+//! A process runs as one interactive exec through `vm-sandbox`, confined as a container's
+//! ([`vm_sandbox::Guest::exec_container`]): stdin streamed from containerd's stdin FIFO with the agent's flow
 //! control (a command that does not read costs no memory), output written to the stdout and
 //! stderr FIFOs (with a terminal everything is stdout), the terminal resized on
 //! `resize_pty`, stdin closed on `close_io`, the whole tree killed on `kill`. Two tasks drive
@@ -20,6 +20,7 @@ use std::time::SystemTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, watch};
+use vm_sandbox::agent::container::Confine;
 use vm_sandbox::agent::{
     Command, ExecEvent, ExitStatus, Interactive, InteractiveInput, InteractiveOutput, TtySize,
 };
@@ -161,11 +162,14 @@ impl Process {
         });
     }
 
-    /// Starts the process in `guest` (whose working directory is the container's `cwd`).
+    /// Starts the process in `guest` (whose working directory is the container's `cwd`),
+    /// confined as `confine` says (its own [`ProcessSpec::confine`] with the container's
+    /// seccomp profile, and for the init process what it sets up for the container).
     pub async fn start(
         self: &Arc<Self>,
         guest: &Guest,
         container_cwd: &str,
+        confine: Confine,
     ) -> Result<(), ShimError> {
         if self.status() != Status::Created {
             return Err(ShimError::State(format!(
@@ -195,7 +199,7 @@ impl Process {
             false => open_writer(&self.stdio.stderr).await?,
         };
         let Interactive { input, output } = guest
-            .exec_interactive(run, tty)
+            .exec_container(run, tty, confine)
             .await
             .map_err(ShimError::sandbox("starting the process"))?;
         let (tx, rx) = mpsc::unbounded_channel();

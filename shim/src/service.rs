@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use containerd_shim::api::{self, Status as ApiStatus};
 use containerd_shim::asynchronous::{ExitSignal, Shim, spawn};
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskOOM, TaskPaused,
     TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::MessageDyn;
@@ -188,11 +188,22 @@ impl TaskService {
     }
 
     /// Publishes `TaskExit` when `p` ends (before `wait` answers, so containerd has the event
-    /// before it deletes); for the init process then tears the VM down.
+    /// before it deletes; `TaskOOM` first when the init process was killed by the OOM killer);
+    /// for the init process then tears the VM down.
     fn watch_exit(&self, c: Arc<Container>, p: Arc<Process>) {
         let svc = self.clone();
         tokio::spawn(async move {
             let exit = p.wait().await;
+            // containerd's CRI makes `OOMKilled` the reason of an exit it heard of as an OOM
+            // first.
+            if p.exec_id.is_empty() && exit.code == KILLED && c.oom_killed().await {
+                let ev = TaskOOM {
+                    container_id: c.id.clone(),
+                    ..Default::default()
+                };
+                svc.publish(topics::TASK_OOM_EVENT_TOPIC, Box::new(ev))
+                    .await;
+            }
             let ev = TaskExit {
                 container_id: c.id.clone(),
                 id: match p.exec_id.is_empty() {
@@ -386,7 +397,6 @@ impl TaskService {
                 detail: e.to_string(),
             })?;
         let spec = crate::bundle::process(&doc)?;
-        crate::bundle::refuse_caps(&doc)?;
         let stdio = Stdio {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),

@@ -19,7 +19,10 @@
 //! - a two-container pod (an httpd and a client fetching it over localhost, an `emptyDir`
 //!   written by one and read by the other) runs in exactly one VM; its declared port
 //!   (`vm.shim/ports`) reaches the httpd from the node at the pod's IP, and the guest has no
-//!   interface but `lo` and reaches nothing outside.
+//!   interface but `lo` and reaches nothing outside;
+//! - without the annotation (as kubelet and critest make pods), a port the container listens
+//!   on at every address is reached at the pod's IP, one it opens later too, and it closes
+//!   with its server; a loopback-only one is not reached.
 //!
 //! Skipped (counted) without containerd, ctr, mkfs.erofs, root, `unshare`, `ip` or the CNI
 //! plugins; no guest driver fails, as elsewhere.
@@ -28,6 +31,7 @@
 mod common;
 #[path = "cri/client.rs"]
 mod client;
+#[macro_use]
 #[path = "cri/harness.rs"]
 mod harness;
 #[path = "cri/steps.rs"]
@@ -41,20 +45,10 @@ use std::time::Duration;
 use client::{Cri, container_config, kubelet_termination_message, pod_config, rw_mount};
 use harness::{CriContainerd, IMAGE};
 use k8s_cri::v1::{ContainerState, LinuxContainerSecurityContext};
-use steps::{BOOT_SECS, cri_log, log_lines, remove_pod_leaves_nothing, run_pod, start, wait_state};
-
-/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts.
-macro_rules! cri_preflight {
-    ($name:expr) => {
-        if let Some(why) = harness::host_cannot() {
-            vm_test_support::skip($name, &why);
-            return;
-        }
-        if let Some(why) = common::guest_unavailable() {
-            return vm_test_support::no_guest_driver($name, &why);
-        }
-    };
-}
+use steps::{
+    BOOT_SECS, cri_log, log_lines, pod_ip, remove_pod_leaves_nothing, run_pod, start,
+    start_running, wait_state,
+};
 
 #[test]
 fn one_container_pod_runs_execs_and_leaves_nothing() {
@@ -76,18 +70,7 @@ fn one_container_pod_runs_execs_and_leaves_nothing() {
     std::fs::write(&hosts, original).expect("etc-hosts");
     let mounts = vec![rw_mount(&hosts, "/etc/hosts")];
     let config = container_config("main", IMAGE, &["sh", "-c", script], mounts);
-    let id = cri
-        .create(&pod, &config, &pod_cfg)
-        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
-    cri.start(&id)
-        .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
-    wait_state(
-        &cd,
-        &mut cri,
-        &id,
-        ContainerState::ContainerRunning,
-        BOOT_SECS,
-    );
+    let id = start_running(&cd, &mut cri, &pod, &config, &pod_cfg);
 
     let out = cri
         .exec_sync(&id, &["sh", "-c", "echo out; echo err >&2; exit 3"], 60)
@@ -497,12 +480,7 @@ fn two_container_pod_shares_one_vm_localhost_and_empty_dir() {
     );
     // The pod's declared port, from the node to the pod's IP (as a Service's traffic comes):
     // the shim listens in the pod's network namespace and forwards into the VM.
-    let ip = cri
-        .pod_status(&pod)
-        .expect("PodSandboxStatus")
-        .network
-        .map(|n| n.ip)
-        .unwrap_or_default();
+    let ip = pod_ip(&mut cri, &pod);
     let url = format!("http://{ip}:8080/");
     let mut page = None;
     let reached = harness::poll(30, || {
@@ -537,4 +515,77 @@ fn two_container_pod_shares_one_vm_localhost_and_empty_dir() {
     }
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     remove_pod_leaves_nothing(&cd, &mut cri, &pod, &ids);
+}
+
+/// A pod without `vm.shim/ports`, as kubelet and critest make them: a port its container
+/// listens on at every address is reached from the node at the pod's IP (the shim learns it
+/// from the agent and binds it in the pod's namespace), one opened later too and it closes
+/// when its server goes; a port listened on at loopback only stays the pod's own.
+#[test]
+fn a_listening_port_is_reached_on_the_pod_ip_without_an_annotation() {
+    cri_preflight!("a_listening_port_is_reached_on_the_pod_ip_without_an_annotation");
+    let (cd, mut cri, handler) = start();
+    let (pod, pod_cfg, _dir) = run_pod(&cd, &mut cri, &handler, "ports", |_| {});
+    let server = container_config(
+        "server",
+        IMAGE,
+        &[
+            "sh",
+            "-c",
+            // 8081 from the start, 8082 on loopback only, and 8083 opened when /open
+            // appears, closed when /close does (the container's own, as a server an exec
+            // starts would be with runc: this agent ends an exec's processes with it).
+            "echo 'found without an annotation' > /index.html
+             httpd -p 127.0.0.1:8082 -h /
+             httpd -f -p 8081 -h / &
+             until [ -e /open ]; do sleep 1; done
+             httpd -f -p 8083 -h / &
+             late=$!
+             until [ -e /close ]; do sleep 1; done
+             kill $late
+             wait",
+        ],
+        vec![],
+    );
+    let id = start_running(&cd, &mut cri, &pod, &server, &pod_cfg);
+    let ip = pod_ip(&mut cri, &pod);
+    let get = |port: u16| {
+        let url = format!("http://{ip}:{port}/");
+        cd.in_node_net(&["curl", "-sS", "--max-time", "3", &url])
+    };
+    let reached = |port: u16| {
+        let mut last = None;
+        let ok = harness::poll(30, || {
+            let out = get(port);
+            let ok = out.stdout == "found without an annotation\n";
+            last = Some(out);
+            ok
+        });
+        assert!(ok, "port {port} from the node: {last:?}\n{}", cd.log_tail());
+    };
+    reached(8081);
+    // Opened after the container started, then closed.
+    let exec = |cri: &mut Cri, cmd: &str| {
+        let out = cri
+            .exec_sync(&id, &["sh", "-c", cmd], 30)
+            .expect("ExecSync");
+        assert_eq!(out.exit_code, 0, "{cmd}: {out:?}");
+    };
+    assert_ne!(
+        get(8083).code,
+        0,
+        "port 8083 answers before its server started"
+    );
+    exec(&mut cri, "touch /open");
+    reached(8083);
+    exec(&mut cri, "touch /close");
+    let closed = harness::poll(30, || get(8083).code != 0);
+    assert!(closed, "port 8083 still answers after its server ended");
+    // The loopback-only server answers inside, never from the node.
+    exec(&mut cri, "wget -q -O - http://127.0.0.1:8082/");
+    let outside = get(8082);
+    assert_ne!(outside.code, 0, "a loopback-only port reached: {outside:?}");
+    cri.stop(&id, 10).expect("StopContainer");
+    cri.remove(&id).expect("RemoveContainer");
+    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &[&id]);
 }

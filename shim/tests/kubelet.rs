@@ -196,8 +196,15 @@ fn termination_log_is_read_back_when_the_container_exits() {
         "{line}"
     );
     // A container user that is not root writes it too: kubelet makes the file 0666, and the
-    // copy keeps the host file's mode. The init process ends by SIGTERM, not SIGKILL.
-    cd.run_detached_with(&["--mount", &mount], "term-user");
+    // copy keeps the host file's mode. The init process ends by SIGTERM, not SIGKILL: it
+    // traps it, since as PID 1 of its own PID namespace (as with runc) a signal without a
+    // handler does not end it.
+    let out = cd.run(
+        &["-d", "--mount", &mount],
+        "term-user",
+        &["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+    );
+    assert_eq!(out.code, 0, "{out:?}\n{}", cd.log());
     let out = cd.ctr(&[
         "task",
         "exec",

@@ -113,9 +113,14 @@ pub(super) async fn handle<S: Stream>(
             Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
         },
         Request::Forward { port } => super::forward::run(agent, s, port).await,
-        Request::ExecInteractive(r) => super::interactive::run(agent, s, r, None).await,
+        Request::ExecInteractive(r) => super::interactive::run(agent, s, r, None, None).await,
         Request::ExecInteractiveIn { root, request } => {
-            super::interactive::run(agent, s, request, Some(&root)).await
+            super::interactive::run(agent, s, request, Some(&root), None).await
+        }
+        Request::ExecContainer(c) => {
+            let c = *c;
+            let root = c.root.as_deref();
+            super::interactive::run(agent, s, c.request, root, Some(&c.confine)).await
         }
         Request::PodMount(m) => match super::podroot::apply(agent, &m).await {
             Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
@@ -143,6 +148,10 @@ pub(super) async fn handle<S: Stream>(
                 Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
             }
         }
+        Request::ListeningPorts => match super::listening::read() {
+            Ok(ports) => send(&mut s, &AgentFrame::Ports(ports), t).await,
+            Err(e) => send_error(&mut s, ErrorKind::Io, &format!("/proc/net/tcp: {e}"), t).await,
+        },
         Request::Shutdown => {
             let r = send(&mut s, &AgentFrame::Ok, t).await;
             let _ = s.shutdown().await;

@@ -246,6 +246,7 @@ fn spawn(
         user,
         root: None,
         group: None,
+        confine: None,
     };
     process::spawn(agent.reaper(), agent.cgroups(), &spec)
 }

@@ -33,9 +33,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::unix::pipe;
 
 use super::conn::{send, send_error};
+use super::container;
 use super::process::{self, OutputMode, Proc, SpawnSpec};
 use super::pty::Pty;
 use super::{Agent, Stream};
+use crate::container::Confine;
 use crate::frame::{FrameError, FrameReader, encode_frame};
 use crate::protocol::{
     AgentFrame, ClientFrame, ErrorKind, ExitStatus, InteractiveRequest, MAX_FRAME, MAX_SIGNAL,
@@ -299,13 +301,14 @@ async fn read_err(err: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> std::io::
     }
 }
 
-/// Handle one `ExecInteractive` (`root`: an `ExecInteractiveIn`'s root); `conn` is
-/// positioned right after the request frame.
+/// Handle one `ExecInteractive` (`root`: an `ExecInteractiveIn`'s root; `confine`: an
+/// `ExecContainer`'s confinement); `conn` is positioned right after the request frame.
 pub(super) async fn run<S: Stream>(
     agent: &Agent,
     conn: S,
     req: InteractiveRequest,
     root: Option<&str>,
+    confine: Option<&Confine>,
 ) -> Result<(), FrameError> {
     let t = agent.io_timeout();
     let (rd, mut wr) = tokio::io::split(conn);
@@ -334,6 +337,11 @@ pub(super) async fn run<S: Stream>(
         Ok(ids) => ids,
         Err(e) => return send_error(&mut wr, ErrorKind::BadRequest, &e.to_string(), t).await,
     };
+    let prepared = match confine.map(|c| container::prepare(agent, root, c, ids.as_ref())) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => return send_error(&mut wr, e.kind(), &error_chain(&e), t).await,
+    };
     let name = format!("exec-{}", agent.next_id());
     let group = root.and_then(|r| agent.pod_group(r));
     let spawned = {
@@ -351,6 +359,7 @@ pub(super) async fn run<S: Stream>(
             user: ids.as_ref(),
             root: root.map(Path::new),
             group: group.as_deref(),
+            confine: prepared.as_ref(),
         };
         process::spawn(agent.reaper(), agent.cgroups(), &spec)
     };

@@ -15,12 +15,14 @@
 pub mod bounded;
 pub mod cgroup;
 mod conn;
+pub mod container;
 mod exec;
 pub mod files;
 mod forward;
 pub mod guard;
 pub mod imageroot;
 mod interactive;
+pub mod listening;
 pub mod pending;
 pub mod pid1;
 mod podroot;
@@ -145,6 +147,8 @@ pub struct Agent {
     token: std::sync::RwLock<Option<AgentToken>>,
     /// A pod member's root → its cgroup group ([`podroot`]).
     pod_groups: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Each container's namespaces, by root ([`container`]).
+    namespaces: Arc<container::Namespaces>,
 }
 
 impl Agent {
@@ -177,6 +181,7 @@ impl Agent {
             pending,
             refusals: RefusalLog::default(),
             pod_groups: Default::default(),
+            namespaces: Default::default(),
         }))
     }
 
@@ -236,6 +241,10 @@ impl Agent {
     }
     fn pod_groups(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
         self.pod_groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// The containers' namespaces ([`container`]).
+    pub(crate) fn namespaces(&self) -> Arc<container::Namespaces> {
+        self.namespaces.clone()
     }
     pub(crate) fn serves(&self) -> &Serves {
         &self.serves

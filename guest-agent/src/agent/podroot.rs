@@ -145,10 +145,13 @@ fn erofs(device: &str, target: &Path) -> Result<(), PodMountError> {
     mount(&dev, target, Some("erofs"), flags, None)
 }
 
-/// A member's `/dev` at `dev`: a small tmpfs with the standard nodes bound from the guest's,
-/// the guest's `/dev/pts`, the pod's `/dev/shm`, and the usual links.
+/// A member's `/dev` at `dev`: a small `nodev` tmpfs with the standard nodes bound from the
+/// guest's (each bind a mount of its own, where its node opens), the guest's `/dev/pts`, the
+/// pod's `/dev/shm`, and the usual links. A node the container makes there (it has
+/// `CAP_MKNOD` by default) does not open: only these devices are reachable, as the default
+/// device cgroup rules of containerd's spec allow.
 fn dev_dir(dev: &Path) -> Result<(), PodMountError> {
-    let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
+    let flags = libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_NODEV;
     mount(
         "tmpfs",
         dev,
@@ -311,6 +314,8 @@ pub async fn apply(agent: &Agent, m: &PodMount) -> Result<(), PodMountError> {
         PodMount::Volume { device, path } => erofs(device, &checked(path)?),
         PodMount::Bind { source, path } => bind(&checked(source)?, &checked(path)?, true),
         PodMount::Unmount { path } => {
+            // Its namespaces first: they would keep its mounts (and disks) in use.
+            agent.namespaces().remove(&format!("{path}/root"));
             let r = unmount(path);
             let group = agent.pod_groups().remove(&format!("{path}/root"));
             if let (Some(cgroups), Some(name)) = (agent.cgroups(), group) {

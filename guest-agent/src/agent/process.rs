@@ -105,6 +105,9 @@ pub struct SpawnSpec<'a> {
     pub root: Option<&'a Path>,
     /// The leaf goes in this cgroup group (a pod member's, with its limits).
     pub group: Option<&'a str>,
+    /// Confined as a container's process ([`super::container`]): its namespaces, identity
+    /// (`user` then only names the uid and gid), capabilities and seccomp filter.
+    pub confine: Option<&'a super::container::Prepared>,
 }
 
 /// A spawned process tree.
@@ -179,12 +182,14 @@ pub fn spawn(
             });
         }
     }
-    // In a root the directory is entered after the pivot (std's own chdir comes before it).
-    let enter_root = match spec.root {
-        Some(root) => Some((cstring_of(root)?, cstring_of(cwd)?)),
-        None => {
+    // In a root (or a container's namespace) the directory is entered after the pivot
+    // (std's own chdir comes before it).
+    let (enter_root, confined) = match (spec.confine, spec.root) {
+        (Some(c), _) => (None, Some((c.child.clone(), cstring_of(cwd)?))),
+        (None, Some(root)) => (Some((cstring_of(root)?, cstring_of(cwd)?)), None),
+        (None, None) => {
             cmd.current_dir(cwd);
-            None
+            (None, None)
         }
     };
     cmd.stdin(if spec.with_stdin {
@@ -235,6 +240,10 @@ pub fn spawn(
         if terminal {
             super::sys::take_stdin_as_controlling_tty()?;
         }
+        // A container's process: its namespaces, identity, capabilities and filter.
+        if let Some((steps, cwd)) = &confined {
+            return steps.run(cwd);
+        }
         // Into the member's root once the agent's paths (the cgroup) are done with.
         if let Some((root, cwd)) = &enter_root {
             super::sys::fs::pivot_into(root, cwd)?;
@@ -252,10 +261,13 @@ pub fn spawn(
         Ok(())
     };
     // SAFETY: the closure only makes async-signal-safe syscalls (setsid, open, write, close,
-    // unshare, mount, chdir, pivot_root, umount2, ioctl, setgroups, setgid, setuid, prctl) and
-    // allocates nothing.
+    // unshare, setns, mount, statfs, chdir, pivot_root, umount2, ioctl, setgroups, setgid,
+    // setuid, capset, prctl, seccomp) and allocates nothing.
     unsafe { cmd.pre_exec(pre_exec) };
-    let spawned = reaper.spawn(&mut cmd);
+    let spawned = match spec.confine {
+        Some(c) => c.spawn(reaper, &mut cmd),
+        None => reaper.spawn(&mut cmd),
+    };
     drop(cmd); // closes our copies of the child's pipe ends
     let (mut child, exit) = match spawned {
         Ok(x) => x,

@@ -111,15 +111,28 @@ impl Reaper {
 
     /// Spawn `cmd` and register it; the receiver gets its exit status exactly once.
     /// The returned `Child` must never be waited on directly.
-    pub fn spawn(
+    pub fn spawn(&self, cmd: &mut Command) -> Result<Spawned, ReaperError> {
+        self.spawn_then(cmd, |_| {})
+    }
+
+    /// As [`Reaper::spawn`], calling `started` with the child's pid while the child cannot
+    /// be reaped yet (its pid cannot be reused meanwhile: a child that already ended stays a
+    /// zombie until `started` returns).
+    pub fn spawn_then(
         &self,
         cmd: &mut Command,
-    ) -> Result<(std::process::Child, oneshot::Receiver<ExitStatus>), ReaperError> {
+        started: impl FnOnce(i32),
+    ) -> Result<Spawned, ReaperError> {
         let (tx, rx) = oneshot::channel();
         let mut t = self.lock();
         let child = cmd.spawn().map_err(ReaperError::Spawn)?;
-        t.insert(child.id() as i32, tx);
+        let pid = child.id() as i32;
+        started(pid);
+        t.insert(pid, tx);
         drop(t);
         Ok((child, rx))
     }
 }
+
+/// A spawned child and the receiver of its exit status.
+pub type Spawned = (std::process::Child, oneshot::Receiver<ExitStatus>);

@@ -107,6 +107,7 @@ impl Serves {
             user: ids.as_ref(),
             root: None,
             group: None,
+            confine: None,
         };
         let mut p = process::spawn(agent.reaper(), agent.cgroups(), &spec)?;
         let (tx, rx) = watch::channel(None);

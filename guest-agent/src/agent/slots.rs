@@ -3,9 +3,10 @@
 //! Every authenticated connection takes one of `max_conns` slots before its `HelloOk` (a
 //! connection past them gets `Busy`, as always). Once its request is read, the request's
 //! [`Class`] decides what else it must hold:
-//! - [`Class::Control`] (ping, serve start/status/stop, make-dirs, list, shutdown): nothing
+//! - [`Class::Control`] (ping, serve start/status/stop, make-dirs, list, listening ports,
+//!   shutdown): nothing
 //!   more. It is answered at once, so its slot is soon free again.
-//! - [`Class::Exec`] (the three execs): one of `max_conns - control_reserve` "long" slots,
+//! - [`Class::Exec`] (the execs): one of `max_conns - control_reserve` "long" slots,
 //!   so however many commands run, `control_reserve` slots stay for control requests (a
 //!   serve monitor's status poll, a stop, a shutdown).
 //! - [`Class::Data`] (forwards, file reads and writes): a long slot and one of
@@ -54,11 +55,13 @@ impl Class {
             | Request::MountTmpfs { .. }
             | Request::SetMode { .. }
             | Request::PodMount(_)
+            | Request::ListeningPorts
             | Request::Resume { .. } => Class::Control,
             Request::Exec(_)
             | Request::ExecStream(_)
             | Request::ExecInteractive(_)
-            | Request::ExecInteractiveIn { .. } => Class::Exec,
+            | Request::ExecInteractiveIn { .. }
+            | Request::ExecContainer(_) => Class::Exec,
             Request::Forward { .. } | Request::ReadFile { .. } | Request::WriteFile { .. } => {
                 Class::Data
             }

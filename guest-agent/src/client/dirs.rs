@@ -1,10 +1,10 @@
 //! `MakeDirs`, `MountTmpfs`, `SetMode` and `PodMount`: the runtime's own setup in the guest (the
 //! working root, handed to the image's user; a container's tmpfs; a copied file's mode; a pod
 //! member's filesystems), done by the agent itself rather than by a `mkdir`, `mount` or `chmod`
-//! from the guest root.
+//! from the guest root; and `ListeningPorts`, what a pod's runtime forwards.
 
 use super::{AgentClient, ClientError, unexpected};
-use crate::protocol::{AgentFrame, PodMount, Request};
+use crate::protocol::{AgentFrame, MAX_LISTENING_PORTS, PodMount, Request};
 
 impl AgentClient {
     /// Creates the absolute guest directory `path` with its missing parents and, with an
@@ -48,6 +48,19 @@ impl AgentClient {
         match c.request(req, "set_mode").await? {
             AgentFrame::Ok => Ok(()),
             f => Err(unexpected("set_mode", &f)),
+        }
+    }
+
+    /// The TCP ports something in the guest listens on at every address (sorted, at most
+    /// [`MAX_LISTENING_PORTS`]). An agent older than this request answers an error of kind `Unsupported`.
+    pub async fn listening_ports(&self) -> Result<Vec<u16>, ClientError> {
+        let (mut c, _) = self.connect().await?;
+        match c
+            .request(Request::ListeningPorts, "listening_ports")
+            .await?
+        {
+            AgentFrame::Ports(p) if p.len() <= MAX_LISTENING_PORTS => Ok(p),
+            f => Err(unexpected("listening_ports", &f)),
         }
     }
 

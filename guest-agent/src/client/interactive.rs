@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::{AgentClient, ClientError, ExecEvent, frame_err, unexpected};
+use crate::container::{Confine, ContainerExec};
 use crate::frame::{FrameError, FrameReader, write_frame};
 use crate::protocol::{
     AgentFrame, ClientFrame, ErrorKind, InteractiveRequest, MAX_FRAME, MAX_SIGNAL, MAX_STDIN_CHUNK,
@@ -59,7 +60,7 @@ impl AgentClient {
         &self,
         req: InteractiveRequest,
     ) -> Result<Interactive, ClientError> {
-        self.start_interactive(None, req).await
+        self.start_interactive(req, Request::ExecInteractive).await
     }
 
     /// As [`AgentClient::exec_interactive`], run with the guest directory `root` as `/` (a
@@ -70,13 +71,35 @@ impl AgentClient {
         root: &str,
         req: InteractiveRequest,
     ) -> Result<Interactive, ClientError> {
-        self.start_interactive(Some(root.to_string()), req).await
+        let root = root.to_string();
+        self.start_interactive(req, |request| Request::ExecInteractiveIn { root, request })
+            .await
+    }
+
+    /// As [`AgentClient::exec_interactive_in`] (the VM's own root with `root` `None`), the
+    /// process confined as a container's ([`crate::container`]). An agent that predates it, or
+    /// one that is not PID 1, gives [`ClientError::Unsupported`].
+    pub async fn exec_container(
+        &self,
+        root: Option<&str>,
+        req: InteractiveRequest,
+        confine: Confine,
+    ) -> Result<Interactive, ClientError> {
+        let root = root.map(str::to_string);
+        self.start_interactive(req, |request| {
+            Request::ExecContainer(Box::new(ContainerExec {
+                root,
+                request,
+                confine,
+            }))
+        })
+        .await
     }
 
     async fn start_interactive(
         &self,
-        root: Option<String>,
         mut req: InteractiveRequest,
+        request: impl FnOnce(InteractiveRequest) -> Request,
     ) -> Result<Interactive, ClientError> {
         if !req.exec.stdin.is_empty() {
             return Err(ClientError::InvalidRequest(
@@ -87,11 +110,7 @@ impl AgentClient {
         req.exec = exec;
         let (mut c, _) = self.connect().await?;
         let step = "exec_interactive";
-        let request = match root {
-            None => Request::ExecInteractive(req),
-            Some(root) => Request::ExecInteractiveIn { root, request: req },
-        };
-        c.send(&ClientFrame::Request(request), step).await?;
+        c.send(&ClientFrame::Request(request(req)), step).await?;
         match c.recv(None, step).await {
             Ok(AgentFrame::Started) => {}
             Ok(f) => return Err(unexpected(step, &f)),

@@ -2,7 +2,7 @@
 //! own. Its processes run with the member's root (set up with [`Guest::pod_mount`]) as `/`, in
 //! mount namespaces of their own, with the member's environment, working directory and user
 //! instead of the VM's; the agent, the link and the VM are the pod's. Also
-//! [`Guest::forward_from`], how the pod's ports reach the VM.
+//! [`Guest::forward_from`] and [`Guest::listening_ports`], how the pod's ports reach the VM.
 
 use guest_agent::protocol::PodMount;
 
@@ -64,6 +64,15 @@ impl Guest {
             self.link.clone(),
             guest_port,
         ))
+    }
+
+    /// The TCP ports something in the VM listens on at every address (see
+    /// `guest_agent::agent::listening`): what a pod's runtime forwards without being told.
+    pub async fn listening_ports(&self) -> Result<Vec<u16>, SandboxError> {
+        self.link
+            .call(|c| c.listening_ports())
+            .await
+            .map_err(SandboxError::machine("listening ports"))
     }
 
     /// Refuses a collecting or streaming exec for a member (only interactive processes run

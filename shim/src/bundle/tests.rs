@@ -25,7 +25,7 @@ fn base() -> Value {
         ],
         "linux": {
             "resources": {"memory": {"limit": 200 * 1024 * 1024 + 1}, "cpu": {"quota": 150000, "period": 100000}, "pids": {"limit": 64}},
-            "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}]
+            "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "network"}, {"type": "mount"}]
         }
     })
 }

@@ -17,6 +17,20 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, oci_common};
 
+/// Skips (host facts) or fails (no driver: the no-driver rule) before any containerd starts
+/// (the test crate names this module `harness` and has `common`).
+macro_rules! cri_preflight {
+    ($name:expr) => {
+        if let Some(why) = harness::host_cannot() {
+            vm_test_support::skip($name, &why);
+            return;
+        }
+        if let Some(why) = common::guest_unavailable() {
+            return vm_test_support::no_guest_driver($name, &why);
+        }
+    };
+}
+
 /// The image every CRI test runs (and the pods' sandbox image).
 pub const IMAGE: &str = "example.com/cri/box:1";
 
@@ -120,6 +134,19 @@ pub fn doc_runtime_handler() -> String {
         .unwrap_or_else(|| panic!("the RuntimeClass has no handler:\n{yaml}"))
 }
 
+/// A node set up beyond the tests' default (critest's: its pause image pulled through a
+/// local registry, `hostPort` mappings).
+#[derive(Debug, Clone, Default)]
+pub struct Node {
+    /// The pods' sandbox image (default: [`IMAGE`], imported).
+    pub sandbox_image: Option<String>,
+    /// Pulls of these registries' images go to this plain-HTTP mirror instead (containerd's
+    /// `registry.config_path`, one `hosts.toml` each).
+    pub mirror: Option<(String, Vec<String>)>,
+    /// CNI's `portmap` plugin after the bridge (a pod's `hostPort` mappings).
+    pub port_map: bool,
+}
+
 /// One containerd with its CRI, and everything it keeps, in one temp dir.
 pub struct CriContainerd {
     pub dir: tempfile::TempDir,
@@ -130,6 +157,11 @@ impl CriContainerd {
     /// Writes the configs, starts containerd in a new network namespace, waits for its CRI
     /// and imports [`IMAGE`] into `k8s.io`.
     pub fn start() -> CriContainerd {
+        CriContainerd::start_with(&Node::default())
+    }
+
+    /// As [`CriContainerd::start`], for `node`.
+    pub fn start_with(node: &Node) -> CriContainerd {
         let dir = tempfile::Builder::new()
             .prefix("shim-cri-")
             .tempdir()
@@ -139,8 +171,23 @@ impl CriContainerd {
             std::fs::create_dir_all(d.join(sub)).expect("a test directory");
         }
         std::fs::write(d.join("shim.toml"), shim_options(d)).expect("shim.toml");
-        std::fs::write(d.join("cni/10-vmtest.conflist"), cni_conflist(d)).expect("conflist");
-        let config = containerd_config(d, &doc_cri_config(&d.join("shim.toml")));
+        std::fs::write(
+            d.join("cni/10-vmtest.conflist"),
+            cni_conflist(d, node.port_map),
+        )
+        .expect("conflist");
+        if let Some((url, hosts)) = &node.mirror {
+            for host in hosts {
+                let at = d.join("registries").join(host);
+                std::fs::create_dir_all(&at).expect("a registry directory");
+                let toml = format!(
+                    "server = \"https://{host}\"\n[host.\"{url}\"]\n  \
+                     capabilities = [\"pull\", \"resolve\"]\n"
+                );
+                std::fs::write(at.join("hosts.toml"), toml).expect("hosts.toml");
+            }
+        }
+        let config = containerd_config(d, node, &doc_cri_config(&d.join("shim.toml")));
         std::fs::write(d.join("config.toml"), config).expect("config.toml");
         let mut c = CriContainerd { dir, child: None };
         c.spawn();
@@ -351,32 +398,41 @@ fn shim_options(d: &Path) -> String {
 
 /// A bridge network (`vmtest0`, host-local IPAM with its state in the temp dir); no default
 /// route and no masquerade: pods reach only each other and the bridge, all inside the test's
-/// network namespace.
-fn cni_conflist(d: &Path) -> String {
-    serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "vmtest",
-        "plugins": [{
-            "type": "bridge",
-            "bridge": "vmtest0",
-            "isGateway": true,
-            "ipMasq": false,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": "10.99.0.0/24"}]],
-                "dataDir": d.join("ipam"),
-            },
-        }],
-    })
-    .to_string()
+/// network namespace. With `port_map`, the `portmap` plugin's DNAT (iptables in that
+/// namespace) takes a pod's `hostPort` to it.
+fn cni_conflist(d: &Path, port_map: bool) -> String {
+    let mut plugins = vec![serde_json::json!({
+        "type": "bridge",
+        "bridge": "vmtest0",
+        "isGateway": true,
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": "10.99.0.0/24"}]],
+            "dataDir": d.join("ipam"),
+        },
+    })];
+    if port_map {
+        plugins
+            .push(serde_json::json!({"type": "portmap", "capabilities": {"portMappings": true}}));
+    }
+    serde_json::json!({"cniVersion": "1.0.0", "name": "vmtest", "plugins": plugins}).to_string()
 }
 
-/// containerd's config: this test's root, state, socket and CNI directories and sandbox
-/// image, the default `runc` runtime a node's config has (never used here; without any
+/// containerd's config: this test's root, state, socket and CNI directories, sandbox
+/// image and registry mirror (`node`), the default `runc` runtime a node's config has (never used here; without any
 /// `runtimes.runc` table the CRI refuses its default `default_runtime_name = "runc"`), then
 /// `runtime` (the documented snippet) as written.
-fn containerd_config(d: &Path, runtime: &str) -> String {
+fn containerd_config(d: &Path, node: &Node, runtime: &str) -> String {
     let cri = "plugins.\"io.containerd.grpc.v1.cri\"";
+    let sandbox_image = node.sandbox_image.as_deref().unwrap_or(IMAGE);
+    let registry = match node.mirror {
+        Some(_) => format!(
+            "[{cri}.registry]\n  config_path = \"{}\"\n",
+            d.join("registries").display()
+        ),
+        None => String::new(),
+    };
     format!(
         "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
          disabled_plugins = [\"io.containerd.snapshotter.v1.aufs\", \
@@ -384,13 +440,13 @@ fn containerd_config(d: &Path, runtime: &str) -> String {
          \"io.containerd.snapshotter.v1.devmapper\", \"io.containerd.internal.v1.opt\", \
          \"io.containerd.tracing.processor.v1.otlp\"]\n\
          [grpc]\n  address = \"{sock}\"\n[metrics]\n  address = \"\"\n\
-         [{cri}]\n  sandbox_image = \"{IMAGE}\"\n  netns_mounts_under_state_dir = true\n  \
+         [{cri}]\n  sandbox_image = \"{sandbox_image}\"\n  netns_mounts_under_state_dir = true\n  \
          disable_apparmor = true\n  stream_server_address = \"127.0.0.1\"\n  \
          stream_server_port = \"0\"\n\
          [{cri}.cni]\n  bin_dir = \"{CNI_BIN_DIR}\"\n  conf_dir = \"{cni}\"\n\
          [{cri}.containerd]\n  snapshotter = \"overlayfs\"\n\
          [{cri}.containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
-         # From docs/containerd.md, as written:\n{runtime}",
+         {registry}# From docs/containerd.md, as written:\n{runtime}",
         root = d.join("root").display(),
         state = d.join("state").display(),
         sock = d.join("c.sock").display(),

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_cri::v1::{ContainerState, PodSandboxConfig};
+use k8s_cri::v1::{ContainerConfig, ContainerState, PodSandboxConfig};
 
 use crate::client::{Cri, pod_config};
 use crate::common;
@@ -105,6 +105,32 @@ pub fn wait_state(cd: &CriContainerd, cri: &mut Cri, id: &str, want: ContainerSt
         last = cri.status(id).ok().map(|s| s.state);
         last == Some(want as i32)
     });
+}
+
+/// Creates and starts a container of `pod` from `config` and waits for it to run; its id.
+pub fn start_running(
+    cd: &CriContainerd,
+    cri: &mut Cri,
+    pod: &str,
+    config: &ContainerConfig,
+    pod_cfg: &PodSandboxConfig,
+) -> String {
+    let id = cri
+        .create(pod, config, pod_cfg)
+        .unwrap_or_else(|e| panic!("CreateContainer: {e:?}\n{}", cd.log_tail()));
+    cri.start(&id)
+        .unwrap_or_else(|e| panic!("StartContainer: {e:?}\n{}", cd.log_tail()));
+    wait_state(cd, cri, &id, ContainerState::ContainerRunning, BOOT_SECS);
+    id
+}
+
+/// The pod's IP on the CNI bridge (`PodSandboxStatus`), empty if it has none.
+pub fn pod_ip(cri: &mut Cri, pod: &str) -> String {
+    cri.pod_status(pod)
+        .expect("PodSandboxStatus")
+        .network
+        .map(|n| n.ip)
+        .unwrap_or_default()
 }
 
 /// The CRI log file of a container (`<pod log dir>/<log_path>`): kubelet's `kubectl logs`.

@@ -171,30 +171,9 @@ pub fn umount(target: &CStr, flags: libc::c_int) -> std::io::Result<()> {
 /// resolved inside it. Async-signal-safe (between `fork` and `exec`): both paths are
 /// allocated before the fork.
 pub fn pivot_into(root: &CStr, cwd: &CStr) -> std::io::Result<()> {
-    // SAFETY: unshare takes a flag word.
-    check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
-    let private = libc::MS_REC | libc::MS_PRIVATE;
-    // A propagation change: no type, no data.
-    // SAFETY: NUL-terminated strings that outlive the call; the kernel only reads them.
-    check(unsafe {
-        libc::mount(
-            c"none".as_ptr(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            private,
-            std::ptr::null(),
-        )
-    })?;
-    // SAFETY: a NUL-terminated string that outlives the call.
-    check(unsafe { libc::chdir(root.as_ptr()) })?;
-    let dot = c".".as_ptr();
-    // SAFETY: pivot_root reads two NUL-terminated strings that outlive the call.
-    check(unsafe { libc::syscall(libc::SYS_pivot_root, dot, dot) } as libc::c_int)?;
-    // SAFETY: as above; the old root, now stacked on ".", is detached from this namespace.
-    check(unsafe { libc::umount2(dot, libc::MNT_DETACH) })?;
-    // SAFETY: a NUL-terminated string that outlives the call.
-    check(unsafe { libc::chdir(cwd.as_ptr()) })?;
-    Ok(())
+    super::secure::private_mounts()?;
+    super::secure::pivot_here(root)?;
+    super::secure::chdir(cwd)
 }
 
 /// `sync(2)`: flush every filesystem.

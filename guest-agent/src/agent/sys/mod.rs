@@ -12,10 +12,13 @@
 //!   devices, standard descriptors.
 //! - [`proc`]: signals, reaping, session and identity changes, process attributes, power-off.
 //! - [`net`]: bringing up the loopback interface.
+//! - [`secure`]: what confines a container's process: capabilities, seccomp, namespaces and
+//!   the mount steps of its root.
 
 pub mod fs;
 pub mod net;
 pub mod proc;
+pub mod secure;
 pub mod tty;
 
 pub use tty::{
