@@ -8,7 +8,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/out}
 export VM_IMAGES_DIR="$here/images"
-export VM_TEST_VSOCK_PROBE="$here/bin/vsock-probe"
+export VM_TEST_VSOCK_PROBE="$here/bin/vsock-probe" VM_TEST_FS_PROBE="$here/bin/fs-probe"
 # The host's own mkfs.erofs wins; the bundled one is the fallback.
 export PATH="$PATH:$here/tools/bin"
 exec "$here/bin/vm-kvm-proof" --pack "$here" --out "$out" "$@"

@@ -7,11 +7,13 @@
 #                              carried to another host: at most 60 MiB):
 #       run.sh                 the runner (below)
 #       bin/vm                 the CLI (release, stripped)
-#       bin/vm-vmm, bin/vm-vsock  the kvm driver's VMM; the tcg driver's vsock backend (the
-#                              pack's pipeline also runs on tcg where kvm cannot)
+#       bin/vm-vmm, bin/vm-vsock, bin/vm-virtiofs  the kvm driver's VMM; the tcg driver's
+#                              vsock backend and file server (the pack's pipeline also runs on
+#                              tcg where kvm cannot)
 #       bin/vm-kvm-proof       the runner's binary (vm_tests::proof)
 #       bin/e2e-all            the whole end-to-end suite as one test binary
 #       bin/vsock-probe        the attacker scenario's static guest probe (VM_TEST_VSOCK_PROBE)
+#       bin/fs-probe           the mount scenario's static guest probe (VM_TEST_FS_PROBE)
 #       images/current/        the current guest image set (vmlinux, bzImage, initramfs.cpio, ...)
 #       tools/                 mkfs.erofs with its libraries (used when the host has none)
 #       PACK.txt               what was packed: commit, date, sizes
@@ -35,8 +37,8 @@ pack() {
     local images
     images=$("$repo/images/build.sh" --print-dir) || die "no guest images: run images/build.sh"
     cd "$repo"
-    say "building the release binaries (vm, vm-vmm, vm-vsock, vm-kvm-proof, the e2e-all suite)"
-    cargo build --release --locked -p vm-cli --bin vm -p vmm --bin vm-vmm --bin vm-vsock \
+    say "building the release binaries (vm, vm-vmm, vm-vsock, vm-virtiofs, vm-kvm-proof, the e2e-all suite)"
+    cargo build --release --locked -p vm-cli --bin vm -p vmm --bin vm-vmm --bin vm-vsock --bin vm-virtiofs \
         -p vm-tests --bin vm-kvm-proof >&2
     local json e2e
     json=$(cargo test --release --locked -p vm-tests --test e2e-all --no-run --message-format=json)
@@ -46,12 +48,15 @@ pack() {
     rm -rf "$dir"
     mkdir -p "$dir/bin" "$dir/images/current" "$dir/tools/bin" "$dir/tools/lib" "$dir/tools/libexec"
     # The kvm driver runs each VM in vm-vmm, found next to the running executable.
-    cp "$target/vm" "$target/vm-vmm" "$target/vm-vsock" "$target/vm-kvm-proof" "$dir/bin/"
+    cp "$target/vm" "$target/vm-vmm" "$target/vm-vsock" "$target/vm-virtiofs" "$target/vm-kvm-proof" "$dir/bin/"
     cp "$e2e" "$dir/bin/e2e-all"
     strip "$dir/bin/"*
     # The attacker scenario's static guest probe, prebuilt: the target needs no C compiler.
-    cc -static -O2 -o "$dir/bin/vsock-probe" "$repo/tests/guest-tools/vsock_probe.c" ||
-        die "cc -static tests/guest-tools/vsock_probe.c failed (build-essential)"
+    local probe
+    for probe in vsock fs; do
+        cc -static -O2 -o "$dir/bin/$probe-probe" "$repo/tests/guest-tools/${probe}_probe.c" ||
+            die "cc -static tests/guest-tools/${probe}_probe.c failed (build-essential)"
+    done
     local f
     for f in vmlinux bzImage initramfs.cpio config manifest.json; do
         cp "$images/$f" "$dir/images/current/"

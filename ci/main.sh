@@ -13,8 +13,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash ci/setup.sh --packages
 log=$(mktemp "${TMPDIR:-/tmp}/vm-build.XXXXXX.log")
 echo "main: building vm (release) alongside the set-up; log: $log" >&2
-# `vm-vsock` (the tcg driver's vsock backend) is found next to `vm`.
-cargo build --release -p vm-cli --bin vm -p vmm --bin vm-vsock >"$log" 2>&1 &
+# `vm-vsock` and `vm-virtiofs` (the tcg driver's vsock backend and file server) are found
+# next to `vm`.
+cargo build --release -p vm-cli --bin vm -p vmm --bin vm-vsock --bin vm-virtiofs >"$log" 2>&1 &
 build=$!
 if ! bash ci/setup.sh; then
     kill "$build" 2>/dev/null || true
@@ -23,7 +24,7 @@ if ! bash ci/setup.sh; then
 fi
 if ! wait "$build"; then
     tail -n 40 "$log" >&2
-    echo "main: ERROR: cargo build --release of vm and vm-vsock failed (log: $log)" >&2
+    echo "main: ERROR: cargo build --release of vm, vm-vsock and vm-virtiofs failed (log: $log)" >&2
     exit 1
 fi
 rm -f "$log"

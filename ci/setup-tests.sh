@@ -153,19 +153,19 @@ if ! "$sdk_venv/bin/python" -c 'import maturin, pytest, mcp, agents, deepagents'
     "$sdk_venv/bin/pip" install --quiet $sdk_pins || die "pip install $sdk_pins failed"
     echo "$sdk_pins" >"$sdk_venv/.pins"
 fi
-# The wheel carries the VM processes the drivers start (vm-vmm for kvm, vm-vsock for tcg's
-# QEMU): a pip-installed SDK finds them in its package (vm_sandbox/bin, git-ignored). They are
+# The wheel carries the VM processes the drivers start (vm-vmm for kvm, vm-vsock and
+# vm-virtiofs for tcg's QEMU): a pip-installed SDK finds them in its package (vm_sandbox/bin, git-ignored). They are
 # built by the same cargo command as the kvm proof pack's release binaries (ci/kvm-proof.sh
 # pack), so that one release build serves both: built apart, each package set resolves its
 # dependencies' features differently and cargo compiles them twice (~1 min of a cold run).
 sdk_wheel() {
     say "building the Python SDK wheel (maturin build --release)"
     cargo build --release --locked -p vm-cli --bin vm -p vmm --bin vm-vmm --bin vm-vsock \
-        -p vm-tests --bin vm-kvm-proof >&2 ||
-        die "cargo build --release of vm, vm-vmm, vm-vsock and vm-kvm-proof failed"
+        --bin vm-virtiofs -p vm-tests --bin vm-kvm-proof >&2 ||
+        die "cargo build --release of vm, vm-vmm, vm-vsock, vm-virtiofs and vm-kvm-proof failed"
     mkdir -p python/vm_sandbox/bin
     local b
-    for b in vm-vmm vm-vsock; do
+    for b in vm-vmm vm-vsock vm-virtiofs; do
         install -m 0755 "${CARGO_TARGET_DIR:-target}/release/$b" "python/vm_sandbox/bin/$b" ||
             die "copying $b into python/vm_sandbox/bin failed"
     done

@@ -90,8 +90,10 @@ pub struct VmOpts {
     /// Wall lifetime of the VM (s/m/h, seconds when bare); the VM is torn down at expiry
     #[arg(long, value_name = "DURATION", value_parser = parse::duration)]
     pub timeout: Option<Duration>,
-    /// Mount a host path read-only: HOST:GUEST[:ro] (`:rw` is refused for untrusted work)
-    #[arg(short = 'v', long = "volume", value_name = "HOST:GUEST[:ro]", value_parser = parse::volume)]
+    /// Mount a host path read-only: HOST:GUEST[:ro] (`:rw` is refused for untrusted work),
+    /// served in place by a jailed read-only file server; `:ro,erofs` copies a directory into
+    /// an erofs image instead (no file server on the host side)
+    #[arg(short = 'v', long = "volume", value_name = "HOST:GUEST[:ro[,erofs]]", value_parser = parse::volume)]
     pub volumes: Vec<VolumeArg>,
     /// Mount this host path even though it is or holds credentials (~/.ssh, ~/.aws, …)
     #[arg(long = "allow-mount-secret", value_name = "PATH")]

@@ -53,7 +53,8 @@ pub fn http_path(s: &str) -> Result<String, ParseError> {
 
 pub use vm_spec::units::fmt_duration;
 
-/// A `-v HOST:GUEST[:ro|:rw]` flag, as written. `read_only` is true unless `:rw` was given.
+/// A `-v HOST:GUEST[:OPTIONS]` flag, as written (`OPTIONS`: `ro` or `rw`, and `erofs`,
+/// comma-separated). `read_only` is true unless `rw` was given.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VolumeArg {
     /// Host path, as written (validation decides whether it is acceptable).
@@ -62,34 +63,45 @@ pub struct VolumeArg {
     pub guest: String,
     /// False only for an explicit `:rw`.
     pub read_only: bool,
+    /// `erofs`: a directory copied into an erofs image instead of the read-only file server.
+    #[serde(default)]
+    pub erofs: bool,
 }
 
-/// Parses `HOST:GUEST[:ro|:rw]`.
+/// Parses `HOST:GUEST[:OPTIONS]` (see [`VolumeArg`]).
 pub fn volume(s: &str) -> Result<VolumeArg, ParseError> {
     let bad = || {
         err(format!(
-            "invalid mount {s:?}: expected HOST:GUEST or HOST:GUEST:ro"
+            "invalid mount {s:?}: expected HOST:GUEST or HOST:GUEST:ro (or :ro,erofs)"
         ))
     };
     let parts: Vec<&str> = s.split(':').collect();
-    let (host, guest, read_only) = match parts.as_slice() {
-        [h, g] => (*h, *g, true),
-        [h, g, "ro"] => (*h, *g, true),
-        [h, g, "rw"] => (*h, *g, false),
-        [_, _, mode] => {
-            return Err(err(format!(
-                "invalid mount {s:?}: unknown mode {mode:?} (use ro)"
-            )));
-        }
+    let (host, guest, options) = match parts.as_slice() {
+        [h, g] => (*h, *g, ""),
+        [h, g, o] => (*h, *g, *o),
         _ => return Err(bad()),
     };
     if host.is_empty() || guest.is_empty() {
         return Err(bad());
     }
+    let (mut read_only, mut erofs) = (true, false);
+    for o in options.split(',').filter(|_| !options.is_empty()) {
+        match o {
+            "ro" => read_only = true,
+            "rw" => read_only = false,
+            "erofs" => erofs = true,
+            other => {
+                return Err(err(format!(
+                    "invalid mount {s:?}: unknown option {other:?} (use ro, or ro,erofs)"
+                )));
+            }
+        }
+    }
     Ok(VolumeArg {
         host: host.to_string(),
         guest: guest.to_string(),
         read_only,
+        erofs,
     })
 }
 
@@ -209,11 +221,23 @@ mod tests {
         );
         assert!(volume("/data:/mnt:ro").unwrap().read_only);
         assert!(!volume("/data:/mnt:rw").unwrap().read_only);
+        assert!(!volume("/data:/mnt:ro").unwrap().erofs);
+        let e = volume("/data:/mnt:ro,erofs").unwrap();
+        assert!(e.read_only && e.erofs);
+        assert!(volume("/data:/mnt:erofs").unwrap().erofs);
         assert!(
             volume("rel:/mnt").is_ok(),
             "relative paths are refused by validation, not here"
         );
-        for bad in ["/data", "/a:/b:xx", ":/b", "/a:", "/a:/b:ro:x"] {
+        for bad in [
+            "/data",
+            "/a:/b:xx",
+            ":/b",
+            "/a:",
+            "/a:/b:ro:x",
+            "/a:/b:ro,,",
+            "/a:/b:ro,raw",
+        ] {
             assert!(volume(bad).is_err(), "{bad}");
         }
     }

@@ -45,6 +45,11 @@ pub fn request(
             host_path: PathBuf::from(&v.host),
             guest_path: v.guest.clone(),
             read_only: v.read_only,
+            via: if v.erofs {
+                vm_spec::MountVia::Erofs
+            } else {
+                vm_spec::MountVia::Share
+            },
         })
         .collect();
     vm_sandbox::Request {

@@ -39,7 +39,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use guest_agent::config::DiskFs;
+pub use guest_agent::config::{DiskFs, ShareKind};
 pub use vm_spec::Containment;
 /// Connections a VM's vsock device holds at most (both drivers run the same device): what
 /// the guest agent's connection budget and the hosts' forwards are sized under.
@@ -62,7 +62,7 @@ pub mod tcg;
 #[cfg(test)]
 mod test_support;
 
-pub use boot::attach_client;
+pub use boot::{attach_client, share_tag};
 pub use error::DriverError;
 
 impl BootPlan {
@@ -215,6 +215,18 @@ pub struct DiskPlan {
     pub fs: DiskFs,
 }
 
+/// A host directory or file the guest reads through a read-only virtio-fs device (every host
+/// mount), mounted by the agent at `guest_path`. Share `N` of a plan has the tag `fs<N>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharePlan {
+    /// The host directory or regular file (its server holds it by descriptor, read-only).
+    pub host_path: PathBuf,
+    /// Absolute mount point inside the guest.
+    pub guest_path: String,
+    /// A directory, or one file (the guest sees a regular file at `guest_path`).
+    pub kind: ShareKind,
+}
+
 /// The read-only image file that becomes the guest's root (the agent puts a tmpfs overlay
 /// on it and runs every command inside). Its virtio-blk serial is [`ROOT_DISK_SERIAL`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,8 +261,12 @@ pub struct BootPlan {
     pub mem_mib: u32,
     /// `pids.max` for the guest's work cgroup (0 = the agent's default, no limit).
     pub pids_max: u32,
-    /// Read-only disks, in order.
+    /// Read-only disks, in order (erofs images: `--image` layers a root is made of, a mount
+    /// that asked for an erofs copy; raw disks: a pod's spare disks).
     pub disks: Vec<DiskPlan>,
+    /// Read-only virtio-fs shares, in order: every host mount but those that asked for an
+    /// erofs copy.
+    pub shares: Vec<SharePlan>,
     /// The image root, if any (else commands run in the initramfs).
     pub rootfs: Option<RootfsPlan>,
     /// A directory for this VM's sockets and logs; created if missing, and the driver creates
@@ -265,6 +281,9 @@ pub struct BootPlan {
     /// explicit choice, `--allow-weaker-jail`); otherwise such a boot is refused
     /// ([`DriverError::JailUnavailable`]).
     pub allow_weaker_jail: bool,
+    /// The size of each share's DAX window in MiB, on a driver that has DAX (kvm): `None`, the
+    /// driver's default ([`kvm::default_dax_window_mib`]); `Some(0)`, no window.
+    pub dax_window_mib: Option<u32>,
     /// A VM that may be snapshotted ([`Machine::snapshot`]): its snapshot is written into this
     /// directory (absolute, empty, mode 0700). `None` keeps the snapshot's system calls and
     /// file writes out of the VM process's jail and filters.

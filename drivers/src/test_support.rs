@@ -16,6 +16,8 @@ pub(crate) fn dummy_plan() -> BootPlan {
         mem_mib: 128,
         pids_max: 0,
         disks: Vec::new(),
+        shares: Vec::new(),
+        dax_window_mib: None,
         rootfs: None,
         run_dir: "/nonexistent/run".into(),
         wall: None,

@@ -49,6 +49,8 @@ fn kvm_boot_reports_the_truth() {
         mem_mib: 256,
         pids_max: 0,
         disks: Vec::new(),
+        shares: Vec::new(),
+        dax_window_mib: None,
         rootfs: None,
         run_dir: run_dir.clone(),
         wall: None,

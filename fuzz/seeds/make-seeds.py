@@ -172,10 +172,29 @@ def queue_state(i, size=256, next_idx=7, used=None):
             + varint(next_idx) + varint(next_idx) + bytes([0]))
 
 
-def device(kind, queues, acked=1 << 32):
+def device(kind, queues, acked=1 << 32, fs=None):
     transport = (varint(0xF) + bytes([0]) + varint(acked) + varint(1) + varint(1) + varint(0)
                  + varint(0) + varint(1))  # status DRIVER_OK..., interrupt VRING
-    return kind + transport + varint(len(queues)) + b"".join(queues)
+    session = bytes([0]) if fs is None else bytes([1]) + fs
+    return kind + transport + varint(len(queues)) + b"".join(queues) + session
+
+
+def blob_bytes(b):
+    return varint(len(b)) + b
+
+
+# DeviceKind 3 = Fs { tag, share, dax_window }; its FUSE session (vm_virtiofs::SessionState):
+# open, FsState { next_node, next_fh, inodes [SavedInode { nodeid, parent, name, dev, ino,
+# nlookup }], handles [SavedHandle { fh, nodeid, dir }] }, mappings [ChunkMapping { moffset,
+# nodeid, foffset, file_len }].
+FS = bytes([3]) + blob_bytes(b"fs0") + blob_bytes(b"/srv/models") + varint(64 << 20)
+FS_SESSION = (bytes([1]) + varint(4) + varint(2)
+              + varint(2) + varint(2) + varint(1) + blob_bytes(b"sub") + varint(2049) + varint(77)
+              + varint(1)
+              + varint(3) + varint(2) + blob_bytes(b"model.gguf") + varint(2049) + varint(78)
+              + varint(2)
+              + varint(1) + varint(1) + varint(3) + bytes([0])
+              + varint(1) + varint(0) + varint(3) + varint(0) + varint(2 << 20))
 
 
 RNG = bytes([2])
@@ -195,7 +214,7 @@ def vm_state(vcpus=1, mem_mib=16, regions=None, states=None, xsave=True, devices
             + varint(len(devices)) + b"".join(devices))
 
 
-def state_file(payload, version=2, magic=b"VMSNAPST", length=None):
+def state_file(payload, version=3, magic=b"VMSNAPST", length=None):
     length = len(payload) if length is None else length
     body = magic + struct.pack("<IQ", version, length) + payload
     return body + hashlib.sha256(body).digest()
@@ -206,6 +225,7 @@ write("snapshot_state", "valid-1vcpu", VALID)
 write("snapshot_state", "valid-2vcpus-no-xsave", state_file(vm_state(vcpus=2, xsave=False)))
 write("snapshot_state", "bad-magic", state_file(vm_state(), magic=b"VMSNAPSX"))
 write("snapshot_state", "version-1", state_file(vm_state(), version=1))
+write("snapshot_state", "version-2", state_file(vm_state(), version=2))
 write("snapshot_state", "huge-length", state_file(vm_state(), length=2**64 - 1))
 write("snapshot_state", "truncated", VALID[:len(VALID) // 2])
 write("snapshot_state", "short-header", VALID[:19])
@@ -227,8 +247,71 @@ write("snapshot_state", "device-features",
       state_file(vm_state(devices=[device(RNG, [queue_state(0)], acked=(1 << 32) | 1)])))
 write("snapshot_state", "device-queue-count",
       state_file(vm_state(devices=[device(RNG, [queue_state(0), queue_state(1)])])))
+write("snapshot_state", "valid-fs-session",
+      state_file(vm_state(devices=[device(FS, [queue_state(0), queue_state(1)], fs=FS_SESSION)])))
+write("snapshot_state", "fs-without-session",
+      state_file(vm_state(devices=[device(FS, [queue_state(0), queue_state(1)])])))
+write("snapshot_state", "session-on-rng",
+      state_file(vm_state(devices=[device(RNG, [queue_state(0)], fs=FS_SESSION)])))
 write("snapshot_state", "too-many-devices",
       state_file(vm_state(devices=[device(RNG, [queue_state(0)])] * 20)))
 # The target also frames its input as a payload: bare payloads reach the decoder directly.
 write("snapshot_state", "payload-valid-1vcpu", vm_state())
 write("snapshot_state", "payload-valid-2vcpus", vm_state(vcpus=2))
+
+
+# virtiofs_request: a room byte (16 << (b % 17) bytes of reply room), then records of a u16
+# length and one FUSE request (a 40-byte fuse_in_header + arguments). The target answers an
+# INIT first; lookups then give node ids 2, 3, ... and opens handles 1, 2, ...
+def fuse(opcode, nodeid, body=b"", unique=1, length=None):
+    n = 40 + len(body) if length is None else length
+    return struct.pack("<IIQQIIIHH", n, opcode, unique, nodeid, 0, 0, 0, 0, 0) + body
+
+
+def fuse_seq(room_exp, *reqs):
+    out = bytes([room_exp])
+    for r in reqs:
+        out += struct.pack("<H", len(r)) + r
+    return out
+
+
+LOOKUP, FORGET, GETATTR, READLINK, OPEN, READ, STATFS, RELEASE = 1, 2, 3, 5, 14, 15, 17, 18
+GETXATTR, LISTXATTR, INIT, OPENDIR, READDIR, DESTROY = 22, 23, 26, 27, 28, 38
+BATCH_FORGET, READDIRPLUS, LSEEK, SETUPMAPPING, REMOVEMAPPING = 42, 44, 46, 48, 49
+read_in = lambda fh, off, size: struct.pack("<QQIIQII", fh, off, size, 0, 0, 0, 0)
+open_in = struct.pack("<II", 0, 0)
+lookup_a = fuse(LOOKUP, 1, b"a\0")
+write("virtiofs_request", "lookup-open-read",
+      fuse_seq(16, lookup_a, fuse(OPEN, 2, open_in), fuse(READ, 2, read_in(1, 0, 4096))))
+write("virtiofs_request", "read-oversized",
+      fuse_seq(12, lookup_a, fuse(OPEN, 2, open_in), fuse(READ, 2, read_in(1, 0, 2**32 - 1))))
+write("virtiofs_request", "readdirplus",
+      fuse_seq(12, fuse(OPENDIR, 1, open_in), fuse(READDIRPLUS, 1, read_in(1, 0, 4096)),
+               fuse(READDIR, 1, read_in(1, 2, 4096))))
+write("virtiofs_request", "symlinks",
+      fuse_seq(12, fuse(LOOKUP, 1, b"out\0"), fuse(READLINK, 2), fuse(LOOKUP, 2, b"passwd\0"),
+               fuse(LOOKUP, 1, b"in\0"), fuse(READLINK, 3)))
+write("virtiofs_request", "names",
+      fuse_seq(12, fuse(LOOKUP, 1, b"..\0"), fuse(LOOKUP, 1, b"sub/b\0"), fuse(LOOKUP, 1, b"x"),
+               fuse(LOOKUP, 1, b"y" * 300 + b"\0")))
+write("virtiofs_request", "forget-storm",
+      fuse_seq(8, lookup_a, *[fuse(FORGET, n, struct.pack("<Q", 2**64 - 1)) for n in (2, 1, 99)],
+               fuse(BATCH_FORGET, 0, struct.pack("<IIQQ", 2**32 - 1, 0, 2, 1)),
+               fuse(BATCH_FORGET, 0, struct.pack("<IIQQ", 1, 0, 1, 1))))
+write("virtiofs_request", "dax",
+      fuse_seq(12, lookup_a, fuse(OPEN, 2, open_in),
+               fuse(SETUPMAPPING, 2, struct.pack("<QQQQQ", 1, 0, 2 << 20, 0, 0)),
+               fuse(SETUPMAPPING, 2, struct.pack("<QQQQQ", 1, 0, 2 << 20, 1, 0)),
+               fuse(SETUPMAPPING, 2, struct.pack("<QQQQQ", 1, 1 << 40, 2 << 20, 0, 62 << 20)),
+               fuse(SETUPMAPPING, 2, struct.pack("<QQQQQ", 1, 0, 2 << 20, 0, 64 << 20)),
+               fuse(REMOVEMAPPING, 2, struct.pack("<IQQ", 1, 0, 2 << 20)),
+               fuse(REMOVEMAPPING, 2, struct.pack("<I", 2**32 - 1))))
+write("virtiofs_request", "writes-and-unknown",
+      fuse_seq(12, *[fuse(op, 1, b"\0" * 64) for op in (4, 6, 8, 9, 10, 12, 16, 21, 35, 20, 999)]))
+write("virtiofs_request", "xattrs-statfs-lseek",
+      fuse_seq(12, lookup_a, fuse(GETXATTR, 2, struct.pack("<II", 0, 0) + b"user.x\0"),
+               fuse(LISTXATTR, 2, struct.pack("<II", 0, 0)), fuse(STATFS, 1),
+               fuse(OPEN, 2, open_in), fuse(LSEEK, 2, struct.pack("<QQII", 1, 0, 3, 0))))
+write("virtiofs_request", "lying-lengths",
+      fuse_seq(12, fuse(STATFS, 1, length=200), fuse(GETATTR, 1)[:20], fuse(INIT, 0, b"\0" * 8),
+               fuse(DESTROY, 0), fuse(GETATTR, 1, b"\0" * 16)))

@@ -4,8 +4,10 @@
 //! words; the agent parses `/proc/cmdline` with [`AgentConfig::from_cmdline`] (words not starting
 //! with `vm.` belong to the kernel and are ignored). Keys:
 //! `vm.hostname=NAME`, `vm.pids=N`, `vm.mem=MIB`, `vm.port=PORT`, `vm.log=LEVEL`, and
-//! `vm.disk=<id>:<guest_path>:<erofs|ext4|raw>` (repeatable), and `vm.root=<id>:<erofs|ext4>`
-//! (the read-only disk that becomes the root every command runs in). Values never contain spaces or
+//! `vm.disk=<id>:<guest_path>:<erofs|ext4|raw>` (repeatable), `vm.share=<tag>:<guest_path>:<dir|file>[:dax]`
+//! (repeatable: a read-only virtio-fs share, one host mount, mounted by its tag; `dax` when the
+//! device has a DAX window), and `vm.root=<id>:<erofs|ext4>` (the read-only disk that becomes
+//! the root every command runs in). Values never contain spaces or
 //! quotes, so the rendering needs no escaping.
 
 use crate::AGENT_PORT;
@@ -39,6 +41,35 @@ pub struct DiskMount {
     pub fs: DiskFs,
 }
 
+/// What a share holds: a host directory, or one host file (the share is then a directory
+/// holding only that file, which the agent binds at the guest path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareKind {
+    Dir,
+    File,
+}
+
+impl ShareKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareKind::Dir => "dir",
+            ShareKind::File => "file",
+        }
+    }
+}
+
+/// A read-only virtio-fs share the agent mounts at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareMount {
+    /// The device's tag (at most 36 bytes).
+    pub tag: String,
+    /// Absolute guest path.
+    pub guest_path: String,
+    pub kind: ShareKind,
+    /// Mount with `dax=always` (the device has a DAX window).
+    pub dax: bool,
+}
+
 /// The read-only disk that becomes the guest's root (under a tmpfs overlay).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RootDisk {
@@ -57,7 +88,9 @@ pub struct AgentConfig {
     /// `memory.max` of the work cgroup in MiB (`None` = unlimited).
     pub mem_limit_mib: Option<u32>,
     pub disks: Vec<DiskMount>,
-    /// The image root, if any; `disks` are then mounted inside it.
+    /// Read-only virtio-fs shares (every host mount).
+    pub shares: Vec<ShareMount>,
+    /// The image root, if any; `disks` and `shares` are then mounted inside it.
     pub root: Option<RootDisk>,
     /// vsock port to listen on.
     pub port: u32,
@@ -72,6 +105,7 @@ impl Default for AgentConfig {
             pids_max: None,
             mem_limit_mib: None,
             disks: Vec::new(),
+            shares: Vec::new(),
             root: None,
             port: AGENT_PORT,
             log: "info".into(),
@@ -90,10 +124,16 @@ pub enum ConfigError {
     },
     #[error("too many disks (max {max})")]
     TooManyDisks { max: usize },
+    #[error("too many shares (max {max})")]
+    TooManyShares { max: usize },
 }
 
 /// Largest number of disks.
 pub const MAX_DISKS: usize = 16;
+/// Largest number of shares.
+pub const MAX_SHARES: usize = 16;
+/// Longest virtio-fs tag (the device's config field).
+pub const MAX_TAG: usize = 36;
 
 fn invalid(key: &'static str, value: &str, why: &'static str) -> ConfigError {
     ConfigError::Invalid {
@@ -127,6 +167,46 @@ fn plain(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\'' && b != b':')
+}
+
+fn check_guest_path(key: &'static str, p: &str) -> Result<(), ConfigError> {
+    if !p.starts_with('/')
+        || p == "/"
+        || !plain(p)
+        || p.len() > 1024
+        || p.split('/').any(|c| c == "..")
+    {
+        return Err(invalid(
+            key,
+            p,
+            "guest path: absolute, not /, no '..', ':' or spaces",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_share(v: &str) -> Result<ShareMount, ConfigError> {
+    let bad = || invalid("share", v, "expected <tag>:<guest_path>:<dir|file>[:dax]");
+    let mut it = v.split(':');
+    let (Some(tag), Some(path), Some(kind)) = (it.next(), it.next(), it.next()) else {
+        return Err(bad());
+    };
+    let kind = match kind {
+        "dir" => ShareKind::Dir,
+        "file" => ShareKind::File,
+        _ => return Err(bad()),
+    };
+    let dax = match (it.next(), it.next()) {
+        (None, _) => false,
+        (Some("dax"), None) => true,
+        _ => return Err(bad()),
+    };
+    Ok(ShareMount {
+        tag: tag.into(),
+        guest_path: path.into(),
+        kind,
+        dax,
+    })
 }
 
 impl AgentConfig {
@@ -171,19 +251,20 @@ impl AgentConfig {
         }
         for d in &self.disks {
             check_id(&d.id)?;
-            let p = &d.guest_path;
-            if !p.starts_with('/')
-                || p == "/"
-                || !plain(p)
-                || p.len() > 1024
-                || p.split('/').any(|c| c == "..")
-            {
+            check_guest_path("disk", &d.guest_path)?;
+        }
+        if self.shares.len() > MAX_SHARES {
+            return Err(ConfigError::TooManyShares { max: MAX_SHARES });
+        }
+        for s in &self.shares {
+            if !plain(&s.tag) || s.tag.len() > MAX_TAG {
                 return Err(invalid(
-                    "disk",
-                    p,
-                    "guest path: absolute, not /, no '..', ':' or spaces",
+                    "share",
+                    &s.tag,
+                    "tag: 1-36 printable bytes, no ':' or quotes",
                 ));
             }
+            check_guest_path("share", &s.guest_path)?;
         }
         Ok(())
     }
@@ -213,6 +294,15 @@ impl AgentConfig {
                 d.id,
                 d.guest_path,
                 d.fs.as_str()
+            ));
+        }
+        for s in &self.shares {
+            let dax = if s.dax { ":dax" } else { "" };
+            w.push(format!(
+                "vm.share={}:{}:{}{dax}",
+                s.tag,
+                s.guest_path,
+                s.kind.as_str()
             ));
         }
         Ok(w.join(" "))
@@ -255,6 +345,12 @@ impl AgentConfig {
                         guest_path: path.into(),
                         fs,
                     });
+                }
+                "share" => {
+                    if c.shares.len() >= MAX_SHARES {
+                        return Err(ConfigError::TooManyShares { max: MAX_SHARES });
+                    }
+                    c.shares.push(parse_share(v)?);
                 }
                 "root" => {
                     let Some((id, fs)) = v.split_once(':') else {

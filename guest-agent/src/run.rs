@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use guest_agent::agent::cgroup::CgroupLimits;
-use guest_agent::agent::{Agent, AgentOptions, imageroot, pid1};
+use guest_agent::agent::{Agent, AgentOptions, imageroot, pid1, shares};
 use guest_agent::token::{AgentToken, GUEST_TOKEN_PATH};
 use guest_agent::{AgentConfig, PROTOCOL_VERSION};
 use vm_error_chain::error_chain as chain;
@@ -92,6 +92,9 @@ fn run_pid1() -> Result<(), String> {
     }
     for d in &cfg.disks {
         pid1::mount_disk(d).map_err(|e| format!("disk {}: {}", d.id, chain(&e)))?;
+    }
+    for s in &cfg.shares {
+        shares::mount_share(s).map_err(|e| format!("share {}: {}", s.tag, chain(&e)))?;
     }
     let opts = AgentOptions {
         root: PathBuf::from("/"),

@@ -1,5 +1,5 @@
 //! Kernel command-line configuration round trips and validation.
-use guest_agent::config::{ConfigError, RootDisk};
+use guest_agent::config::{ConfigError, RootDisk, ShareKind, ShareMount};
 use guest_agent::{AgentConfig, DiskFs, DiskMount};
 
 #[test]
@@ -25,6 +25,20 @@ fn round_trip() {
                 fs: DiskFs::Raw,
             },
         ],
+        shares: vec![
+            ShareMount {
+                tag: "fs0".into(),
+                guest_path: "/models".into(),
+                kind: ShareKind::Dir,
+                dax: true,
+            },
+            ShareMount {
+                tag: "fs1".into(),
+                guest_path: "/m/small.bin".into(),
+                kind: ShareKind::File,
+                dax: false,
+            },
+        ],
         root: Some(RootDisk {
             id: "root".into(),
             fs: DiskFs::Erofs,
@@ -36,7 +50,8 @@ fn round_trip() {
     assert_eq!(
         line,
         "vm.hostname=box-1 vm.port=2048 vm.pids=128 vm.mem=256 vm.log=debug vm.root=root:erofs \
-         vm.disk=data0:/mnt/data:erofs vm.disk=e:/srv/e:ext4 vm.disk=raw-1:/dev/disk/raw:raw"
+         vm.disk=data0:/mnt/data:erofs vm.disk=e:/srv/e:ext4 vm.disk=raw-1:/dev/disk/raw:raw \
+         vm.share=fs0:/models:dir:dax vm.share=fs1:/m/small.bin:file"
     );
     let full = format!("console=ttyS0 reboot=k {line} vm.future=1 quiet");
     let (back, unknown) = AgentConfig::from_cmdline(&full).unwrap();
@@ -57,6 +72,15 @@ fn invalid_values_name_the_key() {
         ("vm.hostname=bad_name!", "hostname"),
         ("vm.disk=id:/p", "disk"),
         ("vm.disk=id:/p:zfs", "disk"),
+        ("vm.share=fs0:/p", "share"),
+        ("vm.share=fs0:/p:pipe", "share"),
+        ("vm.share=fs0:/p:dir:rw", "share"),
+        ("vm.share=fs0:/p:dir:dax:x", "share"),
+        ("vm.share=fs0:../p:dir", "share"),
+        (
+            "vm.share=0123456789012345678901234567890123456:/p:dir",
+            "share",
+        ),
         ("vm.disk=id:relative:ext4", "disk"),
         ("vm.disk=id:/a/../b:ext4", "disk"),
         ("vm.disk=waytoolongserialnumber1:/p:ext4", "disk"),

@@ -87,9 +87,13 @@ pub struct ExecJail {
 impl ExecJail {
     /// Prepares `cfg` (plans the root, compiles the reaper's filter).
     pub fn new(cfg: ExecJailConfig) -> Result<ExecJail, JailError> {
+        let memory = MemoryCap {
+            open_files: crate::NOFILE_LIMIT.saturating_add(cfg.jail.extra_open_files),
+            ..cfg.memory
+        };
         Ok(ExecJail {
             root: RootPlan::new(&cfg.jail)?,
-            memory: cfg.memory,
+            memory,
             group: cfg.group,
             group_dirs: cfg
                 .group_dirs

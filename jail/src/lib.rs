@@ -51,7 +51,7 @@ use std::path::PathBuf;
 
 use caps::CapSet;
 use nix::sched::{CloneFlags, unshare};
-use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Gid, Uid, getpid, setgroups, setresgid, setresuid};
@@ -156,6 +156,10 @@ pub struct JailConfig {
     /// creating one.
     #[serde(default)]
     pub netns_fd: Option<i32>,
+    /// Descriptors beyond [`NOFILE_LIMIT`] the process may hold: a file server's inodes (one
+    /// descriptor each, capped by the server).
+    #[serde(default)]
+    pub extra_open_files: u64,
 }
 
 /// Why the jail could not be built; the VM does not start.
@@ -224,6 +228,9 @@ pub struct MemoryCap {
     /// `RLIMIT_FSIZE`: 0 for a process that writes no files; QEMU needs the guest's RAM (it
     /// sizes its memfd with `ftruncate`, which this limit covers).
     pub file_size: u64,
+    /// `RLIMIT_NOFILE`: [`NOFILE_LIMIT`] plus the jail's [`JailConfig::extra_open_files`]
+    /// (the builders set it from the config).
+    pub open_files: u64,
 }
 
 /// Closes every file descriptor above stderr but `keep` (the network namespace passed on
@@ -317,6 +324,7 @@ fn reap(
         resource: Resource::RLIMIT_DATA,
         bytes: REAPER_DATA_MIB << 20,
         file_size: 0,
+        open_files: NOFILE_LIMIT,
     };
     // The uid change in `restrict` cleared the parent-death signal: re-armed, then the launcher
     // must still be the parent (it may have died in between).
@@ -377,6 +385,7 @@ pub fn confine(
         resource: Resource::RLIMIT_DATA,
         bytes: data_limit(guest_mib),
         file_size: 0,
+        open_files: NOFILE_LIMIT.saturating_add(cfg.extra_open_files),
     };
     if let Some(w) = writable {
         let dir = root::cstring(w.dir)?;
@@ -399,9 +408,13 @@ pub fn data_limit(guest_mib: u32) -> u64 {
 /// Rlimits (the memory cap among them), capabilities, uid/gid and `no_new_privs`. Allocates
 /// nothing on success.
 pub fn restrict(who: Identity, memory: MemoryCap) -> Result<(), JailError> {
+    // A hard limit is raised only with CAP_SYS_RESOURCE, which a launcher in a container may
+    // lack: the descriptors asked for are capped at the hard limit it has (a file server
+    // lowers its inode cap to what it finds).
+    let (_, nofile_hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(at(Step::Rlimit))?;
     for (res, limit) in [
         (memory.resource, memory.bytes),
-        (Resource::RLIMIT_NOFILE, NOFILE_LIMIT),
+        (Resource::RLIMIT_NOFILE, memory.open_files.min(nofile_hard)),
         (Resource::RLIMIT_FSIZE, memory.file_size),
         (Resource::RLIMIT_CORE, 0),
         (Resource::RLIMIT_NPROC, NPROC_LIMIT),

@@ -48,6 +48,7 @@ fn mount(host: String, guest: String) -> Mount {
         host_path: PathBuf::from(host),
         guest_path: guest,
         read_only,
+        via: vm_spec::MountVia::Share,
     }
 }
 

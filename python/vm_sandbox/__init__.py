@@ -17,7 +17,11 @@ import os as _os
 
 # The VM processes the drivers start, shipped in the wheel (vm_sandbox/bin): found through the
 # variables the drivers read, unless the caller names others.
-for _var, _name in (("VM_VMM_BIN", "vm-vmm"), ("VM_VSOCK_BIN", "vm-vsock")):
+for _var, _name in (
+    ("VM_VMM_BIN", "vm-vmm"),
+    ("VM_VSOCK_BIN", "vm-vsock"),
+    ("VM_VIRTIOFS_BIN", "vm-virtiofs"),
+):
     _path = _os.path.join(_os.path.dirname(__file__), "bin", _name)
     if _os.access(_path, _os.X_OK):
         _os.environ.setdefault(_var, _path)

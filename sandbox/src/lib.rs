@@ -122,7 +122,7 @@ pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
 pub use guest::{CopyError, DEFAULT_COPY_CAP, Guest, MemberRoot, Run};
 pub use image_root::{ImageRootError, ResolvedImage, resolve_oci, use_image};
-pub use microvm::{MicroVm, Options, max_disks, preflight};
+pub use microvm::{MicroVm, Options, RawDisk, max_disks, preflight};
 pub use mounts::{MountCache, MountError};
 pub use publish::{PublishError, PublishSpec};
 pub use ready::{DEFAULT_READY_TIMEOUT, Probe, Readiness};

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vm_drivers::{BootPlan, DiskFs, Driver, ImagePaths, Machine, Registry, RootfsPlan};
+use vm_drivers::{BootPlan, DiskFs, DiskPlan, Driver, ImagePaths, Machine, Registry, RootfsPlan};
 use vm_spec::{Containment, Policy, RootfsFormat, Spec, Trust, ValidImage, ValidSpec};
 
 use crate::error::SandboxError;
@@ -51,6 +51,22 @@ pub struct Options {
     /// the same filesystem). `None` (the default) keeps the snapshot's system calls and file
     /// writes out of the VM process's jail and filters.
     pub snapshots: Option<PathBuf>,
+    /// Raw read-only disks the VM boots with beside its mounts: sparse files the caller
+    /// fills later (a pod's spare disks, the containerd shim), each at a guest path where
+    /// the agent links its block device. Not a user mount: every user mount is a share.
+    pub raw_disks: Vec<RawDisk>,
+    /// Each host mount's DAX window in MiB on a driver with DAX (kvm): `None`, the driver's
+    /// default; `Some(0)`, none (the guest reads through its own page cache).
+    pub dax_window_mib: Option<u32>,
+}
+
+/// A raw read-only disk ([`Options::raw_disks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawDisk {
+    /// The host file (opened read-only by the driver).
+    pub host_path: PathBuf,
+    /// Where the agent links the block device in the guest.
+    pub guest_path: String,
 }
 
 impl Default for Options {
@@ -66,6 +82,8 @@ impl Default for Options {
             run_dir_parent: None,
             prepare_root: true,
             snapshots: None,
+            raw_disks: Vec::new(),
+            dax_window_mib: None,
         }
     }
 }
@@ -112,6 +130,10 @@ pub struct MicroVm {
     pub(crate) source: Spec,
     /// The plan's block devices, in attachment order (a snapshot records their identity).
     pub(crate) devices: Vec<vm_drivers::BlockDevice>,
+    /// The plan's shares, in order (a snapshot records their identity).
+    pub(crate) shares: Vec<vm_drivers::SharePlan>,
+    /// The DAX window size the VM was asked for (a snapshot records it).
+    pub(crate) dax_window_mib: Option<u32>,
     /// The snapshot staging directory ([`Options::snapshots`]), until a snapshot takes it.
     pub(crate) staging: Mutex<Option<tempfile::TempDir>>,
     /// The per-VM run directory (removed by `close`/drop; the path stays for callers).
@@ -217,6 +239,8 @@ impl MicroVm {
             spec,
             source,
             devices: prepared.plan.block_devices(),
+            shares: prepared.plan.shares.clone(),
+            dax_window_mib: prepared.plan.dax_window_mib,
             staging: Mutex::new(prepared.staging),
             run_dir_path: prepared.run_dir.path().to_path_buf(),
             run_dir: Mutex::new(Some(prepared.run_dir)),
@@ -333,7 +357,12 @@ impl Prepared {
             None => MountCache::default_location()?,
         }
         .with_max_dir_bytes(options.max_mount_bytes);
-        let disks = cache.prepare(spec.mounts())?;
+        let (mut disks, shares) = cache.prepare(spec.mounts())?;
+        disks.extend(options.raw_disks.iter().map(|d| DiskPlan {
+            host_path: d.host_path.clone(),
+            guest_path: d.guest_path.clone(),
+            fs: DiskFs::Raw,
+        }));
         let parent = options
             .run_dir_parent
             .clone()
@@ -364,6 +393,8 @@ impl Prepared {
             mem_mib: limits.mem_mib,
             pids_max: limits.pids,
             disks,
+            shares,
+            dax_window_mib: options.dax_window_mib,
             rootfs: rootfs_plan(image),
             run_dir: run_dir.path().to_path_buf(),
             wall: limits.wall,

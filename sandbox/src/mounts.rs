@@ -1,9 +1,14 @@
-//! Turning validated mounts into read-only disks.
+//! Turning validated mounts into what the guest mounts.
 //!
-//! - A host **file** becomes a raw virtio-blk disk (`DiskFs::Raw`): the guest sees the
-//!   bytes read-only at the guest path.
-//! - A host **directory** becomes an erofs image built with `mkfs.erofs` into the mount
-//!   cache (`<cache>/vm/mounts/<key>.erofs`) and mounted read-only by the agent. The key is
+//! - Every mount, by default ([`vm_spec::MountVia::Share`]), becomes a read-only virtio-fs
+//!   share ([`vm_drivers::SharePlan`]): a host **directory** is served as it is, a host
+//!   **file** as a regular file with the host's size, bytes and mode at the guest path. The
+//!   driver's jailed file server reads the host's files in place: nothing is copied, nothing
+//!   is cached here, and no size cap applies beyond the host's own.
+//! - A directory mount that asks for it ([`vm_spec::MountVia::Erofs`], `-v DIR:GUEST:ro,erofs`:
+//!   no file server on the host side) becomes an erofs image built with `mkfs.erofs` into the
+//!   mount cache (`<cache>/vm/mounts/<key>.erofs`) on a read-only disk, mounted read-only by
+//!   the agent. The key is
 //!   the sha256 of the canonical path and, for every entry below it (sorted), its relative
 //!   path, type, size, mtime and symlink target, so an unchanged directory reuses its image
 //!   and any change produces a new one. Images are built into a temp file in the cache
@@ -13,8 +18,9 @@
 //!   ([`vm_oci::build_erofs_with`]: `no_new_privs`, only `CAP_DAC_READ_SEARCH` in its bounding
 //!   set).
 //!
-//! A directory whose files add up to more than [`MountCache::max_dir_bytes`] (or has more
-//! than [`MAX_DIR_ENTRIES`] entries) is refused before anything is built.
+//! A directory copied to erofs whose files add up to more than [`MountCache::max_dir_bytes`]
+//! (or has more than [`MAX_DIR_ENTRIES`] entries) is refused before anything is built; an
+//! erofs copy of a file is refused (it has no directory to hold it).
 
 use std::fs;
 use std::io;
@@ -23,8 +29,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use thiserror::Error;
-use vm_drivers::{DiskFs, DiskPlan};
-use vm_spec::ValidMount;
+use vm_drivers::{DiskFs, DiskPlan, ShareKind, SharePlan};
+use vm_spec::{MountVia, ValidMount};
 
 /// Default cap on the total file size of a mounted directory (4 GiB).
 pub const DEFAULT_MAX_DIR_BYTES: u64 = 4 << 30;
@@ -43,6 +49,8 @@ pub enum MountError {
     },
     #[error("mount {}: neither a regular file nor a directory", .0.display())]
     Kind(PathBuf),
+    #[error("mount {}: an erofs copy is made of a directory, not a file", .0.display())]
+    ErofsFile(PathBuf),
     #[error("mount {}: directory holds {bytes} bytes, over the {max}-byte cap", .path.display())]
     TooLarge { path: PathBuf, bytes: u64, max: u64 },
     #[error("mount {}: more than {MAX_DIR_ENTRIES} entries", .0.display())]
@@ -106,30 +114,43 @@ impl MountCache {
         self.max_dir_bytes
     }
 
-    /// One read-only disk per mount, in order (disk N gets serial `disk<N>`).
-    pub fn prepare(&self, mounts: &[ValidMount]) -> Result<Vec<DiskPlan>, MountError> {
-        mounts
-            .iter()
-            .map(|m| {
-                let meta = fs::metadata(&m.host_path).map_err(|source| MountError::Io {
-                    what: "stat",
-                    path: m.host_path.clone(),
-                    source,
-                })?;
-                let (host_path, fs) = if meta.is_file() {
-                    (m.host_path.clone(), DiskFs::Raw)
-                } else if meta.is_dir() {
-                    (self.erofs_for_dir(&m.host_path)?, DiskFs::Erofs)
-                } else {
-                    return Err(MountError::Kind(m.host_path.clone()));
-                };
-                Ok(DiskPlan {
-                    host_path,
+    /// The shares and erofs disks of `mounts`, each list in the mounts' order (share N gets
+    /// the tag `fs<N>`, disk N the serial `disk<N>`).
+    pub fn prepare(
+        &self,
+        mounts: &[ValidMount],
+    ) -> Result<(Vec<DiskPlan>, Vec<SharePlan>), MountError> {
+        let (mut disks, mut shares) = (Vec::new(), Vec::new());
+        for m in mounts {
+            let meta = fs::metadata(&m.host_path).map_err(|source| MountError::Io {
+                what: "stat",
+                path: m.host_path.clone(),
+                source,
+            })?;
+            let kind = if meta.is_file() {
+                ShareKind::File
+            } else if meta.is_dir() {
+                ShareKind::Dir
+            } else {
+                return Err(MountError::Kind(m.host_path.clone()));
+            };
+            match (m.via, kind) {
+                (MountVia::Share, kind) => shares.push(SharePlan {
+                    host_path: m.host_path.clone(),
                     guest_path: m.guest_path.clone(),
-                    fs,
-                })
-            })
-            .collect()
+                    kind,
+                }),
+                (MountVia::Erofs, ShareKind::Dir) => disks.push(DiskPlan {
+                    host_path: self.erofs_for_dir(&m.host_path)?,
+                    guest_path: m.guest_path.clone(),
+                    fs: DiskFs::Erofs,
+                }),
+                (MountVia::Erofs, ShareKind::File) => {
+                    return Err(MountError::ErofsFile(m.host_path.clone()));
+                }
+            }
+        }
+        Ok((disks, shares))
     }
 
     /// The cached erofs image of `dir`, built if missing or stale.

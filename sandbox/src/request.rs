@@ -161,6 +161,7 @@ mod tests {
             host_path: "/srv".into(),
             guest_path: "/srv".into(),
             read_only: false,
+            via: vm_spec::MountVia::Share,
         };
         let r = Request {
             memory_mib: Some(0),

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use vm_drivers::{BlockDevice, Registry, RestoreFrom};
+use vm_drivers::{BlockDevice, Registry, RestoreFrom, ShareKind, SharePlan};
 use vm_spec::{Spec, ValidSpec};
 
 use guest_agent::token::{AgentToken, TokenError};
@@ -131,6 +131,47 @@ impl DiskIdentity {
     }
 }
 
+/// One host mount (a virtio-fs share) as the snapshot saw it. The VMM also checks, when it
+/// restores the share's session, that every file and directory the guest held is still the
+/// same host inode; this is the mount itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareIdentity {
+    /// Its tag (`fs<N>`).
+    pub tag: String,
+    /// The host directory or file.
+    pub path: PathBuf,
+    /// `dir` or `file`.
+    pub kind: String,
+    /// Its host device and inode: the same directory or file, not one put in its place.
+    pub dev: u64,
+    pub ino: u64,
+    /// For a file: its size and modification time (nanoseconds since the epoch); 0 for a
+    /// directory, whose files the VMM checks one by one.
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+impl ShareIdentity {
+    fn of(index: usize, share: &SharePlan) -> Result<ShareIdentity, SnapshotError> {
+        let meta =
+            std::fs::metadata(&share.host_path).map_err(io_err("reading", &share.host_path))?;
+        let file = share.kind == ShareKind::File;
+        Ok(ShareIdentity {
+            tag: vm_drivers::share_tag(index),
+            path: share.host_path.clone(),
+            kind: share.kind.as_str().into(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: if file { meta.len() } else { 0 },
+            mtime_ns: if file {
+                i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec())
+            } else {
+                0
+            },
+        })
+    }
+}
+
 /// What a snapshot's record holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
@@ -144,6 +185,12 @@ pub struct SnapshotRecord {
     pub spec: Spec,
     /// Every read-only disk, in attachment order.
     pub disks: Vec<DiskIdentity>,
+    /// Every host mount served by the file server, in order.
+    #[serde(default)]
+    pub shares: Vec<ShareIdentity>,
+    /// The shares' DAX window size asked for (a restore asks for the same).
+    #[serde(default)]
+    pub dax_window_mib: Option<u32>,
     /// Bytes of the state file and of guest RAM, and how much RAM was written.
     pub state_bytes: u64,
     pub memory_bytes: u64,
@@ -222,11 +269,17 @@ fn check_disks(
     recorded: &[DiskIdentity],
     now: &[BlockDevice],
 ) -> Result<(), SnapshotError> {
+    // Disk N is the N-th mount copied to erofs (the rest are shares).
+    let copied: Vec<_> = spec
+        .mounts()
+        .iter()
+        .filter(|m| m.via == vm_spec::MountVia::Erofs)
+        .collect();
     let name = |serial: &str| match serial
         .strip_prefix("disk")
         .and_then(|n| n.parse::<usize>().ok())
     {
-        Some(n) => spec.mounts().get(n).map_or_else(
+        Some(n) => copied.get(n).map_or_else(
             || format!("disk {serial}"),
             |m| format!("the mount {}", m.guest_path),
         ),
@@ -257,6 +310,56 @@ fn check_disks(
                 then.path.display(),
                 then.size,
                 then.mtime_ns,
+                current.size,
+                current.mtime_ns
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Compares the shares a restore prepared with the ones the snapshot saw, naming the first
+/// that differs by its mount.
+fn check_shares(
+    spec: &ValidSpec,
+    recorded: &[ShareIdentity],
+    now: &[SharePlan],
+) -> Result<(), SnapshotError> {
+    let shared: Vec<_> = spec
+        .mounts()
+        .iter()
+        .filter(|m| m.via == vm_spec::MountVia::Share)
+        .collect();
+    if recorded.len() != now.len() {
+        return Err(SnapshotError::Changed {
+            what: "the mount list".into(),
+            detail: format!("{} shares then, {} now", recorded.len(), now.len()),
+        });
+    }
+    for (i, (then, share)) in recorded.iter().zip(now).enumerate() {
+        let changed = |detail: String| SnapshotError::Changed {
+            what: shared.get(i).map_or_else(
+                || format!("share {}", then.tag),
+                |m| format!("the mount {}", m.guest_path),
+            ),
+            detail,
+        };
+        let current = ShareIdentity::of(i, share).map_err(|e| changed(e.to_string()))?;
+        if current != *then {
+            return Err(changed(format!(
+                "{}: {} {} (device {}, inode {}, size {}, mtime {} ns) then, {} {} (device {}, \
+                 inode {}, size {}, mtime {} ns) now",
+                then.path.display(),
+                then.kind,
+                then.tag,
+                then.dev,
+                then.ino,
+                then.size,
+                then.mtime_ns,
+                current.kind,
+                current.tag,
+                current.dev,
+                current.ino,
                 current.size,
                 current.mtime_ns
             )));
@@ -306,6 +409,12 @@ impl MicroVm {
             .iter()
             .map(DiskIdentity::of)
             .collect::<Result<Vec<_>, _>>()?;
+        let shares = self
+            .shares
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ShareIdentity::of(i, s))
+            .collect::<Result<Vec<_>, _>>()?;
         let machine = self.machine_arc();
         let written = tokio::task::spawn_blocking(move || machine.snapshot())
             .await
@@ -319,6 +428,8 @@ impl MicroVm {
                 .map_or(0, |d| d.as_secs()),
             spec: self.source.clone(),
             disks,
+            shares,
+            dax_window_mib: self.dax_window_mib,
             state_bytes: written.state_bytes,
             memory_bytes: written.memory_bytes,
             memory_written: written.memory_written,
@@ -397,8 +508,13 @@ impl MicroVm {
             }
             .into());
         }
+        let options = &Options {
+            dax_window_mib: record.dax_window_mib,
+            ..options.clone()
+        };
         let prepared = Prepared::new(&valid, options)?;
         check_disks(&valid, &record.disks, &prepared.plan.block_devices())?;
+        check_shares(&valid, &record.shares, &prepared.plan.shares)?;
         let from = RestoreFrom { dir, token };
         let name = driver.name();
         let machine = driver

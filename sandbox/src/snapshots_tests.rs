@@ -2,9 +2,12 @@
 
 use super::*;
 
+/// A spec with the file `weights.bin` shared at `/weights` and the directory `copied` copied
+/// to erofs at `/copied` (disk 0).
 fn spec_with_mount(dir: &Path) -> Spec {
     let host = dir.join("weights.bin");
     std::fs::write(&host, b"w").unwrap();
+    std::fs::create_dir_all(dir.join("copied")).unwrap();
     let kernel = dir.join("vmlinux");
     let initrd = dir.join("initramfs.cpio");
     std::fs::write(&kernel, b"k").unwrap();
@@ -15,8 +18,11 @@ fn spec_with_mount(dir: &Path) -> Spec {
         pids: 64,
         wall: None,
     };
-    let g =
-        vm_spec::Guarantees::untrusted(limits, vec![vm_spec::Mount::read_only(&host, "/weights")]);
+    let mounts = vec![
+        vm_spec::Mount::read_only(&host, "/weights"),
+        vm_spec::Mount::erofs_copy(dir.join("copied"), "/copied"),
+    ];
+    let g = vm_spec::Guarantees::untrusted(limits, mounts);
     let image = vm_spec::Image {
         kernel,
         bz_image: None,
@@ -36,6 +42,8 @@ fn record(spec: Spec, disks: Vec<DiskIdentity>) -> SnapshotRecord {
         created_unix_secs: 1,
         spec,
         disks,
+        shares: Vec::new(),
+        dax_window_mib: None,
         state_bytes: 10,
         memory_bytes: 20,
         memory_written: 5,
@@ -147,7 +155,7 @@ fn a_changed_disk_invalidates_the_snapshot_naming_its_mount() {
         .set_modified(later)
         .unwrap();
     let e = check_disks(&valid, &then, &now).unwrap_err();
-    assert!(e.to_string().contains("the mount /weights changed"), "{e}");
+    assert!(e.to_string().contains("the mount /copied changed"), "{e}");
 
     let then: Vec<DiskIdentity> = now.iter().map(|d| DiskIdentity::of(d).unwrap()).collect();
     std::fs::write(&root, b"root, grown").unwrap();
@@ -157,11 +165,43 @@ fn a_changed_disk_invalidates_the_snapshot_naming_its_mount() {
     let then: Vec<DiskIdentity> = now.iter().map(|d| DiskIdentity::of(d).unwrap()).collect();
     let moved = vec![device(&root, "disk0"), device(&root, "root")];
     let e = check_disks(&valid, &then, &moved).unwrap_err();
-    assert!(e.to_string().contains("the mount /weights changed"), "{e}");
+    assert!(e.to_string().contains("the mount /copied changed"), "{e}");
     let e = check_disks(&valid, &then, &now[..1]).unwrap_err();
     assert!(e.to_string().contains("2 disks then, 1 now"), "{e}");
     std::fs::remove_file(&root).unwrap();
     assert!(check_disks(&valid, &then, &now).is_err());
+}
+
+#[test]
+fn a_changed_share_invalidates_the_snapshot_naming_its_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let valid = spec_with_mount(tmp.path()).validate().unwrap();
+    let host = tmp.path().join("weights.bin");
+    let share = |path: &Path, kind| SharePlan {
+        host_path: path.to_path_buf(),
+        guest_path: "/weights".into(),
+        kind,
+    };
+    let now = vec![share(&host, ShareKind::File)];
+    let then: Vec<ShareIdentity> = now
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ShareIdentity::of(i, s).unwrap())
+        .collect();
+    check_shares(&valid, &then, &now).unwrap();
+    // The same path, another file (replaced, as a download tool does).
+    std::fs::remove_file(&host).unwrap();
+    std::fs::write(&host, b"w").unwrap();
+    let e = check_shares(&valid, &then, &now).unwrap_err();
+    assert!(e.to_string().contains("the mount /weights changed"), "{e}");
+    let e = check_shares(&valid, &then, &[]).unwrap_err();
+    assert!(e.to_string().contains("1 shares then, 0 now"), "{e}");
+    // A directory share records its directory, not its files' times.
+    let dir = tmp.path().join("copied");
+    let now = vec![share(&dir, ShareKind::Dir)];
+    let then = vec![ShareIdentity::of(0, &now[0]).unwrap()];
+    std::fs::write(dir.join("new"), b"x").unwrap();
+    check_shares(&valid, &then, &now).unwrap();
 }
 
 #[test]

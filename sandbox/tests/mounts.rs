@@ -5,9 +5,9 @@ mod common;
 use std::fs;
 use std::time::{Duration, SystemTime};
 
-use vm_drivers::DiskFs;
+use vm_drivers::ShareKind;
 use vm_sandbox::mounts::{MountCache, MountError, dir_key};
-use vm_spec::ValidMount;
+use vm_spec::{MountVia, ValidMount};
 
 fn set_mtime(path: &std::path::Path, t: SystemTime) {
     fs::File::options()
@@ -64,6 +64,7 @@ fn directory_over_the_cap_is_refused() {
     let m = ValidMount {
         host_path: tmp.path().to_path_buf(),
         guest_path: "/d".into(),
+        via: MountVia::Erofs,
     };
     assert!(matches!(
         cache.prepare(&[m]),
@@ -137,21 +138,46 @@ fn erofs_image_is_built_once_reused_and_rebuilt_after_a_change() {
 }
 
 #[test]
-fn files_become_raw_disks_in_order() {
+fn every_mount_is_a_share_but_an_erofs_copy() {
     let tmp = tempfile::tempdir().unwrap();
     let f = tmp.path().join("w.bin");
     fs::write(&f, b"x").unwrap();
+    let d = tmp.path().join("d");
+    fs::create_dir(&d).unwrap();
     let cache = MountCache::new(tmp.path().join("cache"));
-    let disks = cache
-        .prepare(&[ValidMount {
-            host_path: f.clone(),
-            guest_path: "/w.bin".into(),
-        }])
+    let mount = |p: &std::path::Path, guest: &str, via| ValidMount {
+        host_path: p.to_path_buf(),
+        guest_path: guest.into(),
+        via,
+    };
+    let (disks, shares) = cache
+        .prepare(&[
+            mount(&f, "/w.bin", MountVia::Share),
+            mount(&d, "/d", MountVia::Share),
+        ])
         .unwrap();
-    assert_eq!(disks.len(), 1);
-    assert_eq!(
-        (disks[0].host_path.as_path(), disks[0].fs),
-        (f.as_path(), DiskFs::Raw)
+    assert!(
+        disks.is_empty(),
+        "no raw disk for a file, no erofs for a directory"
     );
-    assert_eq!(disks[0].guest_path, "/w.bin");
+    assert_eq!(
+        shares
+            .iter()
+            .map(|s| (s.host_path.as_path(), s.guest_path.as_str(), s.kind))
+            .collect::<Vec<_>>(),
+        [
+            (f.as_path(), "/w.bin", ShareKind::File),
+            (d.as_path(), "/d", ShareKind::Dir)
+        ]
+    );
+    assert!(
+        !tmp.path().join("cache").exists(),
+        "nothing cached for a share"
+    );
+    // An erofs copy of a file is refused, naming it.
+    let e = cache
+        .prepare(&[mount(&f, "/w.bin", MountVia::Erofs)])
+        .unwrap_err();
+    assert!(matches!(e, MountError::ErofsFile(_)), "{e}");
+    assert!(e.to_string().contains("w.bin"), "{e}");
 }

@@ -79,6 +79,8 @@ async fn snapshots_are_refused_where_they_cannot_be_taken() {
         created_unix_secs: 0,
         spec: spec.clone(),
         disks: Vec::new(),
+        shares: Vec::new(),
+        dax_window_mib: None,
         state_bytes: 0,
         memory_bytes: 0,
         memory_written: 0,

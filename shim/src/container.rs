@@ -206,7 +206,7 @@ async fn boot(
     req: &CreateRequest,
     spec: &ContainerSpec,
     root: &Root,
-    options: Options,
+    mut options: Options,
     pod_dir: Option<&Path>,
 ) -> Result<Placed, ShimError> {
     let (pods, id) = (&req.pods, &req.id);
@@ -214,11 +214,11 @@ async fn boot(
     let bound = tokio::task::spawn_blocking(move || ports::bind_in(netns.as_deref(), &ports))
         .await
         .map_err(|e| ShimError::State(format!("binding the ports: {e}")))??;
-    let mut boot_spec = vm_spec(spec, Some(root), &req.config)?;
+    let boot_spec = vm_spec(spec, Some(root), &req.config)?;
     let disks = match pod_dir {
         Some(dir) => {
-            let (disks, mounts) = PodDisks::create(dir, spare_disks(&boot_spec, &options)?)?;
-            boot_spec.guarantees.mounts.extend(mounts);
+            let (disks, raw) = PodDisks::create(dir, spare_disks(&boot_spec, &options)?)?;
+            options.raw_disks.extend(raw);
             Some(disks)
         }
         None => None,
@@ -251,8 +251,9 @@ async fn boot(
     }
 }
 
-/// How many spare disks a pod's VM booting `spec` gets: what its driver and the spec's mount
-/// limit leave beside the root and the sandbox's own mounts, at most [`MAX_POD_DISKS`].
+/// How many spare disks a pod's VM booting `spec` gets: what its driver's device slots and
+/// the spec's mount limit leave beside the root and the sandbox's own mounts, at most
+/// [`MAX_POD_DISKS`].
 fn spare_disks(spec: &Spec, options: &Options) -> Result<usize, ShimError> {
     let max = vm_sandbox::max_disks(options).map_err(ShimError::sandbox("checking the VM"))?;
     let own = spec.guarantees.mounts.len();

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use vm_sandbox::agent::{PodMount, pod_member_cgroup};
 use vm_sandbox::sys::Usage;
-use vm_sandbox::{Guest, MemberRoot, MicroVm, MountCache, Options};
+use vm_sandbox::{Guest, MemberRoot, MicroVm, MountCache, Options, RawDisk};
 use vm_spec::Mount;
 
 use crate::bundle::ContainerSpec;
@@ -68,9 +68,9 @@ pub struct PodDisks {
 }
 
 impl PodDisks {
-    /// Creates `count` sparse disk files in `dir` (created, mode 0700) and the read-only
-    /// mounts that give them to the VM.
-    pub fn create(dir: &Path, count: usize) -> Result<(PodDisks, Vec<Mount>), ShimError> {
+    /// Creates `count` sparse disk files in `dir` (created, mode 0700) and the raw read-only
+    /// disks that give them to the VM.
+    pub fn create(dir: &Path, count: usize) -> Result<(PodDisks, Vec<RawDisk>), ShimError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -89,7 +89,10 @@ impl PodDisks {
                 .map_err(ShimError::io(format!("creating {}", path.display())))?;
             f.set_len(DISK_BYTES)
                 .map_err(ShimError::io(format!("sizing {}", path.display())))?;
-            mounts.push(Mount::read_only(&path, guest_disk(i)));
+            mounts.push(RawDisk {
+                host_path: path,
+                guest_path: guest_disk(i),
+            });
         }
         Ok((disks, mounts))
     }
@@ -480,7 +483,6 @@ mod tests {
         let (disks, mounts) = PodDisks::create(&dir.path().join("pod"), 6).unwrap();
         assert_eq!(mounts.len(), 6);
         assert_eq!(mounts[3].guest_path, "/run/vm-pod/disk3");
-        assert!(mounts.iter().all(|m| m.read_only));
         let meta = std::fs::metadata(&mounts[0].host_path).unwrap();
         assert_eq!(meta.len(), DISK_BYTES);
         assert_eq!(std::os::unix::fs::MetadataExt::blocks(&meta), 0, "sparse");

@@ -54,7 +54,9 @@ pub use imageconfig::ImageConfig;
 pub use limits::{
     DEFAULT_PIDS, Limits, MAX_MEM_MIB, MAX_PIDS, MAX_VCPUS, MIN_MEM_MIB, ValidLimits,
 };
-pub use model::{DEFAULT_ROOT, Guarantees, Image, ImageDigests, ImageSource, Mount, Spec};
+pub use model::{
+    DEFAULT_ROOT, Guarantees, Image, ImageDigests, ImageSource, Mount, MountVia, Spec,
+};
 pub use trust::{
     ALLOW_EMULATION_FLAG, AdmitError, Containment, Policy, Tier, Trust, admit, admit_level,
     required, select,

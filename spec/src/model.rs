@@ -23,15 +23,47 @@ pub struct Mount {
     pub guest_path: String,
     /// Must be true: a writable host mount into an untrusted guest is a hole.
     pub read_only: bool,
+    /// How the guest gets it: the read-only file server (the default), or an erofs copy.
+    #[serde(default, skip_serializing_if = "MountVia::is_share")]
+    pub via: MountVia,
+}
+
+/// How a host mount reaches the guest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountVia {
+    /// A read-only virtio-fs share: the host's files as they are, read in place by a jailed
+    /// file server on the host; nothing copied, no size cap.
+    #[default]
+    Share,
+    /// A directory copied into a cached erofs image on a read-only disk: no file server on
+    /// the host side, at the cost of the copy (and its size cap).
+    Erofs,
+}
+
+impl MountVia {
+    /// Whether this is the default, [`MountVia::Share`].
+    pub fn is_share(&self) -> bool {
+        *self == MountVia::Share
+    }
 }
 
 impl Mount {
-    /// A read-only mount.
+    /// A read-only mount, served by the file server.
     pub fn read_only(host_path: impl Into<PathBuf>, guest_path: impl Into<String>) -> Self {
         Mount {
             host_path: host_path.into(),
             guest_path: guest_path.into(),
             read_only: true,
+            via: MountVia::Share,
+        }
+    }
+
+    /// A read-only directory mount copied into an erofs image ([`MountVia::Erofs`]).
+    pub fn erofs_copy(host_path: impl Into<PathBuf>, guest_path: impl Into<String>) -> Self {
+        Mount {
+            via: MountVia::Erofs,
+            ..Mount::read_only(host_path, guest_path)
         }
     }
 }

@@ -45,6 +45,8 @@ impl ValidateContext {
 pub struct ValidMount {
     pub host_path: PathBuf,
     pub guest_path: String,
+    #[serde(skip_serializing_if = "crate::MountVia::is_share")]
+    pub via: crate::MountVia,
 }
 
 /// The filesystem of a root image, from its superblock.
@@ -172,6 +174,7 @@ impl Spec {
             mounts.push(ValidMount {
                 host_path: host,
                 guest_path: guest,
+                via: m.via,
             });
         }
 

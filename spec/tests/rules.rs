@@ -96,6 +96,7 @@ fn untrusted_constructor_forces_read_only_and_no_egress() {
         host_path: "/x".into(),
         guest_path: "/x".into(),
         read_only: false,
+        via: vm_spec::MountVia::Share,
     };
     let g = Guarantees::untrusted(Limits::default(), vec![m]);
     assert!(g.egress_denied);

@@ -77,6 +77,82 @@ pub fn hash_tree(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, String>> {
     Ok(out)
 }
 
+/// sha256 of a file, streamed.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf)? {
+            0 => return Ok(hex::encode(h.finalize())),
+            n => h.update(&buf[..n]),
+        }
+    }
+}
+
+/// What a file's content is, cheaply for a sparse one: sha256 over its size and each data
+/// extent's offset, length and bytes (`SEEK_DATA`/`SEEK_HOLE`; holes read as zeros, so two
+/// files with equal fingerprints hold equal bytes).
+pub fn content_fingerprint(path: &Path) -> std::io::Result<String> {
+    use nix::unistd::{Whence, lseek};
+    use std::io::{Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    let size = f.metadata()?.len();
+    let mut h = Sha256::new();
+    h.update(size.to_le_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let data = match lseek(&f, at as i64, Whence::SeekData) {
+            Ok(d) => d as u64,
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(&f, data as i64, Whence::SeekHole)? as u64;
+        h.update(data.to_le_bytes());
+        h.update((hole - data).to_le_bytes());
+        f.seek(SeekFrom::Start(data))?;
+        let mut left = hole - data;
+        while left > 0 {
+            let n = f.read(&mut buf[..left.min(1 << 20) as usize])?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            left -= n as u64;
+        }
+        at = hole;
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Relative path -> what it is, for every entry under `dir` (symlinks not followed): a file's
+/// mode, size and [`content_fingerprint`], a directory's mode, a symlink's target. Equal
+/// manifests: nothing in the tree changed.
+pub fn manifest(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, String>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            let meta = std::fs::symlink_metadata(&path)?;
+            let rel = path.strip_prefix(dir).unwrap_or(&path).to_path_buf();
+            let what = if meta.is_dir() {
+                stack.push(path.clone());
+                format!("d {:o}", meta.mode())
+            } else if meta.file_type().is_symlink() {
+                format!("l {}", std::fs::read_link(&path)?.display())
+            } else {
+                let fp = content_fingerprint(&path)?;
+                format!("f {:o} {} {fp}", meta.mode(), meta.len())
+            };
+            out.insert(rel, what);
+        }
+    }
+    Ok(out)
+}
+
 /// The kernel release in a kernel image's `Linux version <release> ...` banner (what
 /// `strings vmlinux | grep 'Linux version'` shows).
 pub fn kernel_release_in(image: &[u8]) -> Option<String> {

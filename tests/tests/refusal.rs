@@ -24,6 +24,7 @@ fn refused_specs(image: &Image, host_dir: &Path) -> Vec<(&'static str, Spec, &'s
         host_path: host_dir.to_path_buf(),
         guest_path: "/data".into(),
         read_only: false,
+        via: vm_spec::MountVia::Share,
     }];
     vec![
         (

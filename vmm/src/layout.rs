@@ -25,6 +25,17 @@ pub const VIRTIO_GSI_BASE: u32 = 5;
 pub const MAX_GSI: u32 = 23;
 /// Most virtio-mmio devices a VM can have (one GSI each).
 pub const MAX_VIRTIO_DEVICES: usize = (MAX_GSI - VIRTIO_GSI_BASE + 1) as usize;
+/// Where virtio-fs DAX windows start: far above the highest RAM (4 GiB + the 64 GiB cap) and
+/// below 1 TiB, which every x86-64 CPU's physical address width reaches.
+pub const DAX_WINDOWS_BASE: u64 = 128 << 30;
+/// The distance between two devices' windows, and the largest window (16 GiB).
+pub const DAX_WINDOW_STRIDE: u64 = 16 << 30;
+
+/// The guest physical base of device `index`'s DAX window.
+pub fn dax_window_base(index: usize) -> u64 {
+    DAX_WINDOWS_BASE + index as u64 * DAX_WINDOW_STRIDE
+}
+
 /// IOAPIC MMIO base.
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 /// Local APIC MMIO base.

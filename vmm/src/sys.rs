@@ -6,6 +6,8 @@
 //!   and signalling registered vCPU threads.
 //! - [`guest_memory`]: guest RAM registered with KVM, owned so it outlives the VM and its
 //!   vCPUs.
+//! - [`window`]: a virtio-fs DAX window's host mapping (file pages mapped in and out of a
+//!   reserved range).
 //!
 //! - [`set_xsave`]: `KVM_SET_XSAVE` (a snapshot's restore), whose size contract KVM cannot
 //!   check for us.
@@ -15,6 +17,7 @@
 
 pub mod guest_memory;
 pub mod kick;
+pub mod window;
 
 pub use guest_memory::{GuestMemoryMmap, GuestVm, SlotError};
 pub use kick::{KickableThreads, KickableVcpu, install_kick_handler};

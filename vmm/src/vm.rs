@@ -206,8 +206,8 @@ fn legacy_devices(
 /// The MMIO bus with one virtio-mmio device per configured device: its queue-notify
 /// ioeventfds and its irqfd registered (the eventfds kept in `irq_events`).
 fn virtio_devices(
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
+    kvm: &Kvm,
+    guest: &mut GuestVm,
     cfg: &VmConfig,
     starter: &Starter,
     irq_events: &mut Vec<EventFd>,
@@ -215,8 +215,23 @@ fn virtio_devices(
     let mut mmio = Bus::new();
     let mut virtio = Vec::new();
     for (index, dev_cfg) in cfg.devices.iter().enumerate() {
-        let dev = MmioDevice::new(dev_cfg, mem.clone(), starter)
+        let dev = MmioDevice::new_at(dev_cfg, index, guest.memory().clone(), starter)
             .map_err(|source| VmmError::Virtio { index, source })?;
+        if let Some(w) = dev.window() {
+            if !kvm.check_extension(kvm_ioctls::Cap::ReadonlyMem) {
+                return Err(VmmError::Config(
+                    "KVM has no read-only memory slots (KVM_CAP_READONLY_MEM): no DAX window"
+                        .into(),
+                ));
+            }
+            guest
+                .add_window(w.guest_base, w.mapping.clone())
+                .map_err(|e| VmmError::Kvm {
+                    what: "registering a DAX window",
+                    source: e.source,
+                })?;
+        }
+        let vm = guest.vm();
         let base = virtio_mmio_base(index);
         for (queue, evt) in dev.queue_notify_events() {
             vm.register_ioevent(
@@ -253,7 +268,7 @@ pub(crate) fn install_kick() -> Result<(), VmmError> {
 /// console, the port bus, the device control thread's starter and the virtio devices.
 pub(crate) fn assemble(
     kvm: Kvm,
-    guest: GuestVm,
+    mut guest: GuestVm,
     cfg: &mut VmConfig,
     cmdline: String,
 ) -> Result<Vm, VmmError> {
@@ -262,8 +277,7 @@ pub(crate) fn assemble(
     let mut irq_events = Vec::new();
     let pio = legacy_devices(guest.vm(), &control, &console, cfg, &mut irq_events)?;
     let starter = Starter::new().map_err(VmmError::DeviceControl)?;
-    let (mmio, virtio) =
-        virtio_devices(guest.vm(), guest.memory(), cfg, &starter, &mut irq_events)?;
+    let (mmio, virtio) = virtio_devices(&kvm, &mut guest, cfg, &starter, &mut irq_events)?;
     let metrics = virtio
         .iter()
         .map(|d| d.lock().unwrap_or_else(|p| p.into_inner()).metrics())
@@ -395,6 +409,16 @@ impl Vm {
         self.guest.memory()
     }
 
+    /// Device `index`'s DAX window (a virtio-fs device with one), which the guest sees at
+    /// its guest physical base through a read-only memory slot.
+    pub fn dax_window(&self, index: usize) -> Option<crate::virtio::fs::Window> {
+        let dev = self.virtio.get(index)?;
+        dev.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .window()
+            .cloned()
+    }
+
     /// The full kernel command line passed to the guest.
     pub fn cmdline(&self) -> &str {
         &self.cmdline
@@ -409,8 +433,15 @@ impl Vm {
         (0..n).map(|i| thread_name(self.seq, i)).collect()
     }
 
-    /// Spawn the device control thread, then the vCPU threads.
+    /// Open the devices' host files (a virtio-fs device's share: inside the jail when there is
+    /// one), then spawn the device control thread, then the vCPU threads.
     pub fn start(mut self) -> Result<RunningVm, VmmError> {
+        for (index, dev) in self.virtio.iter().enumerate() {
+            dev.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .open_host_files()
+                .map_err(|source| VmmError::Virtio { index, source })?;
+        }
         let devctl = self
             .starter
             .spawn(format!("vm{}-devctl", self.seq))

@@ -13,7 +13,7 @@ use std::fs;
 use std::path::Path;
 
 use guest_agent::AGENT_PORT;
-use guest_agent::config::{AgentConfig, DiskMount, RootDisk};
+use guest_agent::config::{AgentConfig, DiskMount, RootDisk, ShareKind, ShareMount};
 
 use crate::{BootPlan, DriverError};
 
@@ -34,6 +34,11 @@ const MAX_SOCKET_PATH: usize = 107;
 /// The virtio-blk serial (agent disk id) of disk `index`.
 pub(crate) fn disk_id(index: usize) -> String {
     format!("disk{index}")
+}
+
+/// The virtio-fs tag of share `index`.
+pub fn share_tag(index: usize) -> String {
+    format!("fs{index}")
 }
 
 pub(crate) fn invalid(reason: String) -> DriverError {
@@ -84,11 +89,45 @@ pub(crate) fn check_plan(plan: &BootPlan) -> Result<(), DriverError> {
     if let Some(r) = &plan.rootfs {
         require_file("rootfs.host_path", &r.host_path)?;
     }
+    for (i, s) in plan.shares.iter().enumerate() {
+        let field = format!("shares[{i}].host_path");
+        let meta = fs::symlink_metadata(&s.host_path)
+            .map_err(|e| invalid(format!("{field}: {}: {e}", s.host_path.display())))?;
+        let ok = match s.kind {
+            ShareKind::Dir => meta.is_dir(),
+            ShareKind::File => meta.is_file(),
+        };
+        if !ok {
+            return Err(invalid(format!(
+                "{field}: {} is not a {}",
+                s.host_path.display(),
+                if s.kind == ShareKind::Dir {
+                    "directory"
+                } else {
+                    "regular file"
+                }
+            )));
+        }
+    }
     let sock = plan.run_dir.join(VSOCK_SOCKET);
     if sock.as_os_str().len() > MAX_SOCKET_PATH - 8 {
         return Err(invalid(format!(
             "run_dir: {} is too long for a Unix socket path",
             plan.run_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that the plan's disks, root and shares fit in the `max` device slots a backend has
+/// for them (each is one virtio-mmio device).
+pub(crate) fn check_device_count(plan: &BootPlan, max: usize) -> Result<(), DriverError> {
+    let n = plan.block_devices().len() + plan.shares.len();
+    if n > max {
+        return Err(invalid(format!(
+            "{} disks and {} shares need {n} devices; this driver has room for {max}",
+            plan.block_devices().len(),
+            plan.shares.len()
         )));
     }
     Ok(())
@@ -110,8 +149,9 @@ pub(crate) fn hostname(name: &str) -> String {
     if h.is_empty() { "vm".into() } else { h }
 }
 
-/// The agent configuration for a plan, rendered as kernel command-line words.
-pub(crate) fn agent_cmdline(plan: &BootPlan) -> Result<String, DriverError> {
+/// The agent configuration for a plan, rendered as kernel command-line words; `dax`: the
+/// shares' devices have a DAX window.
+pub(crate) fn agent_cmdline(plan: &BootPlan, dax: bool) -> Result<String, DriverError> {
     let cfg = AgentConfig {
         hostname: hostname(&plan.name),
         pids_max: (plan.pids_max > 0).then_some(plan.pids_max),
@@ -123,6 +163,17 @@ pub(crate) fn agent_cmdline(plan: &BootPlan) -> Result<String, DriverError> {
                 id: disk_id(i),
                 guest_path: d.guest_path.clone(),
                 fs: d.fs,
+            })
+            .collect(),
+        shares: plan
+            .shares
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ShareMount {
+                tag: share_tag(i),
+                guest_path: s.guest_path.clone(),
+                kind: s.kind,
+                dax,
             })
             .collect(),
         root: plan.rootfs.as_ref().map(|r| RootDisk {
@@ -161,7 +212,7 @@ mod tests {
             guest_path: "/data".into(),
             fs: DiskFs::Erofs,
         }];
-        let words = agent_cmdline(&plan).unwrap();
+        let words = agent_cmdline(&plan, false).unwrap();
         assert!(words.contains("vm.pids=64"), "{words}");
         assert!(words.contains("vm.disk=disk0:/data:erofs"), "{words}");
         assert!(words.contains(&format!("vm.port={AGENT_PORT}")), "{words}");
@@ -178,7 +229,7 @@ mod tests {
             fs: DiskFs::Raw,
         }];
         assert!(matches!(
-            agent_cmdline(&plan),
+            agent_cmdline(&plan, false),
             Err(DriverError::InvalidPlan { .. })
         ));
     }

@@ -16,6 +16,9 @@ pub const VMM_BIN_ENV: &str = "VM_VMM_BIN";
 /// The environment variable that overrides the search for `vm-vsock`.
 pub const VSOCK_BIN_ENV: &str = "VM_VSOCK_BIN";
 
+/// The environment variable that overrides the search for `vm-virtiofs`.
+pub const VIRTIOFS_BIN_ENV: &str = "VM_VIRTIOFS_BIN";
+
 /// The `vm-vmm` binary, or an error naming every place looked at.
 pub(crate) fn vmm_binary() -> Result<PathBuf, DriverError> {
     workspace_binary(vmm::process::BINARY, VMM_BIN_ENV)

@@ -21,7 +21,21 @@ pub(crate) mod vm;
 use vm_spec::Containment;
 
 pub use detect::{HostFacts, KVM_API_VERSION, KvmDevice, classify};
-pub use locate::{VMM_BIN_ENV, VSOCK_BIN_ENV};
+pub use locate::{VIRTIOFS_BIN_ENV, VMM_BIN_ENV, VSOCK_BIN_ENV};
+
+/// Disks (the root included) and shares a VM can have: every virtio-mmio device but the vsock
+/// and the rng.
+pub const MAX_DEVICES: usize = vmm::layout::MAX_VIRTIO_DEVICES - 2;
+
+/// The largest DAX window a share may have, in MiB (the distance between two windows).
+pub const MAX_DAX_WINDOW_MIB: u32 = (vmm::layout::DAX_WINDOW_STRIDE >> 20) as u32;
+
+/// Each share's DAX window when the plan asks for no size: 1 GiB, or four times the guest's
+/// RAM when that is less (the guest kernel spends 64 bytes of RAM on each 4 KiB page of the
+/// window: a 1 GiB window costs it 16 MiB).
+pub fn default_dax_window_mib(mem_mib: u32) -> u32 {
+    1024.min(mem_mib.saturating_mul(4))
+}
 
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
 
@@ -59,7 +73,7 @@ impl Driver for KvmDriver {
 
     /// Every virtio-mmio device but the vsock and the rng.
     fn max_disks(&self) -> usize {
-        vmm::layout::MAX_VIRTIO_DEVICES - 2
+        MAX_DEVICES
     }
 
     fn snapshots(&self) -> Availability {

@@ -61,6 +61,18 @@ pub(crate) fn vm_config(
         uds_path: uds,
     });
     devices.push(DeviceConfig::Rng);
+    let dax_window = u64::from(dax_window_mib(plan)) << 20;
+    devices.extend(
+        plan.shares
+            .iter()
+            .enumerate()
+            .map(|(i, s)| DeviceConfig::Fs {
+                tag: boot::share_tag(i),
+                share: s.host_path.clone(),
+                max_inodes: crate::tcg::MAX_INODES,
+                dax_window,
+            }),
+    );
     Ok(VmConfig {
         mem_mib: plan.mem_mib,
         vcpus,
@@ -74,12 +86,28 @@ pub(crate) fn vm_config(
     })
 }
 
-/// The jail of a VM: its root tmpfs on `<run_dir>/root`, the run dir (sockets) bound inside.
-fn jail_config(run: &mut RunDir) -> Result<JailConfig, DriverError> {
+/// Descriptors a share's server keeps beyond its inodes (its worker's eventfds and epoll).
+const SHARE_OWN_FDS: u64 = 16;
+
+/// The size of each share's DAX window for `plan`, in MiB: what it asks for, else
+/// [`super::default_dax_window_mib`]; always a multiple of 2 MiB (DAX maps 2 MiB ranges).
+pub(crate) fn dax_window_mib(plan: &BootPlan) -> u32 {
+    let mib = plan
+        .dax_window_mib
+        .unwrap_or_else(|| super::default_dax_window_mib(plan.mem_mib));
+    mib & !1
+}
+
+/// The jail of a VM: its root tmpfs on `<run_dir>/root`, the run dir (sockets) bound inside,
+/// and each share's source bound read-only at its own path (the VMM opens it there).
+fn jail_config(run: &mut RunDir, plan: &BootPlan) -> Result<JailConfig, DriverError> {
     Ok(JailConfig {
         root: run.make_dir(JAIL_ROOT)?,
         binds: vec![run.dir().to_path_buf()],
+        ro: plan.shares.iter().map(|s| s.host_path.clone()).collect(),
         netns_fd: Some(shared_netns()?),
+        extra_open_files: plan.shares.len() as u64
+            * (crate::tcg::MAX_INODES as u64 + SHARE_OWN_FDS),
         ..JailConfig::default()
     })
 }
@@ -144,7 +172,18 @@ pub(super) fn restore(plan: BootPlan, from: &RestoreFrom) -> Result<Machine, Dri
 fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
-    let cmdline = boot::agent_cmdline(&plan)?;
+    boot::check_device_count(&plan, super::MAX_DEVICES)?;
+    if dax_window_mib(&plan) > super::MAX_DAX_WINDOW_MIB {
+        return Err(DriverError::InvalidPlan {
+            reason: format!(
+                "dax_window_mib: {} is over the {} MiB a window may have",
+                dax_window_mib(&plan),
+                super::MAX_DAX_WINDOW_MIB
+            ),
+        });
+    }
+    let dax = !plan.shares.is_empty() && dax_window_mib(&plan) > 0;
+    let cmdline = boot::agent_cmdline(&plan, dax)?;
     let mut files = vec![VSOCK_SOCKET, VMM_LOG];
     files.extend(boot::RUN_FILES);
     let mut run = RunDir::prepare(&plan.run_dir, &files)?;
@@ -161,7 +200,7 @@ fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverEr
         })?;
     let mut cfg = ProcessConfig::new(vm_config(&plan, cmdline, uds.clone(), initrd)?);
     if jailed {
-        cfg.jail = Some(jail_config(&mut run)?);
+        cfg.jail = Some(jail_config(&mut run, &plan)?);
     }
     cfg.seccomp = true;
     cfg.snapshot_dir = plan.snapshot_dir.clone();

@@ -26,6 +26,9 @@ pub struct QemuConfig {
     /// jailed QEMU cannot open the paths): each becomes `-add-fd` and `/dev/fdset/N`. Empty:
     /// QEMU opens the paths.
     pub disk_fds: Vec<i32>,
+    /// The vhost-user sockets of the shares' `vm-virtiofs` backends, in order (share `N` gets
+    /// the tag `fs<N>`).
+    pub share_sockets: Vec<PathBuf>,
 }
 
 /// The fixed part of the guest kernel command line: serial console, every reboot or panic ends
@@ -94,6 +97,13 @@ pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
     a.push(chardev_socket("c0", &cfg.vhost_socket));
     a.push("-device".into());
     a.push("vhost-user-vsock-device,chardev=c0".into());
+    for (i, sock) in cfg.share_sockets.iter().enumerate() {
+        let tag = crate::boot::share_tag(i);
+        a.push("-chardev".into());
+        a.push(chardev_socket(&tag, sock));
+        a.push("-device".into());
+        a.push(format!("vhost-user-fs-device,chardev={tag},tag={tag}").into());
+    }
     for (i, disk) in cfg.disks.iter().enumerate() {
         let file = match cfg.disk_fds.get(i) {
             Some(fd) => {
@@ -137,6 +147,18 @@ fn drive(index: usize, path: &Path) -> OsString {
     s
 }
 
+/// `vm-virtiofs` arguments: its vhost-user socket, the share, its inode cap.
+pub fn virtiofs_args(socket: &Path, share: &Path, max_inodes: usize) -> Vec<OsString> {
+    vec![
+        "--socket".into(),
+        socket.into(),
+        "--share".into(),
+        share.into(),
+        "--max-inodes".into(),
+        max_inodes.to_string().into(),
+    ]
+}
+
 /// `vm-vsock` arguments for guest CID `cid`.
 pub fn vsock_args(cid: u64, vhost_socket: &Path, uds_path: &Path) -> Vec<OsString> {
     vec![
@@ -172,6 +194,7 @@ mod tests {
                 },
             ],
             disk_fds: Vec::new(),
+            share_sockets: vec!["/run/x/fs0.sock".into(), "/run/x/fs1,a.sock".into()],
         }
     }
 
@@ -255,12 +278,38 @@ mod tests {
             vec!["console=ttyS0 reboot=t panic=-1 no_timer_check vm.hostname=box"]
         );
         assert_eq!(
-            value_of(&args, "-chardev"),
-            vec!["socket,id=c0,path=/run/x/vhu.sock"]
+            value_of(&args, "-chardev")[0],
+            "socket,id=c0,path=/run/x/vhu.sock"
         );
         assert!(value_of(&args, "-device").contains(&"vhost-user-vsock-device,chardev=c0".into()));
         assert!(args.iter().any(|a| a == "-no-reboot"));
         assert_eq!(value_of(&args, "-accel"), vec!["tcg"]);
+    }
+
+    #[test]
+    fn each_share_is_a_vhost_user_fs_device_with_its_tag() {
+        let args = strings(&cfg());
+        let chardevs = value_of(&args, "-chardev");
+        assert!(chardevs.contains(&"socket,id=fs0,path=/run/x/fs0.sock".to_string()));
+        assert!(chardevs.contains(&"socket,id=fs1,path=/run/x/fs1,,a.sock".to_string()));
+        let devices = value_of(&args, "-device");
+        assert!(devices.contains(&"vhost-user-fs-device,chardev=fs0,tag=fs0".to_string()));
+        assert!(devices.contains(&"vhost-user-fs-device,chardev=fs1,tag=fs1".to_string()));
+        let a: Vec<String> = virtiofs_args(Path::new("/r/fs0.sock"), Path::new("/w"), 64)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            a,
+            [
+                "--socket",
+                "/r/fs0.sock",
+                "--share",
+                "/w",
+                "--max-inodes",
+                "64"
+            ]
+        );
     }
 
     #[test]

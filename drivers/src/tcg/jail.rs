@@ -8,6 +8,13 @@
 //!   (read-write, `noexec`), which it gets as group with mode `01770` (sticky: it may remove
 //!   only the sockets it made; the agent token stays root's, mode `0600`). Its seccomp filter
 //!   (`vm_jail::seccomp::vhost`) is installed just before `exec`.
+//! - **vm-virtiofs** (one per host mount: our read-only file server as a vhost-user backend)
+//!   runs as its own uid with the vsock backend's gid (QEMU, in that group, connects to its
+//!   socket). Its root: the program, the libraries, the run directory (for its socket) and the
+//!   share, bound read-only, `nosuid`, `nodev`, `noexec`, at its own path: nothing else of the
+//!   host's files. Its `RLIMIT_NOFILE` fits its inode cap (one descriptor each). Its seccomp
+//!   filter (`vm_jail::seccomp::vhost::vm_virtiofs`) has no `connect` and no call that writes
+//!   a file.
 //! - **QEMU** runs as its own uid with the vsock backend's gid (so it can connect to the
 //!   vhost-user socket, which the backend creates with umask `007`). Its root: the program,
 //!   the libraries, QEMU's firmware directory, the kernel (read-only) and the run directory
@@ -83,6 +90,7 @@ fn address_space(mem_mib: u32, overhead_mib: u64, file_size: u64) -> MemoryCap {
         resource: Resource::RLIMIT_AS,
         bytes: (u64::from(mem_mib) + overhead_mib) << 20,
         file_size,
+        open_files: vm_jail::NOFILE_LIMIT,
     }
 }
 
@@ -110,6 +118,45 @@ pub(super) fn vhost(
         memory: address_space(mem_mib, VHOST_OVERHEAD_MIB, 0),
         group: Group::Own,
         group_dirs: vec![run_dir.to_path_buf()],
+        own_files: Vec::new(),
+        keep_fds: Vec::new(),
+        seccomp: Some(seccomp),
+    })
+    .map_err(jail_err(program))
+}
+
+/// Descriptors `vm-virtiofs` keeps beyond its inodes (stdio, the socket, QEMU's memory and
+/// queue descriptors, its event loop).
+const VIRTIOFS_OWN_FDS: u64 = 64;
+
+/// The jail of the `vm-virtiofs` at `bin` serving `share`, its socket in `run_dir`, in the
+/// vsock backend's group (`vhost_pid`: the vsock backend's reaper).
+pub(super) fn virtiofs(
+    bin: &Path,
+    run_dir: &Path,
+    jail_root: PathBuf,
+    share: &Path,
+    mem_mib: u32,
+    vhost_pid: u32,
+) -> Result<ExecJail, DriverError> {
+    let program = super::VM_VIRTIOFS;
+    let (mut exec, links) = system_libraries();
+    exec.push(bin.to_path_buf());
+    let seccomp = vm_jail::seccomp::vhost::vm_virtiofs()
+        .map_err(|e| jail_err(program)(JailError::Seccomp(e)))?;
+    ExecJail::new(ExecJailConfig {
+        jail: JailConfig {
+            root: jail_root,
+            binds: vec![run_dir.to_path_buf()],
+            ro: vec![share.to_path_buf()],
+            exec,
+            links,
+            netns_fd: Some(crate::kvm::vm::shared_netns()?),
+            extra_open_files: super::MAX_INODES as u64 + VIRTIOFS_OWN_FDS,
+        },
+        memory: address_space(mem_mib, VHOST_OVERHEAD_MIB, 0),
+        group: Group::Shared(JAIL_ID_BASE + vhost_pid),
+        group_dirs: Vec::new(),
         own_files: Vec::new(),
         keep_fds: Vec::new(),
         seccomp: Some(seccomp),
@@ -163,6 +210,11 @@ pub(super) fn qemu(q: QemuJail<'_>) -> Result<ExecJail, DriverError> {
 /// The two jail roots, made (empty) in the run dir.
 pub(super) fn roots(run: &mut crate::boot::RunDir) -> Result<(PathBuf, PathBuf), DriverError> {
     Ok((run.make_dir(VHOST_ROOT)?, run.make_dir(QEMU_ROOT)?))
+}
+
+/// The jail root of share `i`'s backend, made (empty) in the run dir.
+pub(super) fn share_root(run: &mut crate::boot::RunDir, i: usize) -> Result<PathBuf, DriverError> {
+    run.make_dir(&format!("root-fs{i}"))
 }
 
 /// Opens the disks read-only (close-on-exec; the jail passes them on to QEMU).

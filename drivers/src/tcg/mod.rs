@@ -40,12 +40,16 @@ use crate::boot::{self, GUEST_CID, RunDir};
 use crate::machine::{MachineInfo, VmHandle};
 use crate::process::{Supervised, spawn_jailed};
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
-pub use args::{QemuConfig, qemu_args, vsock_args};
+pub use args::{QemuConfig, qemu_args, virtiofs_args, vsock_args};
 
 /// The QEMU binary name.
 pub const QEMU: &str = "qemu-system-x86_64";
 /// Our vhost-user vsock backend (`vmm/src/bin/vm-vsock.rs`).
 pub const VM_VSOCK: &str = "vm-vsock";
+/// Our vhost-user read-only file server, one per host mount (`vmm/src/bin/vm-virtiofs.rs`).
+pub const VM_VIRTIOFS: &str = "vm-virtiofs";
+/// The inode cap of each share's server (its `RLIMIT_NOFILE` follows).
+pub const MAX_INODES: usize = vm_virtiofs::fs::DEFAULT_MAX_INODES;
 /// The vhost-user control socket, inside the run dir.
 const VHOST_SOCKET: &str = "vhu.sock";
 /// Console bytes kept.
@@ -74,10 +78,19 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
 
 /// `vm-vsock`: where the kvm driver looks for `vm-vmm`, then on `PATH`.
 pub fn find_vsock_backend() -> Option<PathBuf> {
-    crate::kvm::locate::workspace_binary(VM_VSOCK, crate::kvm::VSOCK_BIN_ENV)
+    find_backend(VM_VSOCK, crate::kvm::VSOCK_BIN_ENV)
+}
+
+/// `vm-virtiofs`: where `vm-vsock` is looked for (`$VM_VIRTIOFS_BIN` first).
+pub fn find_virtiofs_backend() -> Option<PathBuf> {
+    find_backend(VM_VIRTIOFS, crate::kvm::VIRTIOFS_BIN_ENV)
+}
+
+fn find_backend(name: &'static str, env: &str) -> Option<PathBuf> {
+    crate::kvm::locate::workspace_binary(name, env)
         .ok()
         .filter(|p| is_executable(p))
-        .or_else(|| find_program(VM_VSOCK))
+        .or_else(|| find_program(name))
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -163,7 +176,8 @@ impl Driver for TcgDriver {
     }
 
     /// QEMU's `microvm` machine has 8 virtio-mmio transports (without its second IOAPIC,
-    /// which a guest without ACPI cannot find); the vsock takes one.
+    /// which a guest without ACPI cannot find); the vsock takes one, and each disk and share
+    /// one more.
     fn max_disks(&self) -> usize {
         7
     }
@@ -179,7 +193,18 @@ impl Driver for TcgDriver {
         })?;
         boot::check_plan(&plan)?;
         boot::require_file("images.bz_image", &plan.images.bz_image)?;
-        let cmdline = boot::agent_cmdline(&plan)?;
+        boot::check_device_count(&plan, self.max_disks())?;
+        let virtiofs_bin = match plan.shares.is_empty() {
+            true => None,
+            false => Some(find_virtiofs_backend().ok_or_else(|| DriverError::Unsupported {
+                driver: "tcg",
+                reason: format!(
+                    "{VM_VIRTIOFS} not found (cargo build -p vmm --bin {VM_VIRTIOFS}; or set ${}): every host mount is served by it",
+                    crate::kvm::VIRTIOFS_BIN_ENV
+                ),
+            })?),
+        };
+        let cmdline = boot::agent_cmdline(&plan, false)?;
         // Our backend never connects a guest request anywhere; the socket path stays padded so
         // that no `<uds>_<port>` path (where other hybrid-vsock backends connect them) can
         // exist either (see boot::unreachable_peer_socket_name).
@@ -194,7 +219,11 @@ impl Driver for TcgDriver {
                 driver: "tcg",
                 reason,
             })?;
+        let share_names: Vec<String> = (0..plan.shares.len())
+            .map(|i| format!("{}.sock", boot::share_tag(i)))
+            .collect();
         let mut files = vec![VHOST_SOCKET, vsock_name.as_str()];
+        files.extend(share_names.iter().map(String::as_str));
         files.extend(boot::RUN_FILES);
         let mut run = RunDir::prepare(&plan.run_dir, &files)?;
         let vhost_sock = run.path(VHOST_SOCKET);
@@ -216,6 +245,29 @@ impl Driver for TcgDriver {
             None => None,
         };
         let vhost = start_vsock(&vhost_bin, &vhost_sock, &uds, vhost_jail)?;
+        let mut share_sockets = Vec::new();
+        let mut shares = Vec::new();
+        for (i, share) in plan.shares.iter().enumerate() {
+            let sock = run.path(&share_names[i]);
+            let bin = virtiofs_bin.as_deref().unwrap_or(Path::new(VM_VIRTIOFS));
+            let jail = match jailed {
+                true => {
+                    let root = jail::share_root(&mut run, i)?;
+                    Some(jail::virtiofs(
+                        bin,
+                        run.dir(),
+                        root,
+                        &share.host_path,
+                        plan.mem_mib,
+                        vhost.pid(),
+                    )?)
+                }
+                false => None,
+            };
+            let args = virtiofs_args(&sock, &share.host_path, MAX_INODES);
+            shares.push(start_backend(VM_VIRTIOFS, bin, args, &sock, jail)?);
+            share_sockets.push(sock);
+        }
         let disks = plan.block_devices();
         let disk_files = if jailed {
             jail::open_disks(&disks)?
@@ -247,6 +299,7 @@ impl Driver for TcgDriver {
                 .iter()
                 .map(std::os::fd::AsRawFd::as_raw_fd)
                 .collect(),
+            share_sockets,
         };
         let mut cmd = Command::new(&qemu_bin);
         cmd.args(qemu_args(&qcfg))
@@ -258,11 +311,12 @@ impl Driver for TcgDriver {
             .map_err(|source| spawn_error(QEMU, source))?;
         // QEMU has its own copies of the disk descriptors now.
         drop(disk_files);
-        tracing::info!(name = %plan.name, qemu = qemu.pid(), vhost = vhost.pid(), "tcg vm started");
+        tracing::info!(name = %plan.name, qemu = qemu.pid(), vhost = vhost.pid(), shares = shares.len(), "tcg vm started");
 
         let handle = TcgHandle {
             qemu,
             vhost,
+            shares,
             run: Mutex::new(run),
         };
         let client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
@@ -315,18 +369,31 @@ fn start_vsock(
     uds: &Path,
     jail: Option<vm_jail::exec::ExecJail>,
 ) -> Result<Supervised, DriverError> {
+    let args = vsock_args(GUEST_CID, vhost_sock, uds);
+    start_backend(VM_VSOCK, bin, args, vhost_sock, jail)
+}
+
+/// Starts the vhost-user backend `program` at `bin` with `args` (in `jail`, if any) and waits
+/// until its socket `sock` exists.
+fn start_backend(
+    program: &'static str,
+    bin: &Path,
+    args: Vec<std::ffi::OsString>,
+    sock: &Path,
+    jail: Option<vm_jail::exec::ExecJail>,
+) -> Result<Supervised, DriverError> {
     let mut cmd = Command::new(bin);
-    cmd.args(vsock_args(GUEST_CID, vhost_sock, uds))
+    cmd.args(args)
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = spawn_jailed(VM_VSOCK, cmd, 16 * 1024, jail)
-        .map_err(|source| spawn_error(VM_VSOCK, source))?;
+    let child = spawn_jailed(program, cmd, 16 * 1024, jail)
+        .map_err(|source| spawn_error(program, source))?;
     let deadline = Instant::now() + VHOST_READY;
-    while !vhost_sock.exists() {
+    while !sock.exists() {
         let fail = |reason: &str| DriverError::Helper {
-            program: VM_VSOCK.into(),
+            program: program.into(),
             reason: reason.into(),
             output: child.output_tail(),
         };
@@ -341,10 +408,12 @@ fn start_vsock(
     Ok(child)
 }
 
-/// The two child processes of one TCG VM, and its run-dir files.
+/// The child processes of one TCG VM (QEMU, the vsock backend, one file server per share),
+/// and its run-dir files.
 struct TcgHandle {
     qemu: Supervised,
     vhost: Supervised,
+    shares: Vec<Supervised>,
     run: Mutex<RunDir>,
 }
 
@@ -355,6 +424,7 @@ impl TcgHandle {
         use std::os::unix::process::ExitStatusExt;
         [(QEMU, &self.qemu), (VM_VSOCK, &self.vhost)]
             .into_iter()
+            .chain(self.shares.iter().map(|c| (VM_VIRTIOFS, c)))
             .find(|(_, c)| {
                 c.exit_status()
                     .is_some_and(|s| s.signal() == Some(libc::SIGSYS))
@@ -365,12 +435,17 @@ impl TcgHandle {
 
 impl VmHandle for TcgHandle {
     fn is_running(&self) -> bool {
-        self.qemu.is_running() && self.vhost.is_running()
+        self.qemu.is_running()
+            && self.vhost.is_running()
+            && self.shares.iter().all(|s| s.is_running())
     }
 
     fn kill(&self) {
         self.qemu.kill_and_reap();
         self.vhost.kill_and_reap();
+        for s in &self.shares {
+            s.kill_and_reap();
+        }
         self.run.lock().unwrap_or_else(|p| p.into_inner()).cleanup();
     }
 
@@ -383,18 +458,25 @@ impl VmHandle for TcgHandle {
     }
 
     fn host_pids(&self) -> Vec<u32> {
-        vec![self.qemu.pid(), self.vhost.pid()]
+        let mut pids = vec![self.qemu.pid(), self.vhost.pid()];
+        pids.extend(self.shares.iter().map(Supervised::pid));
+        pids
     }
 
     fn stop_detail(&self) -> String {
         let mut parts = Vec::new();
         parts.extend(self.qemu.ended_detail(QEMU, |st| st.to_string()));
-        if let Some(st) = self.vhost.exit_status() {
-            let out = self.vhost.output_tail();
-            parts.push(format!(
-                "{VM_VSOCK} ended ({st}); its output: {:?}",
-                out.trim()
-            ));
+        let backends = [(VM_VSOCK, &self.vhost)]
+            .into_iter()
+            .chain(self.shares.iter().map(|s| (VM_VIRTIOFS, s)));
+        for (program, child) in backends {
+            if let Some(st) = child.exit_status() {
+                let out = child.output_tail();
+                parts.push(format!(
+                    "{program} ended ({st}); its output: {:?}",
+                    out.trim()
+                ));
+            }
         }
         parts.join("; ")
     }

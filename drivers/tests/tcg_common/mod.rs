@@ -120,6 +120,8 @@ pub fn plan(name: &str, images: ImagePaths, run_dir: PathBuf) -> BootPlan {
         mem_mib: 256,
         pids_max: 0,
         disks: Vec::new(),
+        shares: Vec::new(),
+        dax_window_mib: None,
         rootfs: None,
         run_dir,
         wall: None,

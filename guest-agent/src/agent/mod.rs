@@ -31,6 +31,7 @@ mod pty;
 pub mod reaper;
 mod resume;
 mod serve;
+pub mod shares;
 pub mod slots;
 pub mod sys;
 mod tmpfs;

@@ -58,6 +58,8 @@ pub enum ThreadKind {
     Device,
     /// The jail's reaper: waits for the VM process and exits the same way.
     Reaper,
+    /// A virtio-fs device worker: the read-only file server of one host mount.
+    FsDevice,
 }
 
 /// Why a filter could not be installed.
@@ -118,7 +120,7 @@ impl Compiled {
     }
 }
 
-static CACHE: [OnceLock<Compiled>; 6] = [const { OnceLock::new() }; 6];
+static CACHE: [OnceLock<Compiled>; 7] = [const { OnceLock::new() }; 7];
 
 /// The filters of `kind`, compiled on first use and kept: every vCPU and worker thread of a
 /// VM installs the same programs, and compiling them is the costly part.
@@ -388,6 +390,51 @@ const DEVICE: &[Entry] = &[
     (libc::SYS_tgkill, "a worker fault stopping the VM"),
 ];
 
+/// What the read-only file server (`vm_virtiofs`) calls on the tree it holds by descriptor,
+/// in a `vm-vmm` worker ([`FS_DEVICE`]) and in `vm-virtiofs` ([`vhost::VIRTIOFS`]) alike.
+pub(crate) const FILE_SERVER: &[Entry] = &[
+    (
+        libc::SYS_openat2,
+        "LOOKUP: one name beneath a held directory (RESOLVE_BENEATH, O_NOFOLLOW)",
+    ),
+    (libc::SYS_getdents64, "READDIR and READDIRPLUS"),
+    (libc::SYS_readlinkat, "READLINK of a symlink held O_PATH"),
+    (libc::SYS_fgetxattr, "GETXATTR (user.* only)"),
+    (libc::SYS_flistxattr, "LISTXATTR"),
+    (libc::SYS_fstatfs, "STATFS of the share (fstatvfs)"),
+];
+
+/// A virtio-fs worker of `vm-vmm`: the file server of one host mount ([`FILE_SERVER`]) and its
+/// DAX window (`mmap` with `MAP_FIXED` inside it: [`COMMON`]'s `mmap`). It stacks on the
+/// device control thread's filter, whose list includes this one. No `ioctl` at all.
+const FS_DEVICE: &[Entry] = &[
+    (libc::SYS_epoll_wait, "the worker loop"),
+    (libc::SYS_epoll_pwait, "the worker loop"),
+    (libc::SYS_read, "its notify and stop eventfds"),
+    (
+        libc::SYS_fstat,
+        "GETATTR, LOOKUP: attributes of a held descriptor",
+    ),
+    (
+        libc::SYS_newfstatat,
+        "GETATTR, LOOKUP: fstat through fstatat(AT_EMPTY_PATH)",
+    ),
+    (
+        libc::SYS_statx,
+        "GETATTR, LOOKUP: fstat through statx (newer C libraries)",
+    ),
+    (libc::SYS_pread64, "READ"),
+    (
+        libc::SYS_lseek,
+        "READDIR from the guest's cookie; LSEEK SEEK_DATA/SEEK_HOLE",
+    ),
+    (
+        libc::SYS_close,
+        "FORGET and RELEASE closing descriptors; a lookup's probe",
+    ),
+    (libc::SYS_tgkill, "a worker fault stopping the VM"),
+];
+
 /// The reaper.
 const REAPER: &[Entry] = &[
     (libc::SYS_wait4, "waiting for the VM process"),
@@ -418,8 +465,9 @@ pub fn allowlist_with(kind: ThreadKind, snapshots: bool) -> Vec<Entry> {
         ThreadKind::Vcpu => &[VCPU],
         // A worker inherits the device control thread's filter: that list must let the
         // worker's calls pass.
-        ThreadKind::DeviceControl => &[DEVICE_CONTROL, DEVICE],
+        ThreadKind::DeviceControl => &[DEVICE_CONTROL, DEVICE, FS_DEVICE, FILE_SERVER],
         ThreadKind::Device => &[DEVICE],
+        ThreadKind::FsDevice => &[FS_DEVICE, FILE_SERVER],
         ThreadKind::Reaper => &[REAPER],
     };
     COMMON
@@ -440,13 +488,14 @@ mod tests {
         assert_eq!(KVM_GET_REGS, 0x8090_ae81);
     }
 
-    const KINDS: [ThreadKind; 6] = [
+    const KINDS: [ThreadKind; 7] = [
         ThreadKind::Main,
         ThreadKind::Control,
         ThreadKind::Vcpu,
         ThreadKind::DeviceControl,
         ThreadKind::Device,
         ThreadKind::Reaper,
+        ThreadKind::FsDevice,
     ];
 
     #[test]
@@ -477,7 +526,10 @@ mod tests {
         // A worker runs under the device control thread's filter too: everything it may do,
         // that filter allows.
         let control = allowlist(ThreadKind::DeviceControl);
-        for (nr, why) in allowlist(ThreadKind::Device) {
+        let workers = allowlist(ThreadKind::Device)
+            .into_iter()
+            .chain(allowlist(ThreadKind::FsDevice));
+        for (nr, why) in workers {
             assert!(
                 control.iter().any(|(n, _)| *n == nr),
                 "device control filter blocks {nr} ({why})"

@@ -1,16 +1,21 @@
-//! The filter of `vm-vsock` (the tcg driver's vsock backend: our vsock device behind
-//! vhost-user, `vmm::virtio::vsock::vhost_user`), installed by our launcher between `fork` and
-//! `exec` ([`crate::exec`]).
+//! The filters of our vhost-user backends, installed by our launcher between `fork` and `exec`
+//! ([`crate::exec`]): `vm-vsock` (the tcg driver's vsock device,
+//! `vmm::virtio::vsock::vhost_user`) and `vm-virtiofs` (its read-only file server, one per host
+//! mount, `vmm::virtio::fs::vhost_user`).
 //!
 //! A filter survives `execve` (with `no_new_privs`, which the jail sets), so it covers the
 //! dynamic loader, the C library's start-up, the Rust runtime and the program itself: the
-//! list below is what those and the backend's code paths call (its sockets, the vhost-user
-//! protocol, guest memory mappings, its event loop and deadline timer), each with who needs
-//! it. `execve` itself must be allowed, since the filter is in place before the launcher's own
-//! `execve`; after that the jail leaves nothing worth executing (a read-only root with the
-//! binary and its libraries, `no_new_privs`, no capabilities, the same filter inherited).
-//! It has no `connect`: the backend never connects anywhere (guest-initiated connections get
-//! `RST`). Anything else kills the process (`SIGSYS`), which the driver reports as the cause.
+//! lists below are what those and the backend's code paths call, each with who needs it.
+//! [`BASE`] is what both share (the loader and runtime, the vhost-user protocol over its
+//! listening socket, guest memory mappings, the event loop); [`VSOCK`] and [`VIRTIOFS`] add
+//! each one's own. `execve` itself must be allowed, since the filter is in place before the
+//! launcher's own `execve`; after that the jail leaves nothing worth executing (a read-only
+//! root with the binary and its libraries, `no_new_privs`, no capabilities, the same filter
+//! inherited). Neither has `connect`: the vsock backend never connects anywhere (guest-initiated
+//! connections get `RST`), and the file server only answers QEMU. The file server opens files
+//! only with `openat2` beneath the descriptors it holds (its `openat` is the loader's); neither
+//! can write a file (`RLIMIT_FSIZE` 0 besides). Anything else kills the process (`SIGSYS`),
+//! which the driver reports as the cause.
 
 use std::sync::OnceLock;
 
@@ -18,11 +23,10 @@ use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
 
 use super::SeccompError;
 
-/// A syscall and who needs it.
-type Entry = (i64, &'static str);
+use super::Entry;
 
-/// What vm-vsock, its loader and its runtime call.
-pub const VM_VSOCK: &[Entry] = &[
+/// What both backends, their loader and their runtime call.
+pub const BASE: &[Entry] = &[
     (
         libc::SYS_execve,
         "our launcher's exec of the program (the filter is already on)",
@@ -122,11 +126,6 @@ pub const VM_VSOCK: &[Entry] = &[
     (libc::SYS_epoll_wait, "its event loops"),
     (libc::SYS_epoll_pwait, "its event loops (newer C library)"),
     (libc::SYS_eventfd2, "event loop exit and kick eventfds"),
-    (libc::SYS_timerfd_create, "the muxer's deadline timer"),
-    (
-        libc::SYS_timerfd_settime,
-        "arming the deadline timer (CONNECT and RESPONSE deadlines)",
-    ),
     (
         libc::SYS_socket,
         "the vhost-user and hybrid-vsock listeners",
@@ -140,6 +139,15 @@ pub const VM_VSOCK: &[Entry] = &[
     (libc::SYS_accept4, "QEMU's and the host's connections"),
     (libc::SYS_recvmsg, "vhost-user messages with fds"),
     (libc::SYS_sendmsg, "vhost-user replies"),
+];
+
+/// What `vm-vsock` adds: the muxer's deadline timer and its host connections.
+pub const VSOCK: &[Entry] = &[
+    (libc::SYS_timerfd_create, "the muxer's deadline timer"),
+    (
+        libc::SYS_timerfd_settime,
+        "arming the deadline timer (CONNECT and RESPONSE deadlines)",
+    ),
     (libc::SYS_recvfrom, "hybrid-vsock handshake and data"),
     (libc::SYS_sendto, "hybrid-vsock handshake and data"),
     (libc::SYS_shutdown, "closing a host connection"),
@@ -147,10 +155,12 @@ pub const VM_VSOCK: &[Entry] = &[
     (libc::SYS_setsockopt, "socket options (rare)"),
 ];
 
-static PROGRAM: OnceLock<BpfProgram> = OnceLock::new();
+/// What `vm-virtiofs` adds: reading the tree it holds by descriptor (the file server's list,
+/// shared with `vm-vmm`'s virtio-fs worker).
+pub const VIRTIOFS: &[Entry] = super::FILE_SERVER;
 
-/// A system call the filter leaves out, for the tests' way to prove a vsock backend that makes
-/// a call outside its allowlist dies with `SIGSYS` and the driver names the cause (builds with
+/// A system call the filters leave out, for the tests' way to prove a backend that makes a
+/// call outside its allowlist dies with `SIGSYS` and the driver names the cause (builds with
 /// the `test-hooks` feature only; -1: none).
 #[cfg(feature = "test-hooks")]
 pub static TEST_DENY: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
@@ -165,15 +175,20 @@ fn test_deny() -> i64 {
     -1
 }
 
-/// The compiled filter (once per process): [`VM_VSOCK`] allowed, anything else kills the
-/// process.
-pub fn vm_vsock() -> Result<&'static BpfProgram, SeccompError> {
+/// [`BASE`] and `own` allowed, anything else kills the process; compiled once per process
+/// into `slot` (a test's filter with a call left out is never cached).
+fn program(
+    name: &'static str,
+    own: &[Entry],
+    slot: &'static OnceLock<BpfProgram>,
+) -> Result<&'static BpfProgram, SeccompError> {
     let deny = test_deny();
-    if let Some(p) = PROGRAM.get().filter(|_| deny < 0) {
+    if let Some(p) = slot.get().filter(|_| deny < 0) {
         return Ok(p);
     }
-    let rules = VM_VSOCK
+    let rules = BASE
         .iter()
+        .chain(own)
         .filter(|(nr, _)| *nr != deny)
         .map(|(nr, _)| (*nr, Vec::new()))
         .collect();
@@ -184,12 +199,24 @@ pub fn vm_vsock() -> Result<&'static BpfProgram, SeccompError> {
         TargetArch::x86_64,
     )
     .and_then(TryInto::try_into)
-    .map_err(|e| SeccompError::External("vm-vsock", e))?;
+    .map_err(|e| SeccompError::External(name, e))?;
     if deny >= 0 {
-        // A test's filter: never cached (leaked, once per boot of that test).
+        // Leaked, once per boot of that test.
         return Ok(Box::leak(Box::new(prog)));
     }
-    Ok(PROGRAM.get_or_init(|| prog))
+    Ok(slot.get_or_init(|| prog))
+}
+
+/// The filter of `vm-vsock`: [`BASE`] and [`VSOCK`].
+pub fn vm_vsock() -> Result<&'static BpfProgram, SeccompError> {
+    static PROGRAM: OnceLock<BpfProgram> = OnceLock::new();
+    program("vm-vsock", VSOCK, &PROGRAM)
+}
+
+/// The filter of `vm-virtiofs`: [`BASE`] and [`VIRTIOFS`].
+pub fn vm_virtiofs() -> Result<&'static BpfProgram, SeccompError> {
+    static PROGRAM: OnceLock<BpfProgram> = OnceLock::new();
+    program("vm-virtiofs", VIRTIOFS, &PROGRAM)
 }
 
 #[cfg(test)]
@@ -197,21 +224,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_filter_compiles_and_every_entry_says_who_needs_it() {
+    fn the_filters_compile_and_every_entry_says_who_needs_it() {
         assert!(!vm_vsock().unwrap().is_empty());
-        let mut seen = std::collections::BTreeSet::new();
-        for (nr, why) in VM_VSOCK {
-            assert!(seen.insert(nr), "syscall {nr} listed twice");
-            assert!(why.len() > 5, "syscall {nr} has no reason");
+        assert!(!vm_virtiofs().unwrap().is_empty());
+        for own in [VSOCK, VIRTIOFS] {
+            let mut seen = std::collections::BTreeSet::new();
+            for (nr, why) in BASE.iter().chain(own) {
+                assert!(seen.insert(nr), "syscall {nr} listed twice");
+                assert!(why.len() > 5, "syscall {nr} has no reason");
+            }
+            // Neither opens a connection of its own or changes its privileges, and neither
+            // writes or creates a file anywhere but its socket.
+            for nr in [
+                libc::SYS_connect,
+                libc::SYS_setuid,
+                libc::SYS_ptrace,
+                libc::SYS_mount,
+                libc::SYS_pwrite64,
+                libc::SYS_rename,
+                libc::SYS_mkdir,
+                libc::SYS_ftruncate,
+            ] {
+                assert!(!seen.contains(&nr), "syscall {nr} allowed");
+            }
         }
-        // The backend opens no connection of its own, and never changes its privileges.
-        for nr in [
-            libc::SYS_connect,
-            libc::SYS_setuid,
-            libc::SYS_ptrace,
-            libc::SYS_mount,
-        ] {
-            assert!(!seen.contains(&nr), "syscall {nr} allowed");
+        // The file server has none of the vsock backend's own calls.
+        for (nr, _) in VSOCK {
+            assert!(!VIRTIOFS.iter().any(|(n, _)| n == nr));
         }
     }
 }

@@ -107,6 +107,7 @@ mod tests {
             host_path: "/tmp/test pod".into(),
             guest_path: "/mnt/".into(),
             read_only: true,
+            via: Default::default(),
         }];
         let got = tmpfs_beneath(&disks, INFO);
         // Only the writable tmpfs strictly beneath the source: not a read-only one, not
@@ -127,6 +128,7 @@ mod tests {
             host_path: "/v".into(),
             guest_path: "/mnt".into(),
             read_only: true,
+            via: Default::default(),
         }];
         let info: String = (0..100)
             .map(|i| format!("{i} 1 0:{i} / /v/t{i} rw - tmpfs none rw\n"))

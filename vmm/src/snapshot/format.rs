@@ -31,8 +31,9 @@ use super::state::{InvalidState, VmState};
 /// The first eight bytes of every state file.
 pub const MAGIC: [u8; 8] = *b"VMSNAPST";
 /// The format version this VMM writes and reads.
-/// 2: the virtio devices' state (`VmState::devices`).
-pub const FORMAT_VERSION: u32 = 2;
+/// 2: the virtio devices' state (`VmState::devices`); 3: a virtio-fs device's FUSE session
+/// (`DeviceState::fs`).
+pub const FORMAT_VERSION: u32 = 3;
 /// Magic, version and payload length.
 pub const HEADER_BYTES: usize = 20;
 /// The SHA-256 digest closing the file.
@@ -392,6 +393,16 @@ mod tests {
             D::QueueCount { found: 2, .. }
         ));
         assert!(matches!(device("too-many-devices"), D::TooMany(20)));
+        assert!(matches!(device("fs-without-session"), D::Session(0)));
+        assert!(matches!(device("session-on-rng"), D::Session(0)));
+        assert!(matches!(err("version-2"), StateError::Version { found: 2 }));
+        let fs = decode(&seed("valid-fs-session")).unwrap().devices;
+        let session = fs[0].fs.as_ref().expect("a session");
+        assert!(session.open);
+        assert_eq!(session.fs.inodes.len(), 2);
+        assert_eq!(session.fs.inodes[1].name, b"model.gguf");
+        assert_eq!(session.fs.handles[0].nodeid, 3);
+        assert_eq!(session.mappings[0].file_len, 2 << 20);
     }
 
     #[test]

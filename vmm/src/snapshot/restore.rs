@@ -105,6 +105,30 @@ fn check_devices(snap: &[DeviceState], cfg: &VmConfig) -> Result<(), SnapshotErr
                 }
             }
             (DeviceKind::Rng, DeviceConfig::Rng) => {}
+            (
+                DeviceKind::Fs {
+                    tag,
+                    share,
+                    dax_window,
+                },
+                DeviceConfig::Fs {
+                    tag: t,
+                    share: s,
+                    dax_window: w,
+                    ..
+                },
+            ) => {
+                if tag != t {
+                    return Err(differs("tag", tag.clone(), t.clone()));
+                }
+                if share != s {
+                    let show = |p: &std::path::Path| p.display().to_string();
+                    return Err(differs("share", show(share), show(s)));
+                }
+                if dax_window != w {
+                    return Err(differs("dax_window", dax_window.to_string(), w.to_string()));
+                }
+            }
             (k, c) => return Err(differs("type", k.name().into(), c.name())),
         }
     }

@@ -5,11 +5,14 @@
 //! open. [`GuestVm`] therefore owns the VM fd and the memory together (the fd is dropped
 //! first), and every vCPU it makes holds its own reference to the memory.
 
-use kvm_bindings::kvm_userspace_memory_region;
+use std::sync::Arc;
+
+use kvm_bindings::{KVM_MEM_READONLY, kvm_userspace_memory_region};
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::kick::KickableVcpu;
+use super::window::DaxMapping;
 
 /// Guest memory as the VMM maps it.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
@@ -25,12 +28,13 @@ pub struct SlotError {
     pub source: kvm_ioctls::Error,
 }
 
-/// A KVM VM with its guest RAM registered. Field order is drop order: the VM fd, then the
-/// memory.
+/// A KVM VM with its guest RAM (and any DAX windows) registered. Field order is drop order:
+/// the VM fd, then the memory and the windows.
 #[derive(Debug)]
 pub struct GuestVm {
     vm: VmFd,
     mem: GuestMemoryMmap,
+    windows: Vec<Arc<DaxMapping>>,
 }
 
 /// Registers every region of `mem` as a KVM memory slot of `vm` (slot `i` for region `i`).
@@ -81,7 +85,40 @@ impl GuestVm {
         });
         slots?;
         let side = side.expect("`beside` ran, on the thread or inline");
-        Ok((Self { vm, mem }, side))
+        Ok((
+            Self {
+                vm,
+                mem,
+                windows: Vec::new(),
+            },
+            side,
+        ))
+    }
+
+    /// Registers `window` as a read-only memory slot at guest physical `guest_addr` (the slot
+    /// after the RAM regions and the windows before it), and keeps it mapped for as long as
+    /// the VM and its vCPUs live. Call before any vCPU is made. A guest store into a
+    /// read-only slot exits to the VMM (`KVM_EXIT_MMIO`) and writes nothing.
+    pub fn add_window(
+        &mut self,
+        guest_addr: u64,
+        window: Arc<DaxMapping>,
+    ) -> Result<(), SlotError> {
+        let slot = (self.mem.num_regions() + self.windows.len()) as u32;
+        let desc = kvm_userspace_memory_region {
+            slot,
+            flags: KVM_MEM_READONLY,
+            guest_phys_addr: guest_addr,
+            memory_size: window.len(),
+            userspace_addr: window.host_addr(),
+        };
+        // SAFETY: the window is a live mapping of `memory_size` bytes that stays mapped while
+        // the kernel's VM can reach it: `self` keeps a reference (dropped after the VM fd) and
+        // so does every vCPU made after this by `create_vcpu`. KVM maps it read-only.
+        unsafe { self.vm.set_user_memory_region(desc) }
+            .map_err(|source| SlotError { slot, source })?;
+        self.windows.push(window);
+        Ok(())
     }
 
     /// The VM fd, for device and interrupt set-up (make vCPUs with
@@ -100,6 +137,7 @@ impl GuestVm {
         Ok(KickableVcpu::new(
             self.vm.create_vcpu(id)?,
             self.mem.clone(),
+            self.windows.clone(),
         ))
     }
 }

@@ -63,11 +63,20 @@ impl Drop for Published {
 pub struct KickableVcpu {
     fd: VcpuFd,
     _mem: GuestMemoryMmap,
+    _windows: Vec<std::sync::Arc<super::window::DaxMapping>>,
 }
 
 impl KickableVcpu {
-    pub(super) fn new(fd: VcpuFd, mem: GuestMemoryMmap) -> Self {
-        Self { fd, _mem: mem }
+    pub(super) fn new(
+        fd: VcpuFd,
+        mem: GuestMemoryMmap,
+        windows: Vec<std::sync::Arc<super::window::DaxMapping>>,
+    ) -> Self {
+        Self {
+            fd,
+            _mem: mem,
+            _windows: windows,
+        }
     }
 
     /// The vCPU, for every ioctl but `KVM_RUN`.

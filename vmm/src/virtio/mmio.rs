@@ -43,7 +43,9 @@ use virtio_bindings::virtio_mmio::{
     VIRTIO_MMIO_QUEUE_DESC_HIGH, VIRTIO_MMIO_QUEUE_DESC_LOW, VIRTIO_MMIO_QUEUE_NOTIFY,
     VIRTIO_MMIO_QUEUE_NUM, VIRTIO_MMIO_QUEUE_NUM_MAX, VIRTIO_MMIO_QUEUE_READY,
     VIRTIO_MMIO_QUEUE_SEL, VIRTIO_MMIO_QUEUE_USED_HIGH, VIRTIO_MMIO_QUEUE_USED_LOW,
-    VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VENDOR_ID, VIRTIO_MMIO_VERSION,
+    VIRTIO_MMIO_SHM_BASE_HIGH, VIRTIO_MMIO_SHM_BASE_LOW, VIRTIO_MMIO_SHM_LEN_HIGH,
+    VIRTIO_MMIO_SHM_LEN_LOW, VIRTIO_MMIO_SHM_SEL, VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VENDOR_ID,
+    VIRTIO_MMIO_VERSION,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
@@ -59,6 +61,8 @@ pub struct MmioDevice {
     /// Sizes the driver wrote (validated at DRIVER_OK).
     requested_sizes: Vec<u16>,
     queue_sel: u32,
+    /// SHMSel: which shared-memory region the SHMLen/SHMBase registers describe.
+    shm_sel: u32,
     device_features_sel: u32,
     driver_features_sel: u32,
     acked_features: u64,
@@ -81,8 +85,24 @@ impl MmioDevice {
         mem: GuestMemoryMmap,
         starter: &Starter,
     ) -> Result<MmioDevice, VirtioError> {
-        let device = super::build_device(cfg)?;
+        Self::new_at(cfg, 0, mem, starter)
+    }
+
+    /// [`MmioDevice::new`] as the VM's device `index` (where a DAX window goes follows from
+    /// it).
+    pub fn new_at(
+        cfg: &DeviceConfig,
+        index: usize,
+        mem: GuestMemoryMmap,
+        starter: &Starter,
+    ) -> Result<MmioDevice, VirtioError> {
+        let device = super::build_device(cfg, index)?;
         Self::with_device(device, mem, cfg.name(), starter)
+    }
+
+    /// The device's DAX window, which KVM must map read-only (a virtio-fs device with one).
+    pub fn window(&self) -> Option<&super::fs::Window> {
+        self.device.window()
     }
 
     /// `device` named `name` (in its log lines and counters).
@@ -107,6 +127,7 @@ impl MmioDevice {
             mem,
             queues,
             queue_sel: 0,
+            shm_sel: 0,
             device_features_sel: 0,
             driver_features_sel: 0,
             acked_features: 0,
@@ -120,6 +141,12 @@ impl MmioDevice {
             metrics: Arc::new(DeviceMetrics::new(&name)),
             name,
         })
+    }
+
+    /// Opens the host files the device serves (see `VirtioDevice::open_host_files`): once the
+    /// VM process is jailed, before any vCPU runs.
+    pub fn open_host_files(&mut self) -> Result<(), VirtioError> {
+        self.device.open_host_files()
     }
 
     /// The device's counters (shared with its worker thread).
@@ -205,6 +232,7 @@ impl MmioDevice {
             *s = q.max_size();
         }
         self.queue_sel = 0;
+        self.shm_sel = 0;
         self.device_features_sel = 0;
         self.driver_features_sel = 0;
         self.acked_features = 0;
@@ -321,7 +349,11 @@ impl MmioDevice {
             irq: self.irq.clone(),
             metrics: self.metrics.clone(),
         };
-        Ok(WorkerSetup { io, handler })
+        Ok(WorkerSetup {
+            io,
+            handler,
+            kind: self.device.worker_kind(),
+        })
     }
 
     fn read_u32(&self, offset: u32) -> u32 {
@@ -343,8 +375,22 @@ impl MmioDevice {
             VIRTIO_MMIO_INTERRUPT_STATUS => self.irq.status(),
             VIRTIO_MMIO_STATUS => self.device_status(),
             VIRTIO_MMIO_CONFIG_GENERATION => self.config_generation,
-            // No shared memory regions: length and base read as all ones.
-            0xb0..=0xbc => u32::MAX,
+            // A region the device does not have reads as all ones (length and base).
+            VIRTIO_MMIO_SHM_LEN_LOW..=VIRTIO_MMIO_SHM_BASE_HIGH => {
+                match self.device.shm_region(self.shm_sel) {
+                    None => u32::MAX,
+                    Some((base, len)) => {
+                        let v = match offset {
+                            VIRTIO_MMIO_SHM_LEN_LOW | VIRTIO_MMIO_SHM_LEN_HIGH => len,
+                            _ => base,
+                        };
+                        match offset {
+                            VIRTIO_MMIO_SHM_LEN_LOW | VIRTIO_MMIO_SHM_BASE_LOW => v as u32,
+                            _ => (v >> 32) as u32,
+                        }
+                    }
+                }
+            }
             _ => 0,
         }
     }
@@ -369,6 +415,7 @@ impl MmioDevice {
                 }
             }
             VIRTIO_MMIO_QUEUE_SEL => self.queue_sel = v,
+            VIRTIO_MMIO_SHM_SEL => self.shm_sel = v,
             VIRTIO_MMIO_QUEUE_NOTIFY => {
                 if let Some(e) = usize::try_from(v).ok().and_then(|i| self.notify.get(i)) {
                     let _ = e.write(1);

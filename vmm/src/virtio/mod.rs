@@ -17,8 +17,8 @@
 //!   or on a deadline the handler asks for.
 //! - [`queue`]: helpers over `virtio-queue`: collect a descriptor chain with every descriptor
 //!   checked against guest RAM, its total length bounded, and loops/truncation detected.
-//! - [`block`], [`vsock`], [`rng`]: the devices; `block::request` and `vsock::packet` hold the
-//!   pure parsers (fuzzed by the `fuzz/` crate).
+//! - [`block`], [`vsock`], [`rng`], [`fs`]: the devices; `block::request` and `vsock::packet`
+//!   hold the pure parsers (fuzzed by the `fuzz/` crate), as `vm_virtiofs` does for [`fs`].
 //! - [`persist`]: a device's snapshot state (identity, transport registers, queue
 //!   positions) and its checks; `mmio/persist.rs` saves and restores it.
 //! - `test_utils` (feature `test-utils`, as rust-vmm's `virtio-queue` does it): a harness that
@@ -38,6 +38,7 @@
 use std::path::PathBuf;
 
 pub mod block;
+pub mod fs;
 pub mod mmio;
 pub mod persist;
 pub mod queue;
@@ -75,6 +76,18 @@ pub enum DeviceConfig {
     },
     /// A virtio-rng device fed by getrandom(2).
     Rng,
+    /// A read-only virtio-fs device: one host mount (a directory, or one regular file),
+    /// served by `vm_virtiofs` (see [`fs`]).
+    Fs {
+        /// The tag the guest mounts it by (1-36 bytes).
+        tag: String,
+        /// The mount's source on the host (opened inside the jail, read-only).
+        share: PathBuf,
+        /// The server's inode cap (each a descriptor).
+        max_inodes: usize,
+        /// The DAX window's size in bytes (a multiple of 2 MiB; 0: no window).
+        dax_window: u64,
+    },
 }
 
 impl DeviceConfig {
@@ -85,6 +98,7 @@ impl DeviceConfig {
             DeviceConfig::Block { id, .. } => format!("virtio-blk:{id}"),
             DeviceConfig::Vsock { .. } => "virtio-vsock".into(),
             DeviceConfig::Rng => "virtio-rng".into(),
+            DeviceConfig::Fs { tag, .. } => format!("virtio-fs:{tag}"),
         }
     }
 }
@@ -131,6 +145,25 @@ pub enum VirtioError {
     /// An operation this device does not support.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+    /// A virtio-fs tag that is empty or longer than 36 bytes.
+    #[error("virtio-fs tag {0:?} is not 1-36 bytes")]
+    InvalidTag(String),
+    /// A virtio-fs share that cannot be opened.
+    #[error("virtio-fs share")]
+    Share(#[source] vm_virtiofs::FsError),
+    /// A virtio-fs session a snapshot kept that the share no longer matches.
+    #[error("restoring the virtio-fs session")]
+    Session(#[source] vm_virtiofs::fs::RestoreError),
+    /// A DAX window that is not a multiple of 2 MiB, larger than the stride between windows,
+    /// or that cannot be reserved.
+    #[error("virtio-fs DAX window of {size} bytes")]
+    Window {
+        /// The size asked for.
+        size: u64,
+        /// The cause.
+        #[source]
+        source: nix::Error,
+    },
 }
 
 impl VirtioError {
@@ -156,6 +189,30 @@ pub(crate) trait VirtioDevice: Send {
     fn resets_on_restart(&self) -> bool {
         false
     }
+    /// The seccomp filter its worker thread installs.
+    fn worker_kind(&self) -> vm_jail::seccomp::ThreadKind {
+        vm_jail::seccomp::ThreadKind::Device
+    }
+    /// The shared-memory region `id` (guest physical base, length), if the device has one.
+    fn shm_region(&self, _id: u32) -> Option<(u64, u64)> {
+        None
+    }
+    /// Opens the host files the device serves (called once the VM process is jailed, before
+    /// any vCPU runs: a file server opens its share inside the jail, through its read-only
+    /// bind).
+    fn open_host_files(&mut self) -> Result<(), VirtioError> {
+        Ok(())
+    }
+    /// The file system session a snapshot keeps (virtio-fs), if any.
+    fn save_session(&self) -> Option<vm_virtiofs::SessionState> {
+        None
+    }
+    /// A saved session to rebuild when the host files are opened (a restore).
+    fn restore_session(&mut self, _session: &vm_virtiofs::SessionState) {}
+    /// The DAX window KVM must map (read-only) for this device, if any.
+    fn window(&self) -> Option<&fs::Window> {
+        None
+    }
     /// What builds the handler that serves the queues; called on DRIVER_OK, on the vCPU
     /// thread that wrote it, so it only duplicates descriptors: the handler itself (its tables,
     /// whose hash seeds come from `getrandom`) is built on the device control thread.
@@ -175,8 +232,12 @@ pub(crate) fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
     data[..n].copy_from_slice(&src[off..off + n]);
 }
 
-/// Build the device model for a configuration.
-pub(crate) fn build_device(cfg: &DeviceConfig) -> Result<Box<dyn VirtioDevice>, VirtioError> {
+/// Build the device model for a configuration, as the VM's device `index` (a virtio-fs DAX
+/// window sits at `layout::dax_window_base(index)`).
+pub(crate) fn build_device(
+    cfg: &DeviceConfig,
+    index: usize,
+) -> Result<Box<dyn VirtioDevice>, VirtioError> {
     Ok(match cfg {
         DeviceConfig::Block {
             path,
@@ -192,5 +253,35 @@ pub(crate) fn build_device(cfg: &DeviceConfig) -> Result<Box<dyn VirtioDevice>, 
             uds_path,
         } => Box::new(vsock::Vsock::new(*guest_cid, uds_path)?),
         DeviceConfig::Rng => Box::new(rng::Rng::new()),
+        DeviceConfig::Fs {
+            tag,
+            share,
+            max_inodes,
+            dax_window,
+        } => {
+            let limits = vm_virtiofs::Limits {
+                max_inodes: *max_inodes,
+                ..vm_virtiofs::Limits::default()
+            };
+            let window = match *dax_window {
+                0 => None,
+                size => Some(fs::Window {
+                    guest_base: crate::layout::dax_window_base(index),
+                    mapping: std::sync::Arc::new(dax_mapping(size)?),
+                }),
+            };
+            Box::new(fs::FsDevice::new(tag, share.clone(), limits, window)?)
+        }
     })
+}
+
+/// A DAX window's host reservation of `size` bytes (checked against the layout).
+fn dax_mapping(size: u64) -> Result<crate::sys::window::DaxMapping, VirtioError> {
+    let fits = size.is_multiple_of(vm_virtiofs::dax::DAX_ALIGN)
+        && size <= crate::layout::DAX_WINDOW_STRIDE;
+    let err = |source| VirtioError::Window { size, source };
+    if !fits {
+        return Err(err(nix::Error::EINVAL));
+    }
+    crate::sys::window::DaxMapping::reserve(size).map_err(err)
 }

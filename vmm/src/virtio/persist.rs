@@ -47,6 +47,15 @@ pub enum DeviceKind {
     },
     /// virtio-rng.
     Rng,
+    /// virtio-fs: the read-only file server of one host mount.
+    Fs {
+        /// The device's tag.
+        tag: String,
+        /// The mount's source on the host.
+        share: PathBuf,
+        /// The DAX window's size in bytes (0: none).
+        dax_window: u64,
+    },
 }
 
 impl DeviceKind {
@@ -56,15 +65,17 @@ impl DeviceKind {
             DeviceKind::Block { .. } => VIRTIO_ID_BLOCK,
             DeviceKind::Vsock { .. } => VIRTIO_ID_VSOCK,
             DeviceKind::Rng => VIRTIO_ID_RNG,
+            DeviceKind::Fs { .. } => super::fs::VIRTIO_ID_FS,
         }
     }
 
-    /// Its short name in errors: `block`, `vsock`, `rng`.
+    /// Its short name in errors: `block`, `vsock`, `rng`, `fs`.
     pub fn name(&self) -> &'static str {
         match self {
             DeviceKind::Block { .. } => "block",
             DeviceKind::Vsock { .. } => "vsock",
             DeviceKind::Rng => "rng",
+            DeviceKind::Fs { .. } => "fs",
         }
     }
 
@@ -74,6 +85,7 @@ impl DeviceKind {
             DeviceKind::Block { .. } => super::block::QUEUE_SIZES,
             DeviceKind::Vsock { .. } => super::vsock::QUEUE_SIZES,
             DeviceKind::Rng => super::rng::QUEUE_SIZES,
+            DeviceKind::Fs { .. } => super::fs::QUEUE_SIZES,
         }
     }
 
@@ -81,7 +93,7 @@ impl DeviceKind {
     pub fn offered_features(&self) -> u64 {
         let device = match self {
             DeviceKind::Block { read_only, .. } => super::block::offered_features(*read_only),
-            DeviceKind::Vsock { .. } | DeviceKind::Rng => 0,
+            DeviceKind::Vsock { .. } | DeviceKind::Rng | DeviceKind::Fs { .. } => 0,
         };
         device | (1u64 << VIRTIO_F_VERSION_1)
     }
@@ -138,11 +150,17 @@ pub struct DeviceState {
     pub transport: TransportState,
     /// Its queues, by index.
     pub queues: Vec<QueueState>,
+    /// A virtio-fs device's FUSE session (the guest's node ids, handles and DAX window),
+    /// resolved again and checked against the host tree on restore; `None` for others.
+    pub fs: Option<vm_virtiofs::SessionState>,
 }
 
 /// Why a saved device state is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidDevice {
+    /// A file system session on a device that is not virtio-fs, or none on one that is.
+    #[error("device {0}: a file system session does not match its kind")]
+    Session(usize),
     /// More devices than the VMM can place.
     #[error("{0} virtio devices (at most {MAX_VIRTIO_DEVICES})")]
     TooMany(usize),
@@ -260,6 +278,9 @@ impl DeviceState {
         if t.acked_features & !offered != 0 {
             return Err(features(t.acked_features));
         }
+        if self.fs.is_some() != matches!(self.kind, DeviceKind::Fs { .. }) {
+            return Err(InvalidDevice::Session(index));
+        }
         let maxes = self.kind.queue_max_sizes();
         if self.queues.len() != maxes.len() {
             return Err(InvalidDevice::QueueCount {
@@ -332,6 +353,7 @@ pub(crate) mod tests {
                 next_used: 3,
                 event_idx: false,
             }],
+            fs: None,
         }
     }
 

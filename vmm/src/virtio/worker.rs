@@ -188,10 +188,12 @@ pub(crate) struct Worker {
     thread: Option<JoinHandle<Vec<Queue>>>,
 }
 
-/// Everything a worker thread owns: its I/O and how to build its handler.
+/// Everything a worker thread owns: its I/O, how to build its handler, and the seccomp filter
+/// it installs.
 pub(crate) struct WorkerSetup {
     pub io: WorkerIo,
     pub handler: MakeHandler,
+    pub kind: vm_jail::seccomp::ThreadKind,
 }
 
 /// A worker thread's guest memory, queues, events and counters.
@@ -208,7 +210,7 @@ impl Worker {
     /// Builds the handler of `setup` and starts its thread as `name` (on the device control
     /// thread).
     pub(crate) fn spawn(setup: WorkerSetup, name: String) -> Result<Worker, VirtioError> {
-        let WorkerSetup { io, handler } = setup;
+        let WorkerSetup { io, handler, kind } = setup;
         let handler = handler();
         let stop = EventFd::new(EFD_NONBLOCK).map_err(VirtioError::os("stop eventfd"))?;
         let epoll = Epoll::new().map_err(VirtioError::os("epoll"))?;
@@ -229,7 +231,7 @@ impl Worker {
         let thread_stop = stop.try_clone().map_err(VirtioError::os("stop eventfd"))?;
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(io, handler, epoll, thread_stop))
+            .spawn(move || run(io, handler, epoll, thread_stop, kind))
             .map_err(VirtioError::os("worker thread"))?;
         Ok(Worker {
             stop,
@@ -268,8 +270,14 @@ impl Drop for Worker {
 }
 
 /// The loop; returns the queues when stopped (or when epoll fails).
-fn run(mut s: WorkerIo, mut handler: Box<dyn Handler>, epoll: Epoll, stop: EventFd) -> Vec<Queue> {
-    vm_jail::seccomp::apply_or_exit(vm_jail::seccomp::ThreadKind::Device);
+fn run(
+    mut s: WorkerIo,
+    mut handler: Box<dyn Handler>,
+    epoll: Epoll,
+    stop: EventFd,
+    kind: vm_jail::seccomp::ThreadKind,
+) -> Vec<Queue> {
+    vm_jail::seccomp::apply_or_exit(kind);
     let mut events = vec![EpollEvent::default(); 64];
     {
         let mut ctx = Ctx {

@@ -70,9 +70,10 @@ impl Probe {
     }
 }
 
-struct ProbeDevice(Probe);
+/// A [`Probe`] as a bus device (for tests that place it themselves).
+pub struct ProbeOf(pub Probe);
 
-impl BusDevice for ProbeDevice {
+impl BusDevice for ProbeOf {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         let v = self.0.read_value.to_le_bytes();
         for (i, b) in data.iter_mut().enumerate() {
@@ -144,11 +145,11 @@ impl<'a> Tiny<'a> {
         let dir = tempfile::tempdir().unwrap();
         let mut vm = Vm::create(self.config(dir.path())).expect("create tiny VM");
         if let Some((p, base, len)) = self.pio_probe {
-            vm.add_pio_device(Arc::new(Mutex::new(ProbeDevice(p))), base, len)
+            vm.add_pio_device(Arc::new(Mutex::new(ProbeOf(p))), base, len)
                 .unwrap();
         }
         if let Some((p, base, len)) = self.mmio_probe {
-            vm.add_mmio_device(Arc::new(Mutex::new(ProbeDevice(p))), base, len)
+            vm.add_mmio_device(Arc::new(Mutex::new(ProbeOf(p))), base, len)
                 .unwrap();
         }
         vm

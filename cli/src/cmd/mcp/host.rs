@@ -281,6 +281,7 @@ impl Host {
             host: host.to_string(),
             guest: m.guest.clone(),
             read_only: true,
+            erofs: false,
         })
     }
 }

@@ -118,6 +118,30 @@ fn kind_difference(saved: &DeviceKind, now: &DeviceKind) -> Option<(&'static str
             (guest_cid != c).then(|| ("guest_cid", guest_cid.to_string(), c.to_string()))
         }
         (Rng, Rng) => None,
+        (
+            Fs {
+                tag,
+                share,
+                dax_window,
+            },
+            Fs {
+                tag: t,
+                share: s,
+                dax_window: w,
+            },
+        ) => {
+            if tag != t {
+                Some(("tag", tag.clone(), t.clone()))
+            } else if share != s {
+                Some((
+                    "share",
+                    share.display().to_string(),
+                    s.display().to_string(),
+                ))
+            } else {
+                (dax_window != w).then(|| ("dax_window", dax_window.to_string(), w.to_string()))
+            }
+        }
         (a, b) => Some(("type", a.name().into(), b.name().into())),
     }
 }
@@ -175,6 +199,7 @@ impl MmioDevice {
                 interrupt_status: self.irq.status(),
             },
             queues,
+            fs: self.device.save_session(),
         })
     }
 
@@ -224,6 +249,9 @@ impl MmioDevice {
         // did not come from a file.
         s.validate(0, &self.ram_regions())
             .map_err(PersistError::Invalid)?;
+        if let Some(session) = &s.fs {
+            self.device.restore_session(session);
+        }
         let queues = s
             .queues
             .iter()

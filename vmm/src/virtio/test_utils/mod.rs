@@ -2,6 +2,7 @@
 //! `GuestMemoryMmap`, drives the MMIO registers through [`BusDevice`], notifies queues and waits
 //! on the interrupt `EventFd`. Used by the tests in `vmm/tests/virtio_*.rs`; not for production.
 
+pub mod vring;
 pub mod walk;
 
 use std::time::{Duration, Instant};

@@ -9,59 +9,12 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
+use crate::virtio::test_utils::vring::Ring;
 use crate::virtio::vsock::packet::{HDR_SIZE, HOST_CID, Header, TYPE_STREAM, op};
 
 const CID: u64 = 3;
 const RX_BUFS: u64 = 0x10000;
 const TX_PKT: u64 = 0x30000;
-
-/// The driver's side of one split queue in guest memory.
-struct Ring {
-    desc: u64,
-    avail: u64,
-    used: u64,
-    size: u16,
-    posted: u16,
-}
-
-impl Ring {
-    fn new(base: u64, size: u16) -> Ring {
-        Ring {
-            desc: base,
-            avail: base + 0x800,
-            used: base + 0x1000,
-            size,
-            posted: 0,
-        }
-    }
-
-    fn configure(&self, v: &Vring) {
-        v.set_queue_size(self.size);
-        v.set_queue_info(self.desc, self.avail, self.used).unwrap();
-        v.set_queue_ready(true);
-        v.set_enabled(true);
-    }
-
-    /// Posts one single-descriptor chain.
-    fn post(&mut self, mem: &GuestMemoryMmap, addr: u64, len: u32, write: bool) {
-        let i = self.posted % self.size;
-        let d = self.desc + 16 * u64::from(i);
-        mem.write_obj(addr, GuestAddress(d)).unwrap();
-        mem.write_obj(len, GuestAddress(d + 8)).unwrap();
-        mem.write_obj(if write { 2u16 } else { 0 }, GuestAddress(d + 12))
-            .unwrap();
-        mem.write_obj(0u16, GuestAddress(d + 14)).unwrap();
-        let slot = self.avail + 4 + 2 * u64::from(i);
-        mem.write_obj(i, GuestAddress(slot)).unwrap();
-        self.posted = self.posted.wrapping_add(1);
-        mem.write_obj(self.posted, GuestAddress(self.avail + 2))
-            .unwrap();
-    }
-
-    fn used_idx(&self, mem: &GuestMemoryMmap) -> u16 {
-        mem.read_obj(GuestAddress(self.used + 2)).unwrap()
-    }
-}
 
 struct Rig {
     backend: VsockBackend,

@@ -1,0 +1,57 @@
+//! virtio-fs: the read-only file server (`vm_virtiofs`) behind a virtio device, one device per
+//! host mount. The server is transport-free; this module carries its requests off the queues:
+//! [`serve_chain`] answers one descriptor chain (its readable part copied out, at most
+//! `vm_virtiofs::MAX_REQUEST_BYTES`; the reply written into its writable part, never more
+//! than fits), for both transports:
+//!
+//! - [`vhost_user`]: `vm-virtiofs`, a vhost-user backend for QEMU's `vhost-user-fs-device`
+//!   (the tcg driver), one process per mount, jailed by its launcher;
+//! - [`FsDevice`], the in-process virtio-mmio device of `vm-vmm` (the kvm driver), with its
+//!   DAX window.
+//!
+//! Queue 0 is the high-priority queue (the guest's `FORGET`s), queue 1 the request queue;
+//! both are served the same way (a `FORGET` has no reply: its chain is used with length 0).
+
+mod device;
+pub mod vhost_user;
+
+pub(crate) use device::QUEUE_SIZES;
+pub use device::{FsDevice, MAX_TAG, SHM_CACHE, Window};
+
+use vm_virtiofs::{MAX_REQUEST_BYTES, Outcome, Server};
+
+use super::GuestMemoryMmap;
+use super::queue::{self, Buf};
+
+/// The virtio device id of a file system device.
+pub const VIRTIO_ID_FS: u32 = 26;
+/// The high-priority queue and one request queue.
+pub const NUM_QUEUES: usize = 2;
+
+/// The buffers one transport reuses for every request (a request and a reply at a time).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    input: Vec<u8>,
+    out: Vec<u8>,
+}
+
+/// Answers the request in the chain `bufs` with `server`; returns the bytes written into the
+/// chain's writable buffers (its used length) and what the request came to.
+pub fn serve_chain(
+    server: &mut Server,
+    mem: &GuestMemoryMmap,
+    bufs: &[Buf],
+    scratch: &mut Scratch,
+) -> (u32, Outcome) {
+    let total = usize::try_from(queue::readable_len(bufs)).unwrap_or(usize::MAX);
+    scratch.input.resize(total.min(MAX_REQUEST_BYTES), 0);
+    let got = queue::read_chain(mem, bufs, 0, &mut scratch.input);
+    scratch.input.truncate(got);
+    let room = usize::try_from(queue::writable_len(bufs)).unwrap_or(usize::MAX);
+    let outcome = server.handle(&scratch.input, total, room, &mut scratch.out);
+    let written = match outcome {
+        Outcome::Replied { .. } => queue::write_chain(mem, bufs, 0, &scratch.out),
+        Outcome::NoReply => 0,
+    };
+    (u32::try_from(written).unwrap_or(u32::MAX), outcome)
+}
