@@ -8,10 +8,12 @@
 //!   (`PR_CAPBSET_DROP`, wrapped once here), `no_new_privs`, `_exit`, `fork` and `pre_exec`
 //!   hooks. None allocates or takes a lock, so each is safe in a forked child of a
 //!   multi-threaded parent.
+//! - [`fs`]: `openat2(2)` with resolve flags, for every host crate that opens a path someone
+//!   else controls (`vm-oci`'s unpacking, the shim's kubelet files).
 //!
 //! What it does not own: calls only one crate makes stay in that crate's `sys` module (the
 //! VMM's vCPU kick and guest memory in `vmm::sys`, process groups and terminals in
-//! `vm-drivers`' `sys`, confined file operations in `vm-oci`'s).
+//! `vm-drivers`' `sys`, the final-component file operations of `vm-oci`'s unpacking).
 //!
 //! The guest agent (`guest-agent`, `vm-agent`) keeps its own `sys` module, `prctl` wrapper
 //! included, and does not depend on this crate: it is a static binary built for the guest
@@ -20,6 +22,7 @@
 //! change here a reason to rebuild the image. The guest side and the host side share the wire
 //! protocol, not system-call wrappers.
 
+pub mod fs;
 pub mod process;
 
 /// The error of every call here: the `errno` the kernel answered.
