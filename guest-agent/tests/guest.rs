@@ -202,9 +202,43 @@ async fn pid1_duties_in_a_guest() {
     assert_eq!(leaves.len(), 1, "{out}");
 
     large_transfers_and_forward_eof(&c).await;
+    let c = resume_reseeds_and_publishes_the_generation(&c).await;
 
     // Shutdown ends the VM (the runner checks that QEMU exits).
     c.shutdown().await.unwrap();
+}
+
+/// `Resume` as PID 1 in a real guest kernel: the host's entropy added (`RNDADDENTROPY`) and
+/// the CRNG reseeded (`RNDRESEEDCRNG`): the request fails if either ioctl does; then the
+/// generation in `/run/vm/generation`, the clock stepped to the host's, and only the new
+/// token answered. Returns the client with the new token.
+async fn resume_reseeds_and_publishes_the_generation(c: &AgentClient) -> AgentClient {
+    let new = c
+        .resume(guest_agent::AgentToken::generate().unwrap(), 3)
+        .await
+        .unwrap_or_else(|e| panic!("resume as PID 1: {}", vm_error_chain::error_chain(&e)));
+    let host_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (out, _) = sh(
+        &new,
+        "cat /run/vm/generation; ls -l /run/vm/generation; date +%s",
+    )
+    .await;
+    let mut l = out.lines();
+    assert_eq!(l.next(), Some("3"), "{out}");
+    assert!(
+        l.next().is_some_and(|m| m.starts_with("-r--r--r--")),
+        "{out}"
+    );
+    let guest_secs: u64 = l.next().and_then(|d| d.trim().parse().ok()).expect("date");
+    assert!(
+        guest_secs.abs_diff(host_secs) <= 30,
+        "guest {guest_secs}, host {host_secs}"
+    );
+    assert!(c.ping().await.is_err(), "the old token still answered");
+    new
 }
 
 /// Guest root cannot find the token: it is gone from the rootfs, absent from the command line,

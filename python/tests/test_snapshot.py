@@ -34,6 +34,7 @@ def test_a_snapshot_of_a_sandbox_not_made_for_it_is_refused_and_it_runs_on(sb, t
         sb.snapshot(tmp_path / "snap")
     assert not (tmp_path / "snap").exists()
     assert sb.exec(["echo", "still"]).stdout == b"still\n"
+    assert sb.generation == 0, "a booted sandbox has no restore behind it"
 
 
 def test_restoring_a_directory_without_a_snapshot_names_the_record(tmp_path):

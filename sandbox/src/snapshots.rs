@@ -38,7 +38,9 @@ pub const RECORD_FILE: &str = "snapshot.json";
 /// The snapshot's agent token (hex), inside its directory: a restore presents it once.
 pub const TOKEN_FILE: &str = "agent.token";
 /// The version of [`SnapshotRecord`] this build writes and reads.
-pub const RECORD_VERSION: u32 = 1;
+/// 2: [`SnapshotRecord::generation`], and a guest agent of protocol 4 in the snapshot (its
+/// `Resume` takes the host's entropy): a version-1 snapshot's agent could not be re-keyed.
+pub const RECORD_VERSION: u32 = 2;
 /// The largest record read (a spec with its paths and a few devices is a few KiB).
 pub const MAX_RECORD_BYTES: u64 = 1 << 20;
 /// The prefix of a staging directory in a snapshot parent.
@@ -150,6 +152,9 @@ pub struct SnapshotRecord {
     pub memory_written: u64,
     /// Microseconds from the snapshot request until its files were written.
     pub took_us: u64,
+    /// How many restores lay behind the VM snapshotted ([`MicroVm::generation`]); a VM
+    /// restored from this snapshot is one more.
+    pub generation: u64,
     /// The server the snapshot was taken with, running on in it (`vm snapshot create -p`):
     /// a restore publishes it again instead of starting one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -323,6 +328,7 @@ impl MicroVm {
             memory_bytes: written.memory_bytes,
             memory_written: written.memory_written,
             took_us: u64::try_from(written.took.as_micros()).unwrap_or(u64::MAX),
+            generation: self.generation,
             serving,
         };
         let json = serde_json::to_vec_pretty(&record).map_err(|source| SnapshotError::Record {
@@ -399,7 +405,12 @@ impl MicroVm {
         }
         let prepared = Prepared::new(&valid, options)?;
         check_disks(&valid, &record.disks, &prepared.plan.block_devices())?;
-        let from = RestoreFrom { dir, token };
+        let generation = record.generation.saturating_add(1);
+        let from = RestoreFrom {
+            dir,
+            token,
+            generation,
+        };
         let name = driver.name();
         let machine = driver
             .restore(prepared.plan.clone(), &from)
@@ -407,7 +418,9 @@ impl MicroVm {
                 driver: name,
                 source,
             })?;
-        MicroVm::wrap(machine, valid, record.spec, options, prepared)
+        let mut vm = MicroVm::wrap(machine, valid, record.spec, options, prepared)?;
+        vm.generation = generation;
+        Ok(vm)
     }
 }
 

@@ -177,9 +177,9 @@ fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverEr
     let mut client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
     let ready = boot::wait_for_agent(&handle, &client, plan.boot_timeout).and_then(|()| {
         tracing::debug!(name = %plan.name, "agent answered");
-        if from.is_some() {
+        if let Some(from) = from {
             let run = handle.run.lock().unwrap_or_else(|p| p.into_inner());
-            client = boot::rekey(&run, &client)?;
+            client = boot::rekey(&run, &client, from.generation)?;
             tracing::debug!(name = %plan.name, "agent re-keyed");
         }
         Ok(())

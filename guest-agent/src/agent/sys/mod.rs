@@ -12,10 +12,12 @@
 //!   devices, standard descriptors.
 //! - [`proc`]: signals, reaping, session and identity changes, process attributes, power-off.
 //! - [`net`]: bringing up the loopback interface.
+//! - [`random`]: host entropy into the kernel's pool and a forced CRNG reseed.
 
 pub mod fs;
 pub mod net;
 pub mod proc;
+pub mod random;
 pub mod tty;
 
 pub use tty::{
