@@ -106,4 +106,7 @@ pub enum SnapshotError {
     /// No reply in time; the VM was torn down (a half-written snapshot is the caller's to remove).
     #[error("no snapshot reply within {0:?}; the VM was torn down")]
     Timeout(Duration),
+    /// The snapshot's files could not be given back to this process's user (the VM ended).
+    #[error("the VM's snapshot files")]
+    HandBack(#[source] vmm::process::snapshot::HandBackError),
 }
