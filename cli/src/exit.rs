@@ -177,12 +177,17 @@ pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
 
 /// The exit code of a snapshot error: a bad name or an existing snapshot is usage, what a
 /// restore cannot honour (another driver, a changed mount, another version, a driver without
-/// snapshots) is refused, the rest is `vm` failing.
+/// snapshots, a directory or file someone else could write) is refused, the rest is `vm`
+/// failing.
 fn snapshot_code(s: &vm_sandbox::SnapshotError) -> u8 {
     use vm_sandbox::SnapshotError as S;
     match s {
         S::Name(_) | S::Exists(_) => USAGE,
-        S::Changed { .. } | S::Driver { .. } | S::Unsupported { .. } | S::Version { .. } => REFUSED,
+        S::Changed { .. }
+        | S::Driver { .. }
+        | S::Unsupported { .. }
+        | S::Version { .. }
+        | S::NotPrivate { .. } => REFUSED,
         S::Machine(vm_sandbox::drivers::SnapshotError::Unsupported { .. }) => REFUSED,
         _ => FAILED,
     }

@@ -122,11 +122,19 @@ impl AgentToken {
 
     /// Read a token file (hex), at most a few bytes more than a token: a bigger file is malformed.
     pub fn read_file(path: &Path) -> Result<AgentToken, TokenError> {
+        let f = std::fs::File::open(path).map_err(|source| TokenError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::read_from(f, path)
+    }
+
+    /// Read a token (hex) from `f`, the file at `path` already open (bounded read).
+    pub fn read_from(f: std::fs::File, path: &Path) -> Result<AgentToken, TokenError> {
         let read_err = |source| TokenError::Read {
             path: path.to_path_buf(),
             source,
         };
-        let f = std::fs::File::open(path).map_err(read_err)?;
         let mut buf = Vec::with_capacity(TOKEN_LEN * 2 + 2);
         f.take((TOKEN_LEN * 2 + 2) as u64)
             .read_to_end(&mut buf)

@@ -17,7 +17,7 @@
 //! differs. The restored VM gets a new run directory, sockets and agent token (see
 //! `vm_drivers::snapshot`).
 
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,12 +26,13 @@ use serde::{Deserialize, Serialize};
 use vm_drivers::{BlockDevice, Registry, RestoreFrom};
 use vm_spec::{Spec, ValidSpec};
 
-use guest_agent::token::{AgentToken, TokenError};
+use guest_agent::token::TokenError;
 
 use crate::error::SandboxError;
 use crate::microvm::{MicroVm, Options, Prepared, private_dir};
 use crate::select::select;
 use crate::serving::{ServedProcess, Serving};
+pub use crate::snapshot_files::{OpenSnapshot, read_record};
 
 /// The record of a snapshot, inside its directory.
 pub const RECORD_FILE: &str = "snapshot.json";
@@ -80,6 +81,16 @@ pub enum SnapshotError {
     Version { path: PathBuf, found: u32 },
     #[error("the snapshot's agent token")]
     Token(#[source] TokenError),
+    #[error(
+        "{} must belong to uid {owner} (the user restoring) and be writable by no one else",
+        .path.display()
+    )]
+    NotPrivate {
+        path: PathBuf,
+        owner: u32,
+        #[source]
+        source: vm_sys::private::Refusal,
+    },
     #[error("the snapshot was taken on {recorded}; it cannot be restored on {asked}")]
     Driver { recorded: String, asked: String },
     #[error("{driver}: no snapshots: {reason}")]
@@ -190,34 +201,6 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
         .open(path)
         .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
         .map_err(io_err("writing", path))
-}
-
-/// Reads and checks the record of the snapshot in `dir` (bounded; another version refused).
-pub fn read_record(dir: &Path) -> Result<SnapshotRecord, SnapshotError> {
-    let path = dir.join(RECORD_FILE);
-    let f = std::fs::File::open(&path).map_err(io_err("opening", &path))?;
-    let mut text = Vec::new();
-    f.take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut text)
-        .map_err(io_err("reading", &path))?;
-    if text.len() as u64 > MAX_RECORD_BYTES {
-        return Err(SnapshotError::RecordTooLarge(path));
-    }
-    #[derive(Deserialize)]
-    struct Versioned {
-        version: u32,
-    }
-    let v: Versioned = serde_json::from_slice(&text).map_err(|source| SnapshotError::Record {
-        path: path.clone(),
-        source,
-    })?;
-    if v.version != RECORD_VERSION {
-        return Err(SnapshotError::Version {
-            path,
-            found: v.version,
-        });
-    }
-    serde_json::from_slice(&text).map_err(|source| SnapshotError::Record { path, source })
 }
 
 /// Compares the disks a restore prepared with the ones the snapshot saw, naming the first
@@ -379,7 +362,8 @@ impl MicroVm {
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
         let dir = std::path::absolute(path).map_err(io_err("resolving", path))?;
-        let record = read_record(&dir)?;
+        let opened = OpenSnapshot::open(&dir)?;
+        let record = opened.record()?;
         if let Some(asked) = options.driver.as_deref().filter(|d| *d != record.driver) {
             return Err(SnapshotError::Driver {
                 recorded: record.driver.clone(),
@@ -387,7 +371,7 @@ impl MicroVm {
             }
             .into());
         }
-        let token = AgentToken::read_file(&dir.join(TOKEN_FILE)).map_err(SnapshotError::Token)?;
+        let token = opened.token()?;
         let valid = record.spec.validate()?;
         let driver = select(
             registry,
