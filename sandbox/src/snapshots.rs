@@ -436,7 +436,13 @@ impl SnapshotStore {
             return Ok(SnapshotStore::new(d));
         }
         let home = crate::mounts::cache_home().ok_or(SnapshotError::NoCacheDir)?;
-        Ok(SnapshotStore::new(home.join("vm/snapshots")))
+        Ok(SnapshotStore::under(&home))
+    }
+
+    /// The store's default place under the cache home `home`: `vm/snapshots`, apart from the
+    /// containerd shim's snapshot roots ([`crate::snapshot_root::SnapshotRoots::under`]).
+    pub fn under(home: &Path) -> SnapshotStore {
+        SnapshotStore::new(home.join("vm/snapshots"))
     }
 
     /// The store's directory (the parent to give [`Options::snapshots`]).
