@@ -3,7 +3,8 @@
 # a self-contained pack for a host with hardware virtualization (no Rust toolchain, no network
 # needed there).
 #
-#   ci/kvm-proof.sh pack DIR   build here, into DIR (at most 60 MiB):
+#   ci/kvm-proof.sh pack DIR   build here, into DIR, and DIR.tar.gz beside it (the form that is
+#                              carried to another host: at most 60 MiB):
 #       run.sh                 the runner (below)
 #       bin/vm                 the CLI (release, stripped)
 #       bin/vm-vmm, bin/vm-vsock  the kvm driver's VMM; the tcg driver's vsock backend (the
@@ -23,7 +24,10 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { echo "kvm-proof: $*" >&2; }
 die() { echo "kvm-proof: ERROR: $*" >&2; exit 2; }
-max_bytes=$((60 * 1024 * 1024))
+# The archive is what travels (a lent machine takes 64 MiB of files a call); the directory's
+# own bound only catches a runaway (a debug binary, an image set twice).
+max_archive=$((60 * 1024 * 1024))
+max_dir=$((160 * 1024 * 1024))
 
 pack() {
     local dir=$1
@@ -62,10 +66,14 @@ pack() {
         echo "images: $(basename "$images")"
         (cd "$dir" && find . -type f ! -name PACK.txt -printf '%s %p\n' | sort -k2)
     } >"$dir/PACK.txt"
-    local bytes
+    local bytes archive=$dir.tar.gz packed
     bytes=$(du -sb "$dir" | cut -f1)
-    ((bytes <= max_bytes)) || die "the pack is $((bytes / 1048576)) MiB, over the 60 MiB limit"
-    say "packed $dir: $((bytes / 1048576)) MiB"
+    ((bytes <= max_dir)) || die "the pack is $((bytes / 1048576)) MiB, over its 160 MiB bound"
+    tar -C "$(dirname "$dir")" -czf "$archive" "$(basename "$dir")" || die "tar -czf $archive failed"
+    packed=$(stat -c %s "$archive")
+    ((packed <= max_archive)) ||
+        die "$archive is $((packed / 1048576)) MiB, over the 60 MiB limit"
+    say "packed $dir: $((bytes / 1048576)) MiB; $archive: $((packed / 1048576)) MiB"
 }
 
 # mkfs.erofs (directory mounts become erofs images) with its shared libraries and loader, so

@@ -140,9 +140,12 @@ fi
 # (~/.cache/vm/venv-sdk, made once), then the abi3 wheel built by `maturin build --release`
 # (cargo's own cache makes an unchanged tree a quick rebuild) and installed into that venv,
 # where ci/test.sh runs python/tests. The wheel stays in $sdk_venv/wheels for `pip install`.
+# The agent tests' frameworks are pinned here too (the official MCP client that drives
+# `vm mcp`; the OpenAI Agents SDK and Deep Agents the providers in vm_sandbox.integrations are
+# tested with, inside each extra's range in python/pyproject.toml).
 sdk_venv=${VM_SDK_VENV:-$HOME/.cache/vm/venv-sdk}
-sdk_pins="maturin==1.16.0 pytest==9.2.0"
-if ! "$sdk_venv/bin/python" -c 'import maturin, pytest' 2>/dev/null ||
+sdk_pins="maturin==1.16.0 pytest==9.2.0 mcp==2.3.0 openai-agents==0.24.0 deepagents==0.7.32"
+if ! "$sdk_venv/bin/python" -c 'import maturin, pytest, mcp, agents, deepagents' 2>/dev/null ||
     [[ $(cat "$sdk_venv/.pins" 2>/dev/null) != "$sdk_pins" ]]; then
     say "creating $sdk_venv ($sdk_pins)"
     /usr/bin/python3 -m venv --clear "$sdk_venv" || die "python3 -m venv $sdk_venv failed"

@@ -13,6 +13,7 @@ const MAIN_AFTER: &str = "Examples:
   vm run -d --name box --allow-emulation && vm exec box -- uname -a && vm stop box
   vm serve -p 8000 --allow-emulation -- httpd -f -p 8000
   vm drivers
+  vm mcp --allow-emulation                        # sandboxes as MCP tools for an agent host
   vm -vv exec --allow-emulation -- true        # debug logging (-q/-v go before the command)
 
 Environment:
@@ -56,6 +57,7 @@ pub enum Command {
     Images(ImagesCommand),
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    Mcp(crate::cmd::mcp::McpArgs),
     /// Internal: the detached supervisor of a `vm run -d` VM.
     #[command(name = "__supervise", hide = true)]
     Supervise(SuperviseArgs),

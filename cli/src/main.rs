@@ -50,7 +50,9 @@ fn init_logging(quiet: bool, verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let level = match (quiet, verbose) {
         (true, _) => "error",
-        (false, 0) => "warn",
+        // rmcp warns about every answer that is an error, the -32022 that steers an MCP
+        // client probing for the stateless revision to `vm mcp --http`'s sessions included.
+        (false, 0) => "warn,rmcp=error",
         (false, 1) => "info",
         (false, 2) => "debug",
         (false, _) => "trace",
@@ -90,6 +92,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Drivers(a) => cmd::drivers::run(a),
         Command::Images(a) => cmd::images::run(a).await,
         Command::Snapshot(a) => cmd::snapshot::run(a).await,
+        Command::Mcp(a) => cmd::mcp::run(a).await,
         Command::Supervise(a) => supervisor::run(a).await,
     }
 }

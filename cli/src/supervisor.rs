@@ -206,6 +206,7 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
         vm = start => vm?,
         sig = signals.recv() => anyhow::bail!("{sig} while booting; VM not started"),
     };
+    crate::cmd::confine_reader(&vm).await?;
     // Creates the guest root (the sandbox does so lazily) and proves the agent works.
     vm.walk("").await?;
     let mut pauses = PauseSignals::install()?;

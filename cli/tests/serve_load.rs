@@ -2,10 +2,9 @@
 //! published port once took every one of the guest agent's slots, the serve monitor's status
 //! poll got `Busy` three times and `vm serve` exited 125, tearing the VM down.
 //!
-//! Here: 200 idle connections over two published ports (more than the agent has data slots
-//! for) leave `vm serve` up and `vm exec NAME` working; then 64 concurrent slow clients and a
-//! 65th on one port all get 200 — those past the per-port cap wait in the listen backlog
-//! instead of failing. `vm serve`'s stdout and stderr are one pipe whose reader is closed
+//! Here: 200 idle connections over two published ports (then more than the agent had data
+//! slots for; `serve_idle.rs` holds more than it has now) leave `vm serve` up and `vm exec
+//! NAME` working; then 64 concurrent slow clients and a 65th on one port all get 200. `vm serve`'s stdout and stderr are one pipe whose reader is closed
 //! after the first line (`vm serve … 2>&1 | head -1`): that is no crash either. Traffic goes
 //! to 127.0.0.1 only; every loop is bounded. Fails (naming why) when no guest can be booted,
 //! unless `VM_TEST_ALLOW_NO_DRIVER=1`.
@@ -93,7 +92,7 @@ fn idle_and_slow_clients_never_take_the_vm_down() {
     assert_eq!(urls.len(), 2, "vm serve printed no URLs");
     drop(lines); // `head` is done: every later write of vm serve meets a closed pipe
 
-    // 200 idle connections over both ports: past what the agent takes for forwards.
+    // 200 idle connections over both ports.
     let idle: Vec<TcpStream> = (0..IDLE)
         .map(|i| TcpStream::connect_timeout(&urls[i % 2], Duration::from_secs(10)).unwrap())
         .collect();

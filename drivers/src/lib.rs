@@ -41,6 +41,9 @@ use std::time::Duration;
 
 pub use guest_agent::config::DiskFs;
 pub use vm_spec::Containment;
+/// Connections a VM's vsock device holds at most (both drivers run the same device): what
+/// the guest agent's connection budget and the hosts' forwards are sized under.
+pub use vmm::virtio::vsock::muxer::MAX_CONNECTIONS as VSOCK_MAX_CONNECTIONS;
 
 mod boot;
 mod error;

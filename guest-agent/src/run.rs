@@ -73,6 +73,9 @@ fn run_pid1() -> Result<(), String> {
     if let Err(e) = pid1::protect_from_oom() {
         tracing::warn!("{}", chain(&e));
     }
+    if let Err(e) = pid1::raise_nofile() {
+        tracing::warn!("{}", chain(&e));
+    }
     if let Err(e) = pid1::loopback_up() {
         tracing::warn!("loopback: {}", chain(&e));
     }
@@ -178,6 +181,9 @@ fn run_host() -> Result<(), String> {
     init_logging(&cfg.log);
     guest_agent::agent::sys::proc::set_child_subreaper()
         .map_err(|e| format!("PR_SET_CHILD_SUBREAPER: {e}"))?;
+    if let Err(e) = pid1::raise_nofile() {
+        tracing::warn!("{}", chain(&e));
+    }
     let token = match &a.token_file {
         Some(p) => Some(AgentToken::read_file(p).map_err(|e| chain(&e))?),
         None => None,

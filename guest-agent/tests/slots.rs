@@ -50,6 +50,7 @@ async fn stalled_upload(a: &TestAgent, name: &str) -> UnixStream {
 
 #[tokio::test]
 async fn control_and_exec_get_through_when_every_data_slot_is_taken() {
+    common::raise_nofile();
     let a = TestAgent::start();
     let c = a.client();
     let limits = SlotLimits::default();

@@ -7,8 +7,9 @@
 //!   capabilities, uid/gid and `no_new_privs` ([`enter`], [`confine`], [`restrict`]);
 //! - [`root`]: the root (a read-only tmpfs of bind mounts) and `pivot_root` into it;
 //! - [`exec`]: the same steps between `fork` and `exec` of a separate program;
-//! - [`seccomp`]: every seccomp filter, one allowlist per kind of `vm-vmm` thread and one per
-//!   jailed program, each system call with the reason it is there.
+//! - [`seccomp`]: every seccomp filter, one allowlist per kind of `vm-vmm` thread, one per
+//!   jailed program, and one for the `vm` processes that read agent frames once they start
+//!   nothing more ([`seccomp::client`]), each system call with the reason it is there.
 //!
 //! The raw system calls behind these steps are `vm-sys`'s.
 //!

@@ -10,6 +10,7 @@ one, the no-driver rule of the Rust suites, and the skip records ci/test.sh coun
 """
 
 import os
+import shutil
 
 import pytest
 
@@ -68,6 +69,25 @@ def fresh():
     yield make
     for box in made:
         box.close()
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def vm_bin():
+    """The ``vm`` CLI the workspace built: ``$VM_BIN``, else ``vm`` in ``$CARGO_TARGET_DIR`` (or
+    ``target/``) ``debug``/``release``, else ``vm`` on ``PATH``; none fails the test."""
+    if os.environ.get("VM_BIN"):
+        return os.environ["VM_BIN"]
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target")
+    for profile in ("debug", "release"):
+        path = os.path.join(target, profile, "vm")
+        if os.access(path, os.X_OK):
+            return path
+    found = shutil.which("vm")
+    if not found:
+        pytest.fail(f"no vm CLI: build it (cargo build -p vm-cli) or set VM_BIN; looked in {target}")
+    return found
 
 
 def descendants(pid=None):

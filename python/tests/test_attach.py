@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 
 import pytest
+from conftest import vm_bin
 
 from vm_sandbox import (
     AsyncSandbox,
@@ -28,29 +29,12 @@ from vm_sandbox import (
     ps,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _vm_bin():
-    if os.environ.get("VM_BIN"):
-        return os.environ["VM_BIN"]
-    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(REPO, "target")
-    for profile in ("debug", "release"):
-        path = os.path.join(target, profile, "vm")
-        if os.access(path, os.X_OK):
-            return path
-    found = shutil.which("vm")
-    if not found:
-        pytest.fail(f"no vm CLI: build it (cargo build -p vm-cli) or set VM_BIN; looked in {target}")
-    return found
-
-
 @pytest.fixture
 def vm(monkeypatch):
     """Runs the CLI against a private runtime directory (short: it holds the VM's sockets)."""
     rt = tempfile.mkdtemp(prefix="vmrt-", dir="/tmp")
     monkeypatch.setenv("VM_RUNTIME_DIR", rt)
-    binary = _vm_bin()
+    binary = vm_bin()
     started = []
 
     def run(*args, check=True):

@@ -39,7 +39,18 @@ from ._errors import (
     VmError,
     WallExpired,
 )
-from ._sandbox import ExecResult, Files, Sandbox, Server, Stream, StreamEvent, VmInfo, drivers, ps
+from ._sandbox import (
+    MAX_OUTPUT,
+    ExecResult,
+    Files,
+    Sandbox,
+    Server,
+    Stream,
+    StreamEvent,
+    VmInfo,
+    drivers,
+    ps,
+)
 
 
 class Trust:
@@ -59,6 +70,7 @@ __all__ = [
     "Files",
     "GuestError",
     "ImageError",
+    "MAX_OUTPUT",
     "NoDriver",
     "NoSuchVm",
     "NotRunning",

@@ -11,7 +11,17 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, List, Optional
 
-from ._sandbox import ExecResult, Files, Sandbox, Server, StreamEvent, _exit_code, _TICK
+from ._sandbox import (
+    MAX_OUTPUT,
+    ExecResult,
+    Files,
+    Sandbox,
+    Server,
+    StreamEvent,
+    _Capture,
+    _exit_code,
+    _TICK,
+)
 
 _POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vm-sandbox")
 
@@ -111,19 +121,15 @@ class AsyncSandbox:
             if not done:
                 await _call(native.cancel)
 
-    async def exec(self, argv: Any, *, check: bool = False, **kwargs: Any) -> ExecResult:
-        """As ``Sandbox.exec``; cancelling the awaiting task kills the guest command."""
-        out: List[bytes] = []
-        err: List[bytes] = []
+    async def exec(
+        self, argv: Any, *, check: bool = False, max_output: int = MAX_OUTPUT, **kwargs: Any
+    ) -> ExecResult:
+        """As ``Sandbox.exec`` (``max_output`` too); cancelling the awaiting task kills the
+        guest command."""
+        capture = _Capture(max_output)
         result: Optional[ExecResult] = None
         async for ev in self.exec_stream(argv, **kwargs):
-            if ev.kind == "stdout":
-                out.append(ev.data)
-            elif ev.kind == "stderr":
-                err.append(ev.data)
-            else:
-                code = ev.exit_code if ev.exit_code is not None else -1
-                result = ExecResult(code, b"".join(out), b"".join(err), ev.signal, ev.timed_out)
+            result = capture.add(ev) or result
         if result is None:
             from ._errors import VmError
 

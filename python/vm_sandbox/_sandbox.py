@@ -11,19 +11,24 @@ from ._errors import CommandFailed, VmError, WallExpired
 Argv = Union[str, Sequence[str]]
 #: How long one wait for a guest event lasts before Python gets control back (signals).
 _TICK = 0.2
+#: ``exec``'s default cap on captured output, stdout and stderr together: the Rust client's
+#: (``MAX_EXEC_OUTPUT``, 16 MiB). Past it the rest is read and dropped, ``truncated`` is set.
+MAX_OUTPUT = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ExecResult:
     """A finished command. ``exit_code`` is ``vm exec``'s: the command's code, 128+N for
     signal N, 124 when its ``timeout`` killed it, 127/126 when it was not found / cannot be
-    executed (``stderr`` then says why)."""
+    executed (``stderr`` then says why). ``truncated``: the command wrote more than
+    ``exec``'s ``max_output``; ``stdout`` and ``stderr`` hold what came first, up to it."""
 
     exit_code: int
     stdout: bytes
     stderr: bytes
     signal: Optional[int] = None
     timed_out: bool = False
+    truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -98,6 +103,36 @@ def _pairs(value: Union[Mapping[str, str], Iterable[Tuple[str, str]], None]) -> 
         return []
     items = value.items() if isinstance(value, Mapping) else value
     return [(str(k), str(v)) for k, v in items]
+
+
+class _Capture:
+    """What ``exec`` keeps of a command's output: at most ``max_output`` bytes of stdout and
+    stderr together, in arrival order; the rest is dropped (the command runs on, its output
+    read, so it is never blocked by a full pipe) and ``truncated`` set."""
+
+    def __init__(self, max_output: int) -> None:
+        if isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 0:
+            raise _refused("max_output", f"{max_output!r} is not a byte count (an int >= 0)")
+        self.room = max_output
+        self.truncated = False
+        self.out: List[bytes] = []
+        self.err: List[bytes] = []
+
+    def add(self, ev: "StreamEvent") -> Optional[ExecResult]:
+        """Takes one event; the result once it is the exit."""
+        if ev.kind == "exit":
+            code = ev.exit_code if ev.exit_code is not None else -1
+            out, err = b"".join(self.out), b"".join(self.err)
+            self.out, self.err = [], []
+            return ExecResult(code, out, err, ev.signal, ev.timed_out, self.truncated)
+        data = ev.data
+        if len(data) > self.room:
+            self.truncated = True
+            data = data[: self.room]
+        if data:
+            self.room -= len(data)
+            (self.out if ev.kind == "stdout" else self.err).append(data)
+        return None
 
 
 class Stream:
@@ -388,31 +423,22 @@ class Sandbox:
         env: Union[Mapping[str, str], Iterable[Tuple[str, str]], None] = None,
         env_allow: Sequence[str] = (),
         user: Optional[str] = None,
+        max_output: int = MAX_OUTPUT,
     ) -> ExecResult:
         """Run ``argv`` to its end: ``ExecResult(exit_code, stdout, stderr)``. A non-zero
         exit is a result; ``check=True`` raises ``CommandFailed`` instead. ``timeout`` kills
         the command's process tree (exit 124). Ctrl-C kills it too, then raises
-        ``KeyboardInterrupt``."""
-        out: List[bytes] = []
-        err: List[bytes] = []
+        ``KeyboardInterrupt``. At most ``max_output`` bytes of output are kept (stdout and
+        stderr together, 16 MiB by default): past it the rest is dropped and the result's
+        ``truncated`` is set; ``exec_stream`` hands over output of any size as it comes."""
+        capture = _Capture(max_output)
         stream = self.exec_stream(
             argv, stdin=stdin, timeout=timeout, cwd=cwd, env=env, env_allow=env_allow, user=user
         )
         result = None
         try:
             for ev in stream:
-                if ev.kind == "stdout":
-                    out.append(ev.data)
-                elif ev.kind == "stderr":
-                    err.append(ev.data)
-                else:
-                    result = ExecResult(
-                        ev.exit_code if ev.exit_code is not None else -1,
-                        b"".join(out),
-                        b"".join(err),
-                        ev.signal,
-                        ev.timed_out,
-                    )
+                result = capture.add(ev) or result
         except VmError as e:
             self._raise_expired(e)
             raise

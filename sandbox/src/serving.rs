@@ -4,12 +4,16 @@
 //! the guest), then starts the process through the agent's Serve, then runs its tasks:
 //! - one accept loop per published port: each host connection gets its own task that opens
 //!   an agent Forward to the guest port over vsock and splices the two with
-//!   `copy_bidirectional`. At most [`MAX_CONNECTIONS`] at once per port: at the cap the loop
-//!   stops accepting, so later clients wait in the listener's kernel backlog (bounded by
-//!   `somaxconn`) and are accepted as connections end. The agent keeps its forwards and file
-//!   streams below its own cap, apart from the slots its control requests need (see
-//!   `guest_agent::agent::slots`); a forward it answers `Busy` (several ports, `vm cp`
-//!   beside them) is asked again for up to [`FORWARD_BUSY_WAIT`] while the client waits;
+//!   `copy_bidirectional` (two [`COPY_BUFFER`] buffers: the memory a connection holds here,
+//!   with its task; an idle one waits on its two sockets, with no timer, costing no CPU). At
+//!   most [`MAX_CONNECTIONS`] at once per port, sized for a model server's hundreds of
+//!   keep-alive clients: at the cap the loop stops accepting, so later clients wait in the
+//!   listener's kernel backlog (bounded by `somaxconn`; past it the kernel drops their SYNs
+//!   and TCP retries) and are accepted, in order, as connections end. The agent keeps its
+//!   forwards and file streams below its own cap (640 for every port together), apart from
+//!   the slots its control requests need (see `guest_agent::agent::slots`); a forward it
+//!   answers `Busy` (several busy ports, `vm cp` beside them) is asked again for up to
+//!   [`FORWARD_BUSY_WAIT`] while the client waits;
 //! - the monitor: polls the agent's ServeStatus every [`POLL_INTERVAL`] and publishes
 //!   running/exit/output to the handle. The server has ended when the agent says its process
 //!   exited, or when the VM is gone; a `Busy` agent is a loaded one and is asked again, and
@@ -26,23 +30,27 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use guest_agent::client::ForwardStream;
 use guest_agent::protocol::{Command, ErrorKind, ExitStatus, ServeId, ServeRequest, ServeStatus};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use vm_drivers::MachineError;
 
 use crate::link::Link;
 use crate::publish::PublishSpec;
 
+mod forward;
+pub(crate) use forward::accept_loop;
+
 /// How often the monitor asks the agent about the process.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// Concurrent forwarded connections per published port (half the agent's data slots, so
-/// two busy ports fit beside each other; see the module docs for what waits and where).
-pub const MAX_CONNECTIONS: usize = 32;
+/// Concurrent forwarded connections per published port (see the module docs for what waits
+/// past it, and where). The agent takes 640 forwards in all, under the VM's vsock device cap.
+pub const MAX_CONNECTIONS: usize = 512;
+/// Each way's copy buffer of a forwarded connection.
+pub const COPY_BUFFER: usize = 8 * 1024;
 /// How long a forwarded connection waits for the agent to have a slot for it.
 pub const FORWARD_BUSY_WAIT: Duration = Duration::from_secs(30);
 /// How long the agent may fail to answer the monitor (other than `Busy`) before the server
@@ -369,68 +377,9 @@ async fn bind_all(publish: &[PublishSpec]) -> Result<Vec<(Published, TcpListener
     Ok(listeners)
 }
 
-/// Forwards every connection `listener` accepts to `guest_port` in the guest over vsock, at
-/// most [`MAX_CONNECTIONS`] at once, until aborted (also what [`crate::Guest::forward_from`]
-/// runs).
-pub(crate) async fn accept_loop(listener: TcpListener, machine: Link, guest_port: u16) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let busy = Arc::new(Throttle::default());
-    let mut conns = JoinSet::new(); // aborted (every connection) when this task is aborted
-    loop {
-        while conns.try_join_next().is_some() {}
-        // At the cap, nothing is accepted: the next clients wait in the listen backlog.
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let (mut tcp, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let (machine, busy) = (machine.clone(), busy.clone());
-        conns.spawn(async move {
-            let _permit = permit;
-            match forward_when_free(&machine, guest_port, &busy).await {
-                Ok(mut guest) => {
-                    if let Err(e) = tokio::io::copy_bidirectional(&mut tcp, &mut guest).await {
-                        tracing::debug!(%peer, error = %e, "forward ended");
-                    }
-                }
-                Err(e) => tracing::debug!(%peer, error = %e, "forward to guest refused"),
-            }
-        });
-    }
-}
-
 /// True for the agent's `Busy` answer.
 fn is_busy(e: &MachineError) -> bool {
     matches!(e, MachineError::Agent(c) if c.agent_kind() == Some(ErrorKind::Busy))
-}
-
-/// A Forward, asked again while the agent answers `Busy` (backing off, at most
-/// [`FORWARD_BUSY_WAIT`]): the client waits rather than losing its connection.
-async fn forward_when_free(
-    machine: &Link,
-    port: u16,
-    busy: &Throttle,
-) -> Result<ForwardStream, MachineError> {
-    let deadline = Instant::now() + FORWARD_BUSY_WAIT;
-    let mut delay = Duration::from_millis(20);
-    loop {
-        match machine.call(|c| c.forward(port)).await {
-            Err(e) if is_busy(&e) && Instant::now() + delay < deadline => {
-                if busy.ready() {
-                    tracing::warn!(port, "the guest agent is busy; forwarded connections wait");
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_millis(500));
-            }
-            r => return r,
-        }
-    }
 }
 
 /// At most one `true` per [`WARN_EVERY`].
@@ -528,6 +477,20 @@ mod tests {
             kind,
             message: "x".into(),
         })
+    }
+
+    /// A published port takes as many connections as the agent has forwards for; the agent's
+    /// authenticated connections fit under the vsock device's cap (the rest, which the agent
+    /// never answered, the device may push out), and its handshake pool never refuses what
+    /// the device lets through.
+    #[test]
+    fn a_full_port_fits_the_agent_and_the_device() {
+        use guest_agent::agent::{AgentOptions, slots::SlotLimits};
+        let (agent, device) = (SlotLimits::default(), vm_drivers::VSOCK_MAX_CONNECTIONS);
+        const { assert!(MAX_CONNECTIONS >= 500) };
+        assert!(MAX_CONNECTIONS <= agent.max_data_conns);
+        assert!(agent.max_conns < device, "{}", agent.max_conns);
+        assert!(AgentOptions::default().max_pending >= device);
     }
 
     /// 64 idle forwarded connections once made three status polls in a row `Busy`, and

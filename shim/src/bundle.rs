@@ -6,7 +6,8 @@
 //! tmpfs in the guest, the guest's own `/dev/shm`, see [`kubelet`]); `linux.resources.memory.limit` (→ guest
 //! memory), `cpu.quota`/`period` (→ vCPUs), `pids.limit`; `root.path` when containerd gives no
 //! rootfs mounts. Refused at create, naming the field: no network namespace (the host's
-//! network: a hostNetwork pod), any other bind mount without `ro`, a mount type the VM cannot provide,
+//! network: a hostNetwork pod), any other bind mount without `ro` (kubelet's files are known by
+//! their source, not their destination), a mount type the VM cannot provide,
 //! capabilities beyond the default set (privileged, `--cap-add`), host devices
 //! (`linux.devices`), hooks (host code the runtime would run). Everything else (seccomp,
 //! AppArmor, sysctls, rlimits, masked paths, the guest's own `/proc`, `/sys`, `/dev` mounts) is
@@ -71,8 +72,9 @@ pub struct ContainerSpec {
     pub files: Vec<GuestFile>,
     /// Guest tmpfs mounts (`emptyDir` volumes, `tmpfs` mounts).
     pub tmpfs: Vec<GuestTmpfs>,
-    /// Kubelet's host file behind a writable `/dev/termination-log` bind: the message is
-    /// written back into it when the init process ends (kubelet reads it there).
+    /// Kubelet's termination message file (a writable bind of its own): the message the
+    /// container writes at its destination is written back into it when the init process
+    /// ends (kubelet reads it there).
     pub termination_host: Option<kubelet::HostFile>,
     pub mem_mib: Option<i64>,
     pub vcpus: Option<i64>,
@@ -100,8 +102,9 @@ fn bad(field: &str, why: &str) -> ShimError {
     }
 }
 
-/// Reads `<bundle>/config.json` (bounded) and turns it into a [`ContainerSpec`].
-pub fn load(bundle: &Path) -> Result<ContainerSpec, ShimError> {
+/// Reads `<bundle>/config.json` (bounded) and turns it into a [`ContainerSpec`]; kubelet's
+/// files are taken only from below `kubelet_root` ([`kubelet::Owners`]).
+pub fn load(bundle: &Path, kubelet_root: &Path) -> Result<ContainerSpec, ShimError> {
     let path = bundle.join("config.json");
     let meta = std::fs::metadata(&path).map_err(ShimError::io(format!("{}", path.display())))?;
     if meta.len() > MAX_CONFIG_BYTES {
@@ -112,11 +115,15 @@ pub fn load(bundle: &Path) -> Result<ContainerSpec, ShimError> {
         what: "config.json",
         detail: e.to_string(),
     })?;
-    container(&doc, bundle)
+    container(&doc, bundle, kubelet_root)
 }
 
 /// The container described by `doc` (see the module docs for what is refused).
-pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError> {
+pub fn container(
+    doc: &Value,
+    bundle: &Path,
+    kubelet_root: &Path,
+) -> Result<ContainerSpec, ShimError> {
     refuse_hooks(doc)?;
     refuse_host_network(doc)?;
     let role = pod::role(doc)?;
@@ -133,7 +140,7 @@ pub fn container(doc: &Value, bundle: &Path) -> Result<ContainerSpec, ShimError>
         files,
         tmpfs,
         termination_host,
-    } = mounts(doc)?;
+    } = mounts(doc, &owners(doc, bundle, &role, kubelet_root))?;
     let res = &doc["linux"]["resources"];
     let mem_mib = match res["memory"]["limit"].as_i64() {
         Some(b) if b > 0 => Some((b + (1 << 20) - 1) >> 20),
@@ -294,11 +301,36 @@ pub struct GuestMounts {
     pub files: Vec<GuestFile>,
     /// `emptyDir` binds and `tmpfs` mounts: a tmpfs in the guest.
     pub tmpfs: Vec<GuestTmpfs>,
-    /// The host file of a writable `/dev/termination-log` bind.
+    /// Kubelet's termination message file, held open ([`kubelet::HostFile`]).
     pub termination_host: Option<kubelet::HostFile>,
 }
 
-fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
+/// The annotation naming the pod's UID (containerd's CRI sets it).
+pub const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+
+/// Where kubelet's and containerd's own files for this bundle's pod are ([`kubelet::Owners`]).
+fn owners<'a>(
+    doc: &'a Value,
+    bundle: &'a Path,
+    role: &'a pod::PodRole,
+    kubelet_root: &'a Path,
+) -> kubelet::Owners<'a> {
+    let sandbox_id = match role {
+        pod::PodRole::Alone => None,
+        pod::PodRole::Member { sandbox } => Some(sandbox.as_str()),
+        // The sandbox container's id is the pod's sandbox id (its bundle is named by it).
+        pod::PodRole::Sandbox => bundle.file_name().and_then(|n| n.to_str()),
+    };
+    kubelet::Owners {
+        kubelet_root,
+        pod_uid: doc["annotations"][SANDBOX_UID]
+            .as_str()
+            .filter(|u| !u.is_empty()),
+        sandbox_id,
+    }
+}
+
+fn mounts(doc: &Value, owners: &kubelet::Owners<'_>) -> Result<GuestMounts, ShimError> {
     let mut out = GuestMounts::default();
     let Some(list) = doc["mounts"].as_array() else {
         return Ok(out);
@@ -332,18 +364,31 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
         if kubelet::is_sandbox_shm(source, dest) {
             // The CRI's pod shm: `rw` in every container, `ro` in the pod's sandbox container.
             continue;
-        } else if kubelet::KUBELET_FILES.contains(&dest) {
-            // `rw` in every container; `ro` in the pod's sandbox container (the CRI's
-            // `/etc/resolv.conf`), where a disk would shadow the guest's `/etc`: a copy too,
-            // without write permission.
-            let (data, mode, host) = kubelet::read_host_file(&named, source)?;
-            if dest == kubelet::TERMINATION_LOG && !read_only {
-                out.termination_host = Some(host);
+        }
+        // Kubelet's and the CRI's own files, known by their source (whatever the
+        // destination): copied in, writable. A read-only bind at one of kubelet's destinations
+        // (the CRI sandbox container's `/etc/resolv.conf`) is copied too, without write bits,
+        // where a disk would shadow the guest's `/etc`.
+        let origin = kubelet::origin(source, owners);
+        if origin.is_some() || (read_only && kubelet::KUBELET_FILES.contains(&dest)) {
+            check_guest_path(&named, "file", dest)?;
+            let read = kubelet::read_host_file(
+                &named,
+                source,
+                dest,
+                origin.as_ref().map(|o| (o, owners)),
+            )?;
+            if !read_only && read.termination.is_some() {
+                out.termination_host = read.termination;
             }
             out.files.push(GuestFile {
                 dest: dest.to_string(),
-                data,
-                mode: if read_only { mode & !0o222 } else { mode },
+                data: read.data,
+                mode: if read_only {
+                    read.mode & !0o222
+                } else {
+                    read.mode
+                },
             });
         } else if read_only {
             out.disks.push(Mount::read_only(source, dest));
@@ -360,6 +405,18 @@ fn mounts(doc: &Value) -> Result<GuestMounts, ShimError> {
     Ok(out)
 }
 
+/// Refuses a guest path the agent could not place a `what` (file, tmpfs) at: relative, `/`,
+/// or holding `..`.
+fn check_guest_path(named: &str, what: &str, dest: &str) -> Result<(), ShimError> {
+    if !dest.starts_with('/') || dest == "/" || dest.split('/').any(|c| c == "..") {
+        return Err(refused(
+            named,
+            format!("a {what} destination must be an absolute path below / without .."),
+        ));
+    }
+    Ok(())
+}
+
 /// A guest tmpfs at `dest` (absolute, without `..`: the agent mounts it there).
 fn guest_tmpfs(
     named: &str,
@@ -367,12 +424,7 @@ fn guest_tmpfs(
     options: &[String],
     shared_as: Option<&str>,
 ) -> Result<GuestTmpfs, ShimError> {
-    if !dest.starts_with('/') || dest == "/" || dest.split('/').any(|c| c == "..") {
-        return Err(refused(
-            named,
-            "a tmpfs destination must be an absolute path below / without ..",
-        ));
-    }
+    check_guest_path(named, "tmpfs", dest)?;
     Ok(GuestTmpfs {
         dest: dest.to_string(),
         size_bytes: kubelet::tmpfs_size(options),

@@ -108,8 +108,9 @@ pub struct Container {
     cwd: String,
     execs: Mutex<HashMap<String, Arc<Process>>>,
     host: HostState,
-    /// Kubelet gave a `/dev/termination-log`: read it back when the init process ends.
-    termination_log: bool,
+    /// The guest path of the termination message (kubelet's file's destination, or a
+    /// `/dev/termination-log` copied in): read back when the init process ends.
+    termination_log: Option<String>,
     /// Kubelet's host file for it: the message is written back there (kubelet reads it).
     termination_host: Option<kubelet::HostFile>,
     /// What was read back (its last 4 KiB), kept for the CRI to report.
@@ -278,8 +279,8 @@ fn pod_of(pods: &PodTable, sandbox: &str) -> Result<Arc<Pod>, ShimError> {
 
 impl Container {
     pub async fn create(req: CreateRequest) -> Result<Container, ShimError> {
-        let spec = bundle::load(&req.bundle)?;
         let config = req.config.clone();
+        let spec = bundle::load(&req.bundle, &config.kubelet_root())?;
         let cache = match &config.snapshot_cache {
             Some(d) => SnapshotRoots::new(d),
             None => {
@@ -383,9 +384,15 @@ impl Container {
             execs: Mutex::new(HashMap::new()),
             host,
             termination_log: spec
-                .files
-                .iter()
-                .any(|f| f.dest == kubelet::TERMINATION_LOG),
+                .termination_host
+                .as_ref()
+                .map(|h| h.dest.clone())
+                .or_else(|| {
+                    spec.files
+                        .iter()
+                        .any(|f| f.dest == kubelet::TERMINATION_LOG)
+                        .then(|| kubelet::TERMINATION_LOG.to_string())
+                }),
             termination_host: spec.termination_host.clone(),
             termination: Mutex::new(None),
             torn_down: Default::default(),
@@ -407,13 +414,13 @@ impl Container {
         lock(&self.termination).clone()
     }
 
-    /// Reads the last 4 KiB of the guest's `/dev/termination-log` (bounded in size and
-    /// time) into [`Container::termination_message`]; an empty log is no message.
-    async fn read_termination_log(&self) {
+    /// Reads the last 4 KiB of the guest's termination log `log` (bounded in size and time)
+    /// into [`Container::termination_message`]; an empty log is no message.
+    async fn read_termination_log(&self, log: &str) {
         let mut tail = TerminationTail::default();
         let path = match &self.place {
-            Place::Member { member, .. } => member.path(kubelet::TERMINATION_LOG),
-            Place::Own | Place::Sandbox { .. } => kubelet::TERMINATION_LOG.to_string(),
+            Place::Member { member, .. } => member.path(log),
+            Place::Own | Place::Sandbox { .. } => log.to_string(),
         };
         let read = self
             .vm
@@ -487,8 +494,10 @@ impl Container {
         for p in lock(&self.execs).values() {
             p.kill();
         }
-        if self.termination_log && !self.torn_down.load(std::sync::atomic::Ordering::SeqCst) {
-            self.read_termination_log().await;
+        if let Some(log) = &self.termination_log
+            && !self.torn_down.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.read_termination_log(log).await;
         }
         if !matches!(self.place, Place::Member { .. }) {
             self.vm.close().await;

@@ -25,6 +25,8 @@ pub const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
 pub const CONFIG_PATH_ENV: &str = "VM_SHIM_CONFIG_PATH";
 /// Where the VMs' run directories go unless the config says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/run/containerd-shim-vm";
+/// Kubelet's root directory unless the config says otherwise.
+pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
 /// Guest memory when the bundle sets no memory limit.
 pub const DEFAULT_MEMORY_MIB: i64 = 256;
 
@@ -58,6 +60,11 @@ pub struct ShimConfig {
     /// is torn down and the container exits 137. Default: none.
     #[serde(default)]
     pub wall_seconds: Option<u64>,
+    /// Kubelet's root directory (its `--root-dir`): a writable bind is copied into the guest
+    /// only when it is one of kubelet's own files below `pods/` there. Default
+    /// [`DEFAULT_KUBELET_ROOT`].
+    #[serde(default)]
+    pub kubelet_root: Option<PathBuf>,
 }
 
 fn untrusted() -> Trust {
@@ -75,6 +82,7 @@ impl Default for ShimConfig {
             default_memory_mib: None,
             env_allow: Vec::new(),
             wall_seconds: None,
+            kubelet_root: None,
         }
     }
 }
@@ -92,6 +100,12 @@ impl ShimConfig {
         self.run_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+    }
+
+    pub fn kubelet_root(&self) -> PathBuf {
+        self.kubelet_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT))
     }
 
     pub fn default_memory_mib(&self) -> i64 {
@@ -128,6 +142,7 @@ impl ShimConfig {
             ("images_dir", &self.images_dir),
             ("run_dir", &self.run_dir),
             ("snapshot_cache", &self.snapshot_cache),
+            ("kubelet_root", &self.kubelet_root),
         ] {
             if let Some(dir) = dir
                 && let Some(why) = dir_problem(dir)

@@ -98,7 +98,10 @@ impl PodDisks {
         self.dir.join(format!("disk{i}.img"))
     }
 
-    /// Copies `image` into a free disk and returns its number (blocking).
+    /// Copies `image` into a free disk and returns its number (blocking). The disk holds
+    /// nothing else afterwards: what an earlier member left past the image's end is cut off
+    /// (truncated to the image, then sparse again to the disk's size), so a container never
+    /// reads another's bytes past its own image.
     fn fill(&self, image: &Path) -> Result<usize, ShimError> {
         let mut src =
             std::fs::File::open(image).map_err(ShimError::io(format!("{}", image.display())))?;
@@ -126,6 +129,8 @@ impl PodDisks {
             .and_then(|mut dst| {
                 dst.rewind()?;
                 std::io::copy(&mut src, &mut dst)?;
+                dst.set_len(len)?;
+                dst.set_len(DISK_BYTES)?;
                 dst.flush()
             });
         match copied {
@@ -480,6 +485,33 @@ mod tests {
         assert!(e.contains("6 disks are all in use"), "{e}");
         disks.give_back(&[4]);
         assert_eq!(disks.fill(&image).unwrap(), 4);
+    }
+
+    /// Issue 39: a reused disk keeps nothing of the member before, past the new image's end.
+    #[test]
+    fn a_reused_disk_holds_only_the_new_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let (disks, mounts) = PodDisks::create(&dir.path().join("pod"), 1).unwrap();
+        let long = dir.path().join("long.erofs");
+        std::fs::write(&long, vec![b'S'; 1 << 20]).unwrap();
+        assert_eq!(disks.fill(&long).unwrap(), 0);
+        disks.give_back(&[0]);
+        let short = dir.path().join("short.erofs");
+        std::fs::write(&short, b"new image").unwrap();
+        assert_eq!(disks.fill(&short).unwrap(), 0);
+        let mut all = Vec::new();
+        std::fs::File::open(&mounts[0].host_path)
+            .unwrap()
+            .take(2 << 20)
+            .read_to_end(&mut all)
+            .unwrap();
+        assert_eq!(&all[..9], b"new image");
+        assert!(
+            all[9..].iter().all(|b| *b == 0),
+            "the earlier member's bytes are gone"
+        );
+        let meta = std::fs::metadata(&mounts[0].host_path).unwrap();
+        assert_eq!(meta.len(), DISK_BYTES);
     }
 
     #[test]

@@ -362,10 +362,38 @@ fn privileged_host_network_and_writable_host_path_are_refused_naming_the_field()
     );
     assert_eq!(common::entries(&data), Vec::<String>::new());
 
-    for id in [&privileged, &host_path] {
+    // Issue 39: a writable hostPath of a host file at kubelet's `/dev/termination-log` (a pod
+    // may mount a volume there) is a hostPath like any other: refused, never written. Before,
+    // the root shim copied it in and wrote the container's bytes back into the host file.
+    let victim = dir.join("authorized_keys");
+    std::fs::write(&victim, b"ssh-ed25519 AAAA admin\n").expect("the host file");
+    let config = container_config(
+        "tl",
+        IMAGE,
+        &["sh", "-c", "echo X > /dev/termination-log"],
+        vec![rw_mount(&victim, "/dev/termination-log")],
+    );
+    let term_path = cri
+        .create(&pod, &config, &pod_cfg)
+        .expect("CreateContainer");
+    let err = refused_at_start(&cd, &mut cri, &term_path);
+    eprintln!("    hostPath at /dev/termination-log: {err}");
+    assert!(
+        err.contains(&format!(
+            "(/dev/termination-log): writable host bind mount of {}",
+            victim.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&victim).expect("the host file"),
+        b"ssh-ed25519 AAAA admin\n"
+    );
+
+    for id in [&privileged, &host_path, &term_path] {
         cri.remove(id).expect("RemoveContainer");
     }
-    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &[&privileged, &host_path]);
+    remove_pod_leaves_nothing(&cd, &mut cri, &pod, &[&privileged, &host_path, &term_path]);
 }
 
 /// A pod of two containers in one VM: a busybox httpd on 8080 and a client that fetches

@@ -33,6 +33,8 @@ fn etc_hosts_is_a_writable_copy_and_the_host_file_is_untouched() {
     let hosts = pod_path(&cd, "etc-hosts");
     let original = b"# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.0.0.5\tweb-0\n";
     std::fs::write(&hosts, original).unwrap();
+    // containerd's CRI gives resolv.conf from the pod's sandbox directory; read-only here
+    // (no CRI annotations name a sandbox), as the CRI's sandbox container has it.
     let resolv = pod_path(&cd, "resolv.conf");
     std::fs::write(&resolv, b"nameserver 10.96.0.10\n").unwrap();
     let before = std::fs::metadata(&hosts).unwrap().modified().unwrap();
@@ -42,7 +44,10 @@ fn etc_hosts_is_a_writable_copy_and_the_host_file_is_untouched() {
             "--mount",
             &rw_bind(&hosts, "/etc/hosts"),
             "--mount",
-            &rw_bind(&resolv, "/etc/resolv.conf"),
+            &format!(
+                "type=bind,src={},dst=/etc/resolv.conf,options=rbind:ro",
+                resolv.display()
+            ),
         ],
         "hosts",
         &[
@@ -82,6 +87,51 @@ fn etc_hosts_is_a_writable_copy_and_the_host_file_is_untouched() {
     assert!(
         out.stderr.contains("refused: mounts[")
             && out.stderr.contains("(/data): writable host bind mount of"),
+        "{out:?}"
+    );
+}
+
+/// Issue 39, as it was found: a writable bind of a host file that is not kubelet's, at
+/// kubelet's destinations (`ctr run --mount type=bind,src=HOSTFILE,dst=/dev/termination-log,
+/// options=rbind:rw … sh -c 'echo X > /dev/termination-log'`): the root shim used to write the
+/// guest's bytes into it when the container ended. Now refused at create naming the mount, and
+/// the host file keeps its bytes. A kubelet file that is a symlink to a secret is refused too,
+/// never read as root.
+#[test]
+fn a_host_file_at_kubelets_destinations_is_refused_and_never_written() {
+    preflight!("a_host_file_at_kubelets_destinations_is_refused_and_never_written");
+    let cd = Containerd::start();
+    let victim = cd.dir.path().join("authorized_keys");
+    let original = b"ssh-ed25519 AAAAC3Nza admin@node\n";
+    std::fs::write(&victim, original).unwrap();
+    for (i, dest) in ["/dev/termination-log", "/etc/hostname"].iter().enumerate() {
+        let out = cd.run(
+            &["--rm", "--mount", &rw_bind(&victim, dest)],
+            &format!("hostfile-{i}"),
+            &["sh", "-c", &format!("echo X > {dest}")],
+        );
+        assert_ne!(out.code, 0, "{out:?}\n{}", cd.log());
+        assert!(
+            out.stderr.contains(&format!(
+                "({dest}): writable host bind mount of {}",
+                victim.display()
+            )),
+            "{out:?}"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), original, "{dest}");
+    }
+    let secret = cd.dir.path().join("shadow");
+    std::fs::write(&secret, b"root:$6$secret:19000::::::\n").unwrap();
+    let hosts = pod_path(&cd, "etc-hosts");
+    std::os::unix::fs::symlink(&secret, &hosts).unwrap();
+    let out = cd.run(
+        &["--rm", "--mount", &rw_bind(&hosts, "/etc/hosts")],
+        "hosts-link",
+        &["cat", "/etc/hosts"],
+    );
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("is or passes through a symlink") && !out.stdout.contains("secret"),
         "{out:?}"
     );
 }

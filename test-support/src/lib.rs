@@ -31,6 +31,7 @@ use std::io::Write;
 
 pub mod capture;
 pub mod data;
+pub mod guest_tool;
 pub mod hybrid;
 pub mod procfs;
 

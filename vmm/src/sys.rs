@@ -77,6 +77,16 @@ pub fn connect_unix_nonblocking(path: &Path) -> io::Result<UnixStream> {
     Ok(UnixStream::from(fd))
 }
 
+/// Whether bytes wait unread in the socket `s` (a peek of one byte, never blocking; an error
+/// or end of file is false).
+pub fn has_unread(s: &UnixStream) -> bool {
+    let mut b = 0u8;
+    let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
+    // SAFETY: recv(2) writes at most one byte into `b`, which outlives the call; `s` is open.
+    let n = unsafe { libc::recv(s.as_raw_fd(), (&raw mut b).cast(), 1, flags) };
+    n > 0
+}
+
 /// Waits up to `timeout` (capped at `i32::MAX` ms) for `fd` to become readable; false on
 /// timeout or error.
 pub fn wait_readable(fd: &impl AsRawFd, timeout: std::time::Duration) -> bool {

@@ -34,6 +34,8 @@ fn guest_path(name: &str, path: &str) -> anyhow::Result<String> {
 /// `vm cp SRC DST`.
 pub async fn run(a: CpArgs) -> anyhow::Result<u8> {
     let rt = Runtime::from_env()?;
+    // `vm cp` starts nothing: only the agent's socket and the host file.
+    vm_sandbox::sys::confine_reader()?;
     match (guest_ref(&a.src), guest_ref(&a.dst)) {
         (None, Some((name, path))) => {
             let name = guest_path(name, path)?;

@@ -77,6 +77,7 @@ async fn restore_and_exec(a: ExecArgs, from: String) -> anyhow::Result<u8> {
             return Ok(exit::INTERRUPTED);
         }
     };
+    crate::cmd::confine_reader(&vm).await?;
     let run = Run {
         command: Command::Argv(a.command.clone()),
         cwd: a.cmd.workdir.clone(),
@@ -135,6 +136,8 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     mode(&a).terminal()?;
     let mut signals = Signals::install()?;
     let rt = Runtime::from_env()?;
+    // From here on this process starts nothing: only sockets, its records and the guest.
+    vm_sandbox::sys::confine_reader()?;
     let vm = NamedVm::attach(&rt, &name)?;
     let run = Run {
         command: Command::Argv(a.command.clone()),
@@ -191,6 +194,7 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         }
     };
     tracing::info!(driver = vm.driver(), containment = %vm.containment(), "VM booted");
+    crate::cmd::confine_reader(&vm).await?;
     let run = Run {
         command: Command::Argv(a.command.clone()),
         cwd: a.cmd.workdir.clone(),

@@ -71,36 +71,65 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
 
     let rt = Runtime::from_env()?;
     let request = StartRequest {
-        spec: spec.clone(),
+        spec,
         trust,
         policy,
         driver: a.vm.driver.clone(),
         workdir: a.cmd.workdir.clone(),
         from,
     };
-    let record = Record::starting(
-        &a.name,
-        &spec.guarantees.limits,
-        trust,
-        serde_json::to_value(&request)?,
+    match start_detached(&rt, &a.name, &request, &[], signals.recv()).await? {
+        Started::Running => {
+            outln!("{}", a.name);
+            Ok(exit::OK)
+        }
+        Started::Interrupted => Ok(exit::INTERRUPTED),
+    }
+}
+
+/// How [`start_detached`] ended without an error.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Started {
+    /// The VM runs, held by its supervisor.
+    Running,
+    /// `interrupted` resolved first: what was started is stopped and its record removed.
+    Interrupted,
+}
+
+/// Starts the named VM `name` as `vm run -d` does: its record (with `labels` added to the base
+/// ones), then its detached supervisor, and waits until the VM runs. A boot the supervisor saw
+/// fail keeps its record (state exited, the error, the guest's last console lines) for
+/// `vm logs --console NAME`, until `vm rm NAME`, as docker keeps a container that failed to
+/// start; nothing else of a VM that never started is left behind. Prints nothing (`vm mcp`
+/// speaks MCP on stdout).
+pub async fn start_detached(
+    rt: &Runtime,
+    name: &str,
+    request: &StartRequest,
+    labels: &[(&str, &str)],
+    interrupted: impl Future<Output = &'static str>,
+) -> anyhow::Result<Started> {
+    let mut record = Record::starting(
+        name,
+        &request.spec.guarantees.limits,
+        request.trust,
+        serde_json::to_value(request)?,
     );
+    for (k, v) in labels {
+        record.labels.insert(k.to_string(), v.to_string());
+    }
     let dir = rt.create(&record)?;
-    match start(&rt, &a.name, &dir, &mut signals).await {
-        Ok(code) => Ok(code),
+    match start(rt, name, &dir, interrupted).await {
+        Ok(started) => Ok(started),
         Err(e) => {
-            // A boot the supervisor saw fail keeps its record (state exited, the error, the
-            // guest's last console lines) for `vm ps -a`-style inspection with `vm logs
-            // --console NAME`, until `vm rm NAME`, as docker keeps a container that failed to
-            // start. Nothing else of a VM that never started is left behind.
             let recorded = rt
-                .load(&a.name)
+                .load(name)
                 .is_ok_and(|r| r.state == VmState::Exited && r.exit_reason.is_some());
             if recorded {
                 errln!(
-                    "vm: {} did not start; `vm logs --console {0}` shows its console, `vm rm {0}` removes it",
-                    a.name
+                    "vm: {name} did not start; `vm logs --console {name}` shows its console, `vm rm {name}` removes it"
                 );
-            } else if let Err(rm) = rt.remove(&a.name) {
+            } else if let Err(rm) = rt.remove(name) {
                 tracing::warn!("removing {}: {rm}", dir.display());
             }
             Err(e)
@@ -113,8 +142,9 @@ async fn start(
     rt: &Runtime,
     name: &str,
     dir: &std::path::Path,
-    signals: &mut Signals,
-) -> anyhow::Result<u8> {
+    interrupted: impl Future<Output = &'static str>,
+) -> anyhow::Result<Started> {
+    let mut interrupted = std::pin::pin!(interrupted);
     let log_path = dir.join(SUPERVISOR_LOG);
     let log = std::fs::OpenOptions::new()
         .write(true)
@@ -135,10 +165,7 @@ async fn start(
     loop {
         let record = rt.load(name)?;
         match record.state {
-            VmState::Running | VmState::Paused => {
-                outln!("{name}");
-                return Ok(exit::OK);
-            }
+            VmState::Running | VmState::Paused => return Ok(Started::Running),
             VmState::Exited | VmState::Stopping => {
                 let _ = child.wait();
                 let reason = record.exit_reason.unwrap_or_else(|| tail(&log_path, 3));
@@ -158,14 +185,14 @@ async fn start(
             )));
         }
         tokio::select! {
-            sig = signals.recv() => {
+            sig = &mut interrupted => {
                 tracing::info!("{sig}: stopping the VM being started");
                 terminate(&mut child, Duration::from_secs(10)).await;
                 if let Ok(record) = rt.load(name) {
                     crate::state::kill_leftovers(&record);
                 }
                 rt.remove(name)?;
-                return Ok(exit::INTERRUPTED);
+                return Ok(Started::Interrupted);
             }
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }

@@ -182,6 +182,7 @@ impl Session<'_> {
                 return Ok((exit::INTERRUPTED, format!("{sig} while booting")));
             }
         };
+        crate::cmd::confine_reader(&vm).await?;
         let argv = self.args.command.clone();
         let serving = match &served {
             Some(served) => vm.attach_served(served, &publish).await,

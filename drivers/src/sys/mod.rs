@@ -8,10 +8,32 @@
 
 pub mod term;
 
+/// Confines this whole process as a reader of agent frames that starts nothing more:
+/// `no_new_privs`, then `vm_jail::seccomp::client`'s filter on every thread (no program
+/// executed, no process forked, no change of identity, namespace or mounts; a call outside
+/// its list ends the process with `SIGSYS`). Call it once every process this one will ever
+/// start is started (the VM's), before more of the guest is read.
+pub fn confine_reader() -> Result<(), vm_jail::seccomp::SeccompError> {
+    vm_jail::seccomp::client::apply_to_process()
+}
+
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 use std::process::ExitStatus;
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit (as the Go runtime does at
+/// start) and returns the soft limit in force: a process that forwards hundreds of
+/// connections holds two descriptors for each, past the usual soft default of 1024.
+pub fn raise_nofile() -> io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+        return Ok(hard);
+    }
+    Ok(soft)
+}
 
 /// The signals the host side sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

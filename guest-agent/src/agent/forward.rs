@@ -13,6 +13,14 @@
 //!   read-to-EOF client (HTTP/1.0, `Connection: close`) would hang. A full close sends
 //!   RCV|SEND, which the backend turns into EOF on the host socket.
 //!
+//! # Memory, per forward
+//! Two copy buffers of 8 KiB (one each way) in the agent, and the TCP connection's socket
+//! buffers fixed at [`TCP_BUFFER`] each way (the kernel doubles it for its bookkeeping), so a
+//! guest server that stops reading, or a host that stops taking its answer, holds at most
+//! that in the agent's socket instead of what TCP autotuning would grow to (megabytes a
+//! connection); the vsock side is bounded by the guest kernel's vsock buffer, whose credit the
+//! vsock device keeps to. An idle forward is a task waiting on two sockets: no timer, no CPU.
+//!
 //! # Trade-offs
 //! - A guest peer that only half-closes (shuts down its write side but still wants to read)
 //!   loses whatever the host sends afterwards: guest-side half close is treated as a full
@@ -24,18 +32,32 @@
 //!   everything followed by EOF. Our own KVM vsock device does not need this workaround, but
 //!   the agent cannot tell which backend it is behind.
 
+use std::net::{Ipv4Addr, SocketAddr};
+
 use tokio::io::{AsyncWriteExt, split};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use super::conn::{send, send_error};
 use super::{Agent, Stream};
 use crate::frame::FrameError;
 use crate::protocol::{AgentFrame, ErrorKind};
 
+/// The agent's send and receive buffer of a forward's TCP connection (see the module docs).
+pub const TCP_BUFFER: u32 = 64 * 1024;
+
+/// Connects to `127.0.0.1:port` with [`TCP_BUFFER`]-sized socket buffers.
+async fn connect(port: u16) -> std::io::Result<TcpStream> {
+    let s = TcpSocket::new_v4()?;
+    s.set_send_buffer_size(TCP_BUFFER)?;
+    s.set_recv_buffer_size(TCP_BUFFER)?;
+    s.connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+        .await
+}
+
 /// Handle a `Forward{port}` request: connect, answer `ForwardOk`, splice until done.
 pub(super) async fn run<S: Stream>(agent: &Agent, mut s: S, port: u16) -> Result<(), FrameError> {
     let t = agent.io_timeout();
-    let tcp = match tokio::time::timeout(t, TcpStream::connect(("127.0.0.1", port))).await {
+    let tcp = match tokio::time::timeout(t, connect(port)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             let msg = format!("connect 127.0.0.1:{port}: {e}");

@@ -5,8 +5,9 @@
 //!    closed at `accept` (the guest kernel has no vsock loopback either, so guest code cannot
 //!    even reach the listener — this is the second line).
 //! 2. **Pending pool**: a connection that has not yet authenticated holds one of `max_pending`
-//!    handshake slots, for at most `auth_timeout`; when they are all taken a new connection is
-//!    closed at once. Slots for authenticated work are never taken by unauthenticated peers.
+//!    handshake places ([`super::pending`]), for at most `auth_timeout`; when they are all
+//!    taken the oldest is closed to make room for the new one. Slots for authenticated work
+//!    are never taken by unauthenticated peers.
 //! 3. **Token**: the first frame must be a small `Hello` carrying the per-boot token
 //!    ([`crate::token`]); a wrong token, an oversized or malformed first frame, or silence until
 //!    the deadline closes the connection without a reply.

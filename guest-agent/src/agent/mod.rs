@@ -3,8 +3,8 @@
 //! [`Agent::new`] must be called inside a tokio runtime (it starts the reaper). The same
 //! [`Agent`] serves a vsock listener ([`Agent::serve_vsock`], in a guest) or a Unix listener
 //! ([`Agent::serve_unix`], host tests). A connection first passes the gates in [`guard`] (host
-//! peer, a bounded pool of pending handshakes, the per-boot token in `Hello` within
-//! `auth_timeout`); authenticated connections then take slots by what their request is for
+//! peer, a bounded pool of pending handshakes where a newcomer pushes out the oldest
+//! ([`pending`]), the per-boot token in `Hello` within `auth_timeout`); authenticated connections then take slots by what their request is for
 //! ([`slots`]: forwards and file streams can never take the slots kept for execs and control
 //! requests), and one that finds none gets a `Busy` error and is closed; each later step
 //! must arrive within `io_timeout`.
@@ -21,6 +21,7 @@ mod forward;
 pub mod guard;
 pub mod imageroot;
 mod interactive;
+pub mod pending;
 pub mod pid1;
 mod podroot;
 pub mod process;
@@ -41,10 +42,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 
 use bounded::BoundedWrites;
 use cgroup::{CgroupLimits, Cgroups};
+use pending::PendingPool;
 use reaper::Reaper;
 use serve::Serves;
 use slots::{SlotLimits, Slots};
@@ -52,6 +54,11 @@ use slots::{SlotLimits, Slots};
 use crate::protocol::{AgentInfo, ErrorKind};
 use crate::token::AgentToken;
 use guard::RefusalLog;
+
+/// The vsock listener's accept backlog (the crate binds with 128). A burst of host connections
+/// larger than the backlog is reset by the guest kernel before the agent sees it (the host
+/// client reads no `OK`), and each reset connection comes back at once if a flood reopens it.
+pub const LISTEN_BACKLOG: i32 = 1024;
 
 /// A connection the agent can serve.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
@@ -94,7 +101,8 @@ pub struct AgentOptions {
     /// The per-boot token every `Hello` must carry. `None` only for the host test server
     /// (`vm-agent --unix` without `--token-file`); PID 1 refuses to start without one.
     pub token: Option<AgentToken>,
-    /// Connections allowed to be in their handshake at once (see [`guard`]).
+    /// Connections allowed to be in their handshake at once; past it the oldest is dropped
+    /// ([`pending`]).
     pub max_pending: usize,
     /// Time a new connection has to present a valid `Hello`.
     pub auth_timeout: Duration,
@@ -116,7 +124,7 @@ impl Default for AgentOptions {
             slots: SlotLimits::default(),
             max_serves: 16,
             token: None,
-            max_pending: 16,
+            max_pending: 1024,
             auth_timeout: Duration::from_secs(5),
             generation_dir: None,
         }
@@ -134,7 +142,7 @@ pub struct Agent {
     next_id: AtomicU64,
     shutdown: Notify,
     slots: Slots,
-    pending: Arc<Semaphore>,
+    pending: Arc<PendingPool>,
     refusals: RefusalLog,
     /// The token every `Hello` must carry: `opts.token` at start, replaced by `Resume`.
     token: std::sync::RwLock<Option<AgentToken>>,
@@ -157,7 +165,7 @@ impl Agent {
             None => None,
         };
         let slots = Slots::new(opts.slots);
-        let pending = Arc::new(Semaphore::new(opts.max_pending));
+        let pending = PendingPool::new(opts.max_pending);
         let token = std::sync::RwLock::new(opts.token.clone());
         Ok(Arc::new(Agent {
             token,
@@ -254,15 +262,21 @@ impl Agent {
     /// Every write on the connection goes through [`BoundedWrites`] (at most 16 KiB per
     /// `write(2)`: see [`bounded`] for the guest-kernel/vsock-backend interplay this avoids).
     pub fn spawn_conn<S: Stream>(self: &Arc<Self>, s: S) {
-        let Ok(pending) = self.pending.clone().try_acquire_owned() else {
+        let (mut pending, evicted) = self.pending.enter();
+        if evicted {
             self.refusals
-                .refuse("too many connections in their handshake");
-            return;
-        };
+                .refuse("handshake pool full: its oldest connection was dropped");
+        }
         let mut s = BoundedWrites::new(s);
         let agent = self.clone();
         tokio::spawn(async move {
-            if let Err(why) = conn::authenticate(&agent, &mut s).await {
+            // Biased: a `Hello` already read wins over a later eviction.
+            let authenticated = tokio::select! {
+                biased;
+                r = conn::authenticate(&agent, &mut s) => r,
+                () = pending.evicted() => return,
+            };
+            if let Err(why) = authenticated {
                 agent.refusals.refuse(why);
                 return;
             }
@@ -284,7 +298,10 @@ impl Agent {
             tokio::select! {
                 _ = self.shutdown.notified() => return,
                 r = l.accept() => match r {
-                    Ok((s, _)) => self.spawn_conn(s),
+                    Ok((s, _)) => {
+                        self.spawn_conn(s);
+                        tokio::task::yield_now().await;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -294,10 +311,13 @@ impl Agent {
         }
     }
 
-    /// Bind the vsock listener on `port` (any CID).
+    /// Bind the vsock listener on `port` (any CID), with an accept backlog of
+    /// [`LISTEN_BACKLOG`].
     pub fn bind_vsock(port: u32) -> Result<tokio_vsock::VsockListener, AgentError> {
         let addr = tokio_vsock::VsockAddr::new(tokio_vsock::VMADDR_CID_ANY, port);
-        tokio_vsock::VsockListener::bind(addr).map_err(AgentError::Listen)
+        let l = tokio_vsock::VsockListener::bind(addr).map_err(AgentError::Listen)?;
+        sys::net::set_backlog(l.as_fd(), LISTEN_BACKLOG).map_err(AgentError::Listen)?;
+        Ok(l)
     }
 
     /// Accept on a vsock listener until `Shutdown` is requested.
@@ -306,7 +326,13 @@ impl Agent {
             tokio::select! {
                 _ = self.shutdown.notified() => return,
                 r = l.accept() => match r {
-                    Ok((s, peer)) if guard::host_peer(peer.cid()) => self.spawn_conn(s),
+                    Ok((s, peer)) if guard::host_peer(peer.cid()) => {
+                        self.spawn_conn(s);
+                        // One connection accepted, then every task that is ready runs: a
+                        // flood of new connections cannot starve those already made (the
+                        // runtime has one thread; its own budget yields only every 128).
+                        tokio::task::yield_now().await;
+                    }
                     Ok((s, _)) => {
                         drop(s);
                         self.refusals.refuse("peer is not the host (CID 2)");

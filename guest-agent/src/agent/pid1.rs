@@ -200,6 +200,23 @@ pub fn protect_from_oom() -> Result<(), Pid1Error> {
     })
 }
 
+/// Descriptors the agent and every command it starts may hold (soft and hard limit). The
+/// kernel's default for PID 1 (1024) is less than the agent's own connections need: each
+/// forward holds two (its vsock and its TCP connection), and a host may keep 640 open
+/// (`slots`); a server in the guest taking hundreds of connections needs as many. Descriptors
+/// cost kernel memory only when used, and that of a command is charged to its cgroup.
+pub const NOFILE: u64 = 65536;
+
+/// Raises `RLIMIT_NOFILE` to [`NOFILE`] (children inherit it); where the hard limit cannot be
+/// raised (the host test agent, unprivileged), the soft limit to the hard one.
+pub fn raise_nofile() -> Result<(), Pid1Error> {
+    if sys::proc::set_nofile(NOFILE, NOFILE).is_ok() {
+        return Ok(());
+    }
+    let (_, hard) = sys::proc::nofile().map_err(op("getrlimit(RLIMIT_NOFILE)"))?;
+    sys::proc::set_nofile(hard, hard).map_err(op("setrlimit(RLIMIT_NOFILE)"))
+}
+
 /// Capabilities no command the agent runs may hold: reading another process's memory
 /// (`/proc/1/mem`, `process_vm_readv`, `/proc/1/fd`) and raw device/port access.
 const DROPPED_CAPS: [(libc::c_ulong, &str); 2] = [(19, "CAP_SYS_PTRACE"), (17, "CAP_SYS_RAWIO")];

@@ -14,6 +14,14 @@
 //!
 //! A request whose class has no room left gets `Busy` (after `HelloOk`, as the reply to its
 //! request: older clients already read an `Error` there). Nothing on the wire changes.
+//!
+//! Sized for real servers: [`SlotLimits::default`] takes 640 forwards and file streams (a
+//! host publishes at most 512 connections a port, `vm_sandbox::serving::MAX_CONNECTIONS`),
+//! 792 commands and streams together, 800 connections in all: under the vsock device's cap
+//! of 1023 a VM (`vmm::virtio::vsock::muxer::MAX_CONNECTIONS`). Every other connection the
+//! device holds is one the agent has not answered (not yet authenticated), which the device
+//! pushes out for a newcomer at its cap, so a control request always finds both a device
+//! connection and an agent slot, however many forwards are open.
 
 use std::sync::Arc;
 
@@ -72,9 +80,9 @@ pub struct SlotLimits {
 impl Default for SlotLimits {
     fn default() -> Self {
         SlotLimits {
-            max_conns: 96,
+            max_conns: 800,
             control_reserve: 8,
-            max_data_conns: 64,
+            max_data_conns: 640,
         }
     }
 }

@@ -8,12 +8,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
 mod dirs;
 mod files;
+mod hybrid;
 mod interactive;
 mod ready;
 mod resume;
@@ -24,7 +24,7 @@ pub use ready::{READY_ATTEMPT, READY_RETRY_MAX};
 pub use stream::{ExecEvent, ExecStream};
 
 use crate::PROTOCOL_VERSION;
-use crate::frame::{FrameError, read_frame, write_frame};
+use crate::frame::{FrameError, encode_frame, read_frame, write_frame};
 use crate::protocol::{
     AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, MAX_EXEC_OUTPUT,
     MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request, ServeId, ServeRequest, ServeStatus,
@@ -84,8 +84,10 @@ pub enum ClientError {
     },
     #[error("timed out during {step}")]
     Timeout { step: &'static str },
-    #[error("hybrid vsock handshake failed: {reply}")]
-    VsockHandshake { reply: String },
+    /// The VM's vsock device did not answer `CONNECT <port>` with `OK`: `reply` is what it
+    /// sent instead (empty: it closed the connection without a word).
+    #[error("hybrid vsock handshake failed: {}", hybrid::describe_handshake(*.port, .reply))]
+    VsockHandshake { port: u32, reply: String },
     #[error("protocol error during {step}")]
     Frame {
         step: &'static str,
@@ -286,28 +288,36 @@ impl AgentClient {
             Transport::Unix(p) | Transport::HybridVsock { path: p, .. } => p,
         };
         let ct = self.limits.connect_timeout;
-        let mut s = tokio::time::timeout(ct, connect_retrying(path))
+        let mut s = tokio::time::timeout(ct, hybrid::connect_retrying(path))
             .await
             .map_err(|_| ClientError::Timeout { step: "connect" })?
             .map_err(|source| ClientError::Connect {
                 path: path.clone(),
                 source,
             })?;
-        if let Transport::HybridVsock { port, .. } = &self.transport {
-            s = vsock_handshake(s, *port, ct).await?;
-        }
+        let hello = ClientFrame::Hello {
+            version: PROTOCOL_VERSION,
+            token: self.token.as_ref().map_or([0; TOKEN_LEN], |t| *t.bytes()),
+        };
+        // Through hybrid vsock the `Hello` goes out with the `CONNECT` line, in one write: the
+        // vsock device then sees a client that speaks at once, which a flood of silent
+        // connections never pushes out or queues ahead of (`vmm::virtio::vsock::muxer`).
+        let pipelined = match &self.transport {
+            Transport::HybridVsock { port, .. } => {
+                let first =
+                    encode_frame(&hello, MAX_FRAME).map_err(|e| frame_err("handshake", e))?;
+                s = hybrid::vsock_handshake(s, *port, first, ct).await?;
+                true
+            }
+            Transport::Unix(_) => false,
+        };
         let mut conn = Conn {
             s,
             step: self.limits.step_timeout,
         };
-        conn.send_or_reason(
-            &ClientFrame::Hello {
-                version: PROTOCOL_VERSION,
-                token: self.token.as_ref().map_or([0; TOKEN_LEN], |t| *t.bytes()),
-            },
-            "handshake",
-        )
-        .await?;
+        if !pipelined {
+            conn.send_or_reason(&hello, "handshake").await?;
+        }
         match conn.recv(None, "handshake").await {
             Ok(AgentFrame::HelloOk { version, info }) if version == PROTOCOL_VERSION => {
                 Ok((conn, info))
@@ -462,118 +472,11 @@ fn dropped_in_handshake(e: &ClientError) -> bool {
             step: "handshake",
             source: FrameError::Closed | FrameError::Io(_),
         } => true,
-        // The vsock backend closed before its `OK`: a flood of other host clients made it
-        // give this one's slot away (vm-vsock and vm-vmm evict the oldest silent client at
-        // their connection cap), or the guest refused the port. Nothing was sent.
-        ClientError::VsockHandshake { reply } => reply.is_empty(),
-        // ... or before the `CONNECT` line went out: a client starved past the backend's
-        // 2 s `CONNECT` deadline (a loaded host) finds the connection already closed.
-        ClientError::Io {
-            step: "hybrid vsock connect",
-            source,
-        } => matches!(
-            source.kind(),
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-        ),
+        // The vsock backend closed before its `OK` (or before the `CONNECT` line went out: a
+        // client starved past the backend's 2 s `CONNECT` deadline on a loaded host): a flood
+        // of other host clients made it give this one's slot away, or the guest refused the
+        // port or had no room in its accept backlog. No request reached the agent.
+        ClientError::VsockHandshake { reply, .. } => reply.is_empty(),
         _ => false,
-    }
-}
-
-/// Connects to `path`. A full listen backlog (`EAGAIN` on a Unix socket: a flood of other
-/// clients the backend has not accepted yet) is retried after a short pause; the caller's
-/// connect timeout bounds the whole.
-async fn connect_retrying(path: &std::path::Path) -> std::io::Result<UnixStream> {
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match UnixStream::connect(path).await {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-            r => return r,
-        }
-    }
-}
-
-/// How long an abandoned hybrid-vsock handshake stays open waiting for the backend's reply.
-const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
-
-/// The hybrid-vsock `CONNECT` exchange, in a task of its own that owns the connection.
-///
-/// A backend must never see the host side close between `CONNECT` and its `OK`:
-/// vhost-device-vsock 0.3.0 (the tcg driver's backend before `vm-vsock`) then failed to write
-/// `OK` and its vring worker panicked, after which that VM's vsock answered no connection. So neither a
-/// timeout nor a caller that drops this future (a `select!`, Ctrl-C) closes a connection
-/// mid-handshake: the caller gets its timeout at once, while the task keeps the connection
-/// until the reply line or EOF arrives (at most [`HANDSHAKE_LINGER`]), and only then drops it.
-async fn vsock_handshake(
-    s: UnixStream,
-    port: u32,
-    timeout: Duration,
-) -> Result<UnixStream, ClientError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut s = s;
-        match tokio::time::timeout(timeout, vsock_connect(&mut s, port)).await {
-            Ok(result) => {
-                // If the caller is gone, `s` is dropped after the reply: harmless.
-                let _ = tx.send(result.map(|()| s));
-            }
-            Err(_) => {
-                let _ = tx.send(Err(ClientError::Timeout {
-                    step: "hybrid vsock connect",
-                }));
-                let _ = tokio::time::timeout(HANDSHAKE_LINGER, drain_line(&mut s)).await;
-            }
-        }
-    });
-    rx.await.unwrap_or_else(|_| {
-        Err(ClientError::Io {
-            step: "hybrid vsock connect",
-            source: std::io::Error::other("the handshake task ended without an answer"),
-        })
-    })
-}
-
-/// Reads until a newline or EOF, at most 64 bytes (the rest of a `CONNECT` reply line).
-async fn drain_line(s: &mut UnixStream) {
-    let mut b = [0u8; 1];
-    for _ in 0..64 {
-        match s.read(&mut b).await {
-            Ok(1) if b[0] != b'\n' => {}
-            _ => return,
-        }
-    }
-}
-
-async fn vsock_connect(s: &mut UnixStream, port: u32) -> Result<(), ClientError> {
-    let step = "hybrid vsock connect";
-    s.write_all(format!("CONNECT {port}\n").as_bytes())
-        .await
-        .map_err(|source| ClientError::Io { step, source })?;
-    // Read byte by byte so nothing past the line is consumed; bounded to 64 bytes.
-    let mut line = Vec::with_capacity(64);
-    loop {
-        let mut b = [0u8; 1];
-        let n = s
-            .read(&mut b)
-            .await
-            .map_err(|source| ClientError::Io { step, source })?;
-        if n == 0 || line.len() >= 64 {
-            return Err(ClientError::VsockHandshake {
-                reply: String::from_utf8_lossy(&line).into_owned(),
-            });
-        }
-        if b[0] == b'\n' {
-            break;
-        }
-        line.push(b[0]);
-    }
-    let reply = String::from_utf8_lossy(&line);
-    match reply.strip_prefix("OK ") {
-        Some(n) if n.trim().parse::<u32>().is_ok() => Ok(()),
-        _ => Err(ClientError::VsockHandshake {
-            reply: reply.into_owned(),
-        }),
     }
 }

@@ -135,3 +135,19 @@ pub async fn wait_gone(pid: i32, ms: u64) -> bool {
 
 #[allow(unused_imports)] // not every test binary that includes this module skips
 pub use vm_test_support::skip;
+
+/// Raises this test process's soft descriptor limit to its hard one: a test that fills the
+/// agent's 640 forward slots holds two descriptors for each here.
+pub fn raise_nofile() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct passed by pointer, which outlives the call.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) };
+    if got == 0 && l.rlim_cur < l.rlim_max {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: setrlimit only reads the struct passed by pointer, which outlives the call.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) };
+    }
+}

@@ -34,6 +34,7 @@
 //! (`virtio::test_utils`, feature `test-utils`) turns the filters on, so each device's workers
 //! run under the production filter through every happy path and malformed input there.
 
+pub mod client;
 pub mod snapshot;
 pub mod vhost;
 
@@ -78,6 +79,12 @@ pub enum SeccompError {
     /// Building the filter of a program we launch failed.
     #[error("building the seccomp filter of {0}")]
     External(&'static str, #[source] seccompiler::BackendError),
+    /// Setting `no_new_privs` before a process-wide filter failed.
+    #[error("setting no_new_privs")]
+    NoNewPrivs(#[source] vm_sys::Errno),
+    /// Installing an agent reader's filter on every thread failed ([`client`]).
+    #[error("installing the agent reader's seccomp filter on every thread")]
+    Reader(#[source] seccompiler::Error),
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(false);

@@ -10,51 +10,15 @@
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-const IN_ROOT: u64 = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+const IN_ROOT: u64 = vm_sys::fs::RESOLVE_IN_ROOT | vm_sys::fs::RESOLVE_NO_MAGICLINKS;
 
 /// Opens `path` (relative, `""` = the root) inside the tree rooted at `root`.
 pub(crate) fn open_in_root(root: BorrowedFd<'_>, path: &OsStr, flags: i32) -> io::Result<OwnedFd> {
-    let c = cstr(if path.is_empty() {
-        OsStr::new(".")
-    } else {
-        path
-    })?;
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: IN_ROOT,
-    };
-    loop {
-        // SAFETY: a valid dirfd, a NUL-terminated path and an open_how of the size passed.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                root.as_raw_fd(),
-                c.as_ptr(),
-                &how,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: the kernel returned a fresh fd that nothing else owns.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-        }
-        let e = io::Error::last_os_error();
-        if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
-            return Err(e);
-        }
-    }
+    vm_sys::fs::openat2(root, path, flags, 0, IN_ROOT).map_err(io::Error::from)
 }
 
 /// The directory `dir` (an fd inside the tree) as a path, for the final-component calls.

@@ -1,26 +1,35 @@
 //! The writable bind mounts kubelet gives every container, without a writable host mount.
 //!
-//! - Small files kubelet manages ([`KUBELET_FILES`]: `/etc/hosts`, `/etc/resolv.conf`,
-//!   `/etc/hostname`, `/dev/termination-log`): the host file is read here (a regular file of
-//!   at most [`MAX_FILE_BYTES`]) and *copied into the guest* before the container's process
-//!   runs ([`GuestFile`]), with the host file's permission bits (kubelet makes the
-//!   termination log 0666 for a container that is not root); the guest's copy is writable,
-//!   the host file is never written.
+//! - Small files kubelet and containerd's CRI keep for a pod: kubelet's `pods/<uid>/etc-hosts`
+//!   and each container's termination message file `pods/<uid>/containers/<name>/<file>`
+//!   (below its root directory, [`Owners::kubelet_root`]), and the CRI's `hosts`, `hostname`
+//!   and `resolv.conf` in the pod's own sandbox directory. A writable bind is taken as one
+//!   **by its source** ([`origin`]), whatever its destination, and only then: any other
+//!   writable bind is refused, so a writable hostPath volume mounted at `/etc/hosts` or
+//!   `/dev/termination-log` is refused like one mounted anywhere else. The file is opened
+//!   beneath its owner's directory without following any symlink ([`open_owned`]), read (a
+//!   regular file of at most [`MAX_FILE_BYTES`]) and *copied into the guest* before the
+//!   container's process runs ([`GuestFile`]), with the host file's permission bits (kubelet
+//!   makes the termination log 0666 for a container that is not root); the guest's copy is
+//!   writable. A read-only bind at one of kubelet's destinations ([`KUBELET_FILES`]: the CRI
+//!   sandbox container's `/etc/resolv.conf`) is copied too, without write bits, its final
+//!   symlink not followed.
 //! - A bind of a directory under kubelet's `…/volumes/kubernetes.io~empty-dir/…` (an
 //!   `emptyDir` volume) and any `tmpfs` mount outside what the guest provides itself become a
 //!   size-bounded tmpfs in the guest at the destination ([`GuestTmpfs`]); nothing reaches the
 //!   host directory.
 //! - containerd's CRI binds the pod sandbox's shm directory writable at `/dev/shm` in every
 //!   container, read-only in the pod's sandbox container ([`is_sandbox_shm`]): the guest's own
-//!   `/dev/shm` tmpfs stands in for it. The sandbox container's read-only `/etc/resolv.conf`
-//!   is copied in like kubelet's files, without write bits. The
-//!   host's `/dev/shm` itself (a `hostIPC` pod) is refused like any writable bind.
-//! - `/dev/termination-log`: when the init process ends, the last [`MAX_TERMINATION_BYTES`] of
-//!   the guest's copy are read back ([`TerminationTail`]), as kubelet reads its file.
+//!   `/dev/shm` tmpfs stands in for it. The host's `/dev/shm` itself (a `hostIPC` pod) is
+//!   refused like any writable bind.
+//! - A termination message file: when the init process ends, the last
+//!   [`MAX_TERMINATION_BYTES`] of the guest's copy are read back ([`TerminationTail`]), as
+//!   kubelet reads its file, and written into kubelet's host file through the descriptor
+//!   opened at create ([`write_termination_message`]): the shim's one host write.
 
 use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::ShimError;
 
@@ -118,48 +127,173 @@ fn parse_size(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
-/// A host file kubelet bind-mounts, as it was when the bundle was read: its path and identity.
+/// Where the files kubelet and containerd's CRI bind into a container come from: the only
+/// sources a writable bind is copied in from (any other writable bind is refused).
+#[derive(Debug, Clone, Copy)]
+pub struct Owners<'a> {
+    /// Kubelet's root directory (its `--root-dir`): each pod's files are under
+    /// `pods/<pod uid>/` there.
+    pub kubelet_root: &'a Path,
+    /// The pod's UID (`io.kubernetes.cri.sandbox-uid`), when containerd names it: then only
+    /// that pod's directory is kubelet's.
+    pub pod_uid: Option<&'a str>,
+    /// The pod's CRI sandbox id, when the bundle is a pod's: containerd's own files for the
+    /// pod are in `…/io.containerd.grpc.v1.cri/sandboxes/<id>/`.
+    pub sandbox_id: Option<&'a str>,
+}
+
+/// Whose file a writable bind's source is, by its path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostFile {
-    pub path: std::path::PathBuf,
-    pub dev: u64,
-    pub ino: u64,
+pub enum Origin {
+    /// Kubelet's `pods/<uid>/etc-hosts`, or a container's termination message file
+    /// `pods/<uid>/containers/<name>/<file>`: `rel` below `<kubelet root>/pods`.
+    Kubelet { rel: PathBuf, termination: bool },
+    /// containerd's CRI `hosts`, `hostname` or `resolv.conf` of this pod's sandbox: `name` in
+    /// the sandbox directory `dir`.
+    CriSandbox { dir: PathBuf, name: String },
 }
 
-/// Writes a termination message into kubelet's host file (the source of the container's
-/// `/dev/termination-log` bind), where kubelet reads it: its last [`MAX_TERMINATION_BYTES`],
-/// replacing what the file held. Only the very file read at create: opened without following a
-/// symlink and without blocking, written only if it is still a regular file with the same
-/// device and inode; never created.
-pub fn write_termination_message(host: &HostFile, message: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::MetadataExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(&host.path)?;
-    let meta = f.metadata()?;
-    if !meta.is_file() || meta.dev() != host.dev || meta.ino() != host.ino {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not the regular file kubelet mounted at create",
-        ));
+/// The files containerd's CRI keeps for a pod in its sandbox directory.
+const CRI_SANDBOX_FILES: &[&str] = &["hosts", "hostname", "resolv.conf"];
+/// Where containerd's CRI keeps its pods' sandbox directories, below its root.
+const CRI_ROOT_SANDBOXES: &str = "/io.containerd.grpc.v1.cri/sandboxes/";
+
+/// Whether a path component is a plain name (not empty, `.`, `..` or holding a `/`).
+fn plain(c: &str) -> bool {
+    !c.is_empty() && c != "." && c != ".."
+}
+
+/// Whose file `source` is, if it is kubelet's or containerd's for this pod (see [`Origin`]);
+/// judged on the path alone: the file is then opened beneath its owner's directory without
+/// following any symlink ([`open_owned`]).
+pub fn origin(source: &str, owners: &Owners<'_>) -> Option<Origin> {
+    let pods = owners.kubelet_root.join("pods");
+    if let Ok(rel) = Path::new(source).strip_prefix(&pods) {
+        let parts: Vec<&str> = rel.to_str()?.split('/').collect();
+        if !parts.iter().all(|c| plain(c)) || owners.pod_uid.is_some_and(|uid| uid != parts[0]) {
+            return None;
+        }
+        return match parts[..] {
+            [_, "etc-hosts"] => Some(Origin::Kubelet {
+                rel: rel.to_path_buf(),
+                termination: false,
+            }),
+            [_, "containers", _, _] => Some(Origin::Kubelet {
+                rel: rel.to_path_buf(),
+                termination: true,
+            }),
+            _ => None,
+        };
     }
-    f.set_len(0)?;
-    (&f).write_all(&message[message.len().saturating_sub(MAX_TERMINATION_BYTES)..])
+    let (root, rest) = source.split_once(CRI_ROOT_SANDBOXES)?;
+    let (id, name) = rest.split_once('/')?;
+    let ours = root.starts_with('/')
+        && owners.sandbox_id == Some(id)
+        && plain(id)
+        && CRI_SANDBOX_FILES.contains(&name);
+    ours.then(|| Origin::CriSandbox {
+        dir: PathBuf::from(format!("{root}{CRI_ROOT_SANDBOXES}{id}")),
+        name: name.to_string(),
+    })
 }
 
-/// Reads the host file of kubelet mount `field` (`mounts[i] (dest)`): a regular file of at
-/// most [`MAX_FILE_BYTES`], opened without blocking on a FIFO; with its permission bits and
-/// identity.
-pub fn read_host_file(field: &str, source: &str) -> Result<(Vec<u8>, u32, HostFile), ShimError> {
+/// Opens the file of `origin` beneath its owner's directory (kubelet's `pods/`, the pod's
+/// sandbox directory), resolved by the kernel with no symlink followed and nothing outside
+/// it reached: `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`. A termination message file is opened
+/// for writing too (the message is written back through this very descriptor).
+pub fn open_owned(origin: &Origin, owners: &Owners<'_>) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    let (dir, rel, write) = match origin {
+        Origin::Kubelet { rel, termination } => (
+            owners.kubelet_root.join("pods"),
+            rel.as_path(),
+            *termination,
+        ),
+        Origin::CriSandbox { dir, name } => (dir.clone(), Path::new(name.as_str()), false),
+    };
+    let base = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_PATH)
+        .open(&dir)?;
+    let access = if write { libc::O_RDWR } else { libc::O_RDONLY };
+    let fd = vm_sys::fs::openat2(
+        base.as_fd(),
+        rel.as_os_str(),
+        access | libc::O_NONBLOCK | libc::O_NOCTTY,
+        0,
+        vm_sys::fs::RESOLVE_BENEATH | vm_sys::fs::RESOLVE_NO_SYMLINKS,
+    )?;
+    Ok(fd.into())
+}
+
+/// Kubelet's host file for a container's termination message, held open from create: the
+/// message is written back through this descriptor, never by path.
+#[derive(Debug, Clone)]
+pub struct HostFile {
+    /// The guest path the container writes its message to (the bind's destination).
+    pub dest: String,
+    /// The host path, for logs.
+    pub path: PathBuf,
+    file: std::sync::Arc<std::fs::File>,
+}
+
+impl PartialEq for HostFile {
+    fn eq(&self, other: &Self) -> bool {
+        self.dest == other.dest
+            && self.path == other.path
+            && std::sync::Arc::ptr_eq(&self.file, &other.file)
+    }
+}
+
+impl Eq for HostFile {}
+
+/// Writes a termination message into kubelet's host file, where kubelet reads it: its last
+/// [`MAX_TERMINATION_BYTES`], replacing what the file held. Through the descriptor opened at
+/// create ([`open_owned`]): whatever has been renamed or linked at the path since, only that
+/// file is written.
+pub fn write_termination_message(host: &HostFile, message: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let tail = &message[message.len().saturating_sub(MAX_TERMINATION_BYTES)..];
+    host.file.set_len(0)?;
+    host.file.write_all_at(tail, 0)
+}
+
+/// A kubelet file read for copying into the guest.
+#[derive(Debug)]
+pub struct HostRead {
+    pub data: Vec<u8>,
+    /// Its permission bits.
+    pub mode: u32,
+    /// Kept for a termination message file: where the message is written back.
+    pub termination: Option<HostFile>,
+}
+
+/// Reads the host file of mount `field` (`mounts[i] (dest)`), a regular file of at most
+/// [`MAX_FILE_BYTES`], with its permission bits. A file of `origin` is opened by
+/// [`open_owned`]; without one (a read-only bind at a kubelet destination) `source` is opened
+/// without following a final symlink. Neither blocks on a FIFO.
+pub fn read_host_file(
+    field: &str,
+    source: &str,
+    dest: &str,
+    origin: Option<(&Origin, &Owners<'_>)>,
+) -> Result<HostRead, ShimError> {
     let refused = |why: String| ShimError::Refused(format!("{field}: {why}"));
     let what = || format!("{field}: reading {source}");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(Path::new(source))
-        .map_err(|e| ShimError::io(what())(e))?;
+    let f = match origin {
+        Some((o, owners)) => open_owned(o, owners),
+        None => std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(Path::new(source)),
+    };
+    let f = f.map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => refused(format!(
+            "{source} is or passes through a symlink; kubelet's files are opened without \
+             following one"
+        )),
+        _ => ShimError::io(what())(e),
+    })?;
     let meta = f.metadata().map_err(|e| ShimError::io(what())(e))?;
     if !meta.is_file() {
         return Err(refused(format!(
@@ -176,19 +310,32 @@ pub fn read_host_file(field: &str, source: &str) -> Result<(Vec<u8>, u32, HostFi
         return Err(too_large());
     }
     let mut data = Vec::new();
-    f.take(MAX_FILE_BYTES + 1)
+    (&f).take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut data)
         .map_err(|e| ShimError::io(what())(e))?;
     if data.len() as u64 > MAX_FILE_BYTES {
         return Err(too_large());
     }
-    use std::os::unix::fs::MetadataExt;
-    let host = HostFile {
+    let termination = matches!(
+        origin,
+        Some((
+            Origin::Kubelet {
+                termination: true,
+                ..
+            },
+            _
+        ))
+    )
+    .then(|| HostFile {
+        dest: dest.to_string(),
         path: source.into(),
-        dev: meta.dev(),
-        ino: meta.ino(),
-    };
-    Ok((data, meta.permissions().mode() & 0o777, host))
+        file: std::sync::Arc::new(f),
+    });
+    Ok(HostRead {
+        data,
+        mode: meta.permissions().mode() & 0o777,
+        termination,
+    })
 }
 
 /// Keeps the last [`MAX_TERMINATION_BYTES`] of what is streamed into it.

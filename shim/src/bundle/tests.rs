@@ -30,13 +30,47 @@ fn base() -> Value {
     })
 }
 
+/// Kubelet's root directory where no test file lives.
+const NO_KUBELET: &str = "/nonexistent/kubelet";
+
+/// `doc` as a container of a VM of its own (no kubelet files).
+fn spec(doc: &Value) -> Result<ContainerSpec, ShimError> {
+    container(doc, Path::new("/b"), Path::new(NO_KUBELET))
+}
+
+/// A kubelet root in a temp dir: `pods/<uid>/` holds the pod's files.
+struct Kubelet {
+    dir: tempfile::TempDir,
+}
+
+impl Kubelet {
+    fn new() -> Kubelet {
+        Kubelet {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// `pods/u1/<rel>` with `data` and `mode`.
+    fn file(&self, rel: &str, data: &[u8], mode: u32) -> std::path::PathBuf {
+        let p = self.dir.path().join("pods/u1").join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, data).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    fn spec(&self, doc: &Value) -> Result<ContainerSpec, ShimError> {
+        container(doc, Path::new("/b"), self.dir.path())
+    }
+}
+
 fn refusal(doc: &Value) -> String {
-    container(doc, Path::new("/b")).unwrap_err().to_string()
+    spec(doc).unwrap_err().to_string()
 }
 
 #[test]
 fn default_spec_becomes_the_vm_spec() {
-    let c = container(&base(), Path::new("/b")).unwrap();
+    let c = spec(&base()).unwrap();
     assert_eq!(c.process.args, ["sh", "-c", "echo hi"]);
     assert_eq!(
         c.process.env,
@@ -58,7 +92,7 @@ fn default_spec_becomes_the_vm_spec() {
         .as_array_mut()
         .unwrap()
         .push(json!({"destination": "/data", "type": "bind", "source": "/srv/d", "options": ["rbind", "ro"]}));
-    let c = container(&d, Path::new("/b")).unwrap();
+    let c = spec(&d).unwrap();
     assert_eq!(c.process.user.as_deref(), Some("1000:100"));
     assert_eq!(c.mounts, [Mount::read_only("/srv/d", "/data")]);
 }
@@ -73,15 +107,12 @@ fn rw_bind(src: &Path, dst: &str) -> Value {
 
 #[test]
 fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
-    let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("etc-hosts");
-    std::fs::write(&hosts, b"127.0.0.1 localhost\n").unwrap();
-    std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let log = dir.path().join("termination-log");
-    std::fs::write(&log, b"").unwrap();
+    let k = Kubelet::new();
+    let hosts = k.file("etc-hosts", b"127.0.0.1 localhost\n", 0o644);
     // Kubelet makes the termination log writable by any user: the copy keeps its mode.
-    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let empty = dir
+    let log = k.file("containers/job/5d1e0c2a", b"", 0o666);
+    let empty = k
+        .dir
         .path()
         .join("pods/u1/volumes/kubernetes.io~empty-dir/cache");
     std::fs::create_dir_all(&empty).unwrap();
@@ -93,7 +124,7 @@ fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
         &mut d,
         json!({"destination": "/scratch", "type": "tmpfs", "source": "tmpfs", "options": ["size=1m"]}),
     );
-    let c = container(&d, Path::new("/b")).unwrap();
+    let c = k.spec(&d).unwrap();
     assert_eq!(
         c.files,
         [
@@ -108,6 +139,12 @@ fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
                 mode: 0o666
             }
         ]
+    );
+    assert_eq!(
+        c.termination_host
+            .as_ref()
+            .map(|h| (h.dest.as_str(), h.path.as_path())),
+        Some(("/dev/termination-log", log.as_path()))
     );
     assert_eq!(
         c.tmpfs,
@@ -126,7 +163,120 @@ fn kubelet_files_are_copied_in_and_empty_dirs_and_tmpfs_are_guest_tmpfs() {
     );
     assert!(c.mounts.is_empty(), "no host disk: {:?}", c.mounts);
     // The guest's own /dev and /run stay the guest's (containerd's default tmpfs mounts).
-    assert_eq!(container(&base(), Path::new("/b")).unwrap().tmpfs, []);
+    assert_eq!(spec(&base()).unwrap().tmpfs, []);
+}
+
+/// Issue 39: a writable host bind is a kubelet file by its source, never by its
+/// destination. A pod's writable hostPath at `/dev/termination-log` or `/etc/hostname` is
+/// refused like one anywhere else (before, the root shim wrote guest bytes into it).
+#[test]
+fn a_writable_bind_at_a_kubelet_destination_from_elsewhere_is_refused() {
+    let k = Kubelet::new();
+    let victim = k.dir.path().join("authorized_keys");
+    std::fs::write(&victim, b"ssh-ed25519 AAAA admin\n").unwrap();
+    for dest in kubelet::KUBELET_FILES {
+        let mut d = base();
+        push_mount(&mut d, rw_bind(&victim, dest));
+        let e = k.spec(&d).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "refused: mounts[3] ({dest}): writable host bind mount of {}; only read-only",
+                victim.display()
+            )),
+            "{e}"
+        );
+    }
+    // Kubelet's own files of another shape, or of another pod when containerd names the
+    // pod's UID, are not taken either.
+    let vol = k.file("volumes/kubernetes.io~host-path/x", b"", 0o644);
+    let log = k.file("containers/job/5d1e0c2a", b"", 0o666);
+    let mut d = base();
+    push_mount(&mut d, rw_bind(&vol, "/dev/termination-log"));
+    assert!(
+        k.spec(&d)
+            .unwrap_err()
+            .to_string()
+            .contains("writable host bind mount")
+    );
+    let mut d = base();
+    d["annotations"] = json!({SANDBOX_UID: "u2"});
+    push_mount(&mut d, rw_bind(&log, "/dev/termination-log"));
+    assert!(
+        k.spec(&d)
+            .unwrap_err()
+            .to_string()
+            .contains("writable host bind mount")
+    );
+    d["annotations"] = json!({SANDBOX_UID: "u1"});
+    assert!(k.spec(&d).unwrap().termination_host.is_some());
+    // A custom terminationMessagePath: kubelet's file, wherever it is mounted.
+    let mut d = base();
+    push_mount(&mut d, rw_bind(&log, "/tmp/last-words"));
+    let c = k.spec(&d).unwrap();
+    assert_eq!(c.termination_host.unwrap().dest, "/tmp/last-words");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"ssh-ed25519 AAAA admin\n");
+}
+
+/// Kubelet's files are opened beneath kubelet's `pods/` without following a symlink: one
+/// planted at the file or on the way (a pod directory swapped for a link to `/etc`) is
+/// refused, never read as root.
+#[test]
+fn a_kubelet_file_behind_a_symlink_is_refused_not_followed() {
+    let k = Kubelet::new();
+    let secret = k.dir.path().join("shadow");
+    std::fs::write(&secret, b"root:$6$secret\n").unwrap();
+    let hosts = k.dir.path().join("pods/u1/etc-hosts");
+    std::fs::create_dir_all(hosts.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&secret, &hosts).unwrap();
+    let mut d = base();
+    push_mount(&mut d, rw_bind(&hosts, "/etc/hosts"));
+    let e = k.spec(&d).unwrap_err().to_string();
+    assert!(e.contains("is or passes through a symlink"), "{e}");
+    let real = k.dir.path().join("real-pod");
+    std::fs::create_dir_all(real.join("containers/job")).unwrap();
+    std::fs::write(real.join("containers/job/log"), b"").unwrap();
+    std::os::unix::fs::symlink(&real, k.dir.path().join("pods/u2")).unwrap();
+    let mut d = base();
+    push_mount(
+        &mut d,
+        rw_bind(
+            &k.dir.path().join("pods/u2/containers/job/log"),
+            "/dev/termination-log",
+        ),
+    );
+    let e = k.spec(&d).unwrap_err().to_string();
+    assert!(e.contains("is or passes through a symlink"), "{e}");
+}
+
+/// containerd's CRI gives a pod's containers its `hosts`, `hostname` and `resolv.conf` from
+/// the pod's sandbox directory: taken for that pod alone (another sandbox's are refused).
+#[test]
+fn the_cri_sandbox_files_of_this_pod_are_copied_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let sandboxes = dir.path().join("root/io.containerd.grpc.v1.cri/sandboxes");
+    for id in ["abc123", "other9"] {
+        std::fs::create_dir_all(sandboxes.join(id)).unwrap();
+        std::fs::write(sandboxes.join(id).join("hostname"), format!("{id}\n")).unwrap();
+    }
+    let member = |sandbox: &str| {
+        let mut d = base();
+        d["annotations"] = json!({
+            pod::CONTAINER_TYPE: "container",
+            pod::SANDBOX_ID: "abc123",
+        });
+        push_mount(
+            &mut d,
+            rw_bind(&sandboxes.join(sandbox).join("hostname"), "/etc/hostname"),
+        );
+        spec(&d)
+    };
+    assert_eq!(member("abc123").unwrap().files[0].data, b"abc123\n");
+    assert!(
+        member("other9")
+            .unwrap_err()
+            .to_string()
+            .contains("writable host bind mount")
+    );
 }
 
 /// The pod's sandbox container under containerd's CRI has a read-only `/etc/resolv.conf`
@@ -143,7 +293,7 @@ fn the_cri_sandbox_read_only_resolv_conf_is_copied_in_read_only() {
         json!({"destination": "/etc/resolv.conf", "type": "bind",
                "source": resolv.to_str().unwrap(), "options": ["rbind", "ro"]}),
     );
-    let c = container(&d, Path::new("/b")).unwrap();
+    let c = spec(&d).unwrap();
     assert_eq!(
         c.files,
         [GuestFile {
@@ -157,29 +307,32 @@ fn the_cri_sandbox_read_only_resolv_conf_is_copied_in_read_only() {
 
 #[test]
 fn oversized_or_odd_kubelet_file_is_refused_naming_the_mount() {
-    let dir = tempfile::tempdir().unwrap();
-    let big = dir.path().join("resolv.conf");
-    std::fs::write(&big, vec![b'#'; kubelet::MAX_FILE_BYTES as usize + 1]).unwrap();
+    let k = Kubelet::new();
+    let big = k.file(
+        "etc-hosts",
+        &vec![b'#'; kubelet::MAX_FILE_BYTES as usize + 1],
+        0o644,
+    );
     let mut d = base();
-    push_mount(&mut d, rw_bind(&big, "/etc/resolv.conf"));
+    push_mount(&mut d, rw_bind(&big, "/etc/hosts"));
     assert_eq!(
-        refusal(&d),
+        k.spec(&d).unwrap_err().to_string(),
         format!(
-            "refused: mounts[3] (/etc/resolv.conf): {} is larger than 64 KiB; kubelet's files are copied into the guest only up to that",
+            "refused: mounts[3] (/etc/hosts): {} is larger than 64 KiB; kubelet's files are copied into the guest only up to that",
             big.display()
         )
     );
     // At the cap it is copied.
     std::fs::write(&big, vec![b'#'; kubelet::MAX_FILE_BYTES as usize]).unwrap();
-    assert_eq!(container(&d, Path::new("/b")).unwrap().files.len(), 1);
+    assert_eq!(k.spec(&d).unwrap().files.len(), 1);
     // A directory (or a FIFO) where kubelet's file should be is refused, never read.
-    let mut d = base();
-    push_mount(&mut d, rw_bind(dir.path(), "/etc/hostname"));
+    std::fs::remove_file(&big).unwrap();
+    std::fs::create_dir(&big).unwrap();
+    let e = k.spec(&d).unwrap_err().to_string();
     assert!(
-        refusal(&d).starts_with("refused: mounts[3] (/etc/hostname): ")
-            && refusal(&d).ends_with("is not a regular file; only a file is copied into the guest"),
-        "{}",
-        refusal(&d)
+        e.starts_with("refused: mounts[3] (/etc/hosts): ")
+            && e.ends_with("is not a regular file; only a file is copied into the guest"),
+        "{e}"
     );
 }
 
@@ -204,13 +357,13 @@ fn termination_tail_keeps_the_last_4_kib() {
 }
 
 #[test]
-fn the_termination_message_is_written_back_only_into_the_file_read_at_create() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("termination-log");
-    std::fs::write(&log, b"old").unwrap();
+fn the_termination_message_is_written_back_only_into_the_file_opened_at_create() {
+    let k = Kubelet::new();
+    let log = k.file("containers/job/5d1e0c2a", b"old", 0o666);
     let mut d = base();
     push_mount(&mut d, rw_bind(&log, "/dev/termination-log"));
-    let host = container(&d, Path::new("/b"))
+    let host = k
+        .spec(&d)
         .unwrap()
         .termination_host
         .expect("the host file is kept");
@@ -228,30 +381,25 @@ fn the_termination_message_is_written_back_only_into_the_file_read_at_create() {
         b"short",
         "replaced, not appended"
     );
-    // Replaced by a symlink or another file since create: not written. (A link keeps the
-    // original inode, so that the replacement cannot reuse its number.)
-    std::fs::hard_link(&log, dir.path().join("kept")).unwrap();
-    let other = dir.path().join("other");
+    // Replaced by a symlink to another file since create: the file opened at create is
+    // written (through its descriptor), never what the path names now.
+    let kept = k.dir.path().join("kept");
+    std::fs::hard_link(&log, &kept).unwrap();
+    let other = k.dir.path().join("other");
     std::fs::write(&other, b"").unwrap();
     std::fs::remove_file(&log).unwrap();
     std::os::unix::fs::symlink(&other, &log).unwrap();
-    assert!(kubelet::write_termination_message(&host, b"x").is_err());
-    std::fs::remove_file(&log).unwrap();
-    std::fs::write(&log, b"").unwrap();
-    assert!(kubelet::write_termination_message(&host, b"x").is_err());
+    kubelet::write_termination_message(&host, b"x").unwrap();
     assert_eq!(std::fs::read(&other).unwrap(), b"");
-    assert_eq!(std::fs::read(&log).unwrap(), b"");
-    // A read-only bind there (not kubelet's) keeps no host file.
+    assert_eq!(std::fs::read(&kept).unwrap(), b"x");
+    // A read-only bind there keeps no host file.
     let mut d = base();
     push_mount(
         &mut d,
         json!({"destination": "/dev/termination-log", "type": "bind",
-               "source": log.to_str().unwrap(), "options": ["rbind", "ro"]}),
+               "source": kept.to_str().unwrap(), "options": ["rbind", "ro"]}),
     );
-    assert_eq!(
-        container(&d, Path::new("/b")).unwrap().termination_host,
-        None
-    );
+    assert_eq!(spec(&d).unwrap().termination_host, None);
 }
 
 #[test]
@@ -344,7 +492,7 @@ fn the_cri_sandbox_shm_is_the_guests_own_and_the_hosts_dev_shm_is_refused() {
     let shm = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/5f0c7a/shm";
     let mut d = base();
     push_mount(&mut d, rw_bind(Path::new(shm), "/dev/shm"));
-    let c = container(&d, Path::new("/b")).unwrap();
+    let c = spec(&d).unwrap();
     assert!(c.mounts.is_empty() && c.files.is_empty() && c.tmpfs.is_empty());
     // The pod's sandbox container gets the same directory read-only: not a disk either (a
     // disk at /dev/shm would shadow the guest's /dev).
@@ -353,7 +501,7 @@ fn the_cri_sandbox_shm_is_the_guests_own_and_the_hosts_dev_shm_is_refused() {
         &mut d,
         json!({"destination": "/dev/shm", "type": "bind", "source": shm, "options": ["rbind", "ro"]}),
     );
-    let c = container(&d, Path::new("/b")).unwrap();
+    let c = spec(&d).unwrap();
     assert!(c.mounts.is_empty() && c.files.is_empty() && c.tmpfs.is_empty());
     // A hostIPC sandbox's read-only host /dev/shm stays a read-only disk (which the spec then
     // refuses: it would shadow the guest's /dev).
@@ -362,7 +510,7 @@ fn the_cri_sandbox_shm_is_the_guests_own_and_the_hosts_dev_shm_is_refused() {
         &mut d,
         json!({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind", "ro"]}),
     );
-    let c = container(&d, Path::new("/b")).unwrap();
+    let c = spec(&d).unwrap();
     assert_eq!(c.mounts, [Mount::read_only("/dev/shm", "/dev/shm")]);
     // Anything else at /dev/shm is a writable host bind: a hostIPC pod's /dev/shm, another
     // directory of the sandbox, one that climbs out of it.

@@ -111,9 +111,11 @@ impl Containerd {
         std::fs::write(
             d.join("shim.toml"),
             format!(
-                "allow_emulation = true\nrun_dir = \"{}\"\nsnapshot_cache = \"{}\"\n",
+                "allow_emulation = true\nrun_dir = \"{}\"\nsnapshot_cache = \"{}\"\n\
+                 kubelet_root = \"{}\"\n",
                 d.join("run").display(),
-                d.join("snapshots").display()
+                d.join("snapshots").display(),
+                d.display()
             ),
         )
         .unwrap();

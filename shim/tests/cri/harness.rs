@@ -338,12 +338,14 @@ impl Drop for CriContainerd {
 }
 
 /// The shim options the test's containers run under: emulation allowed (these hosts have no
-/// hardware boundary), run dirs and the snapshot cache in the temp dir.
+/// hardware boundary), run dirs and the snapshot cache in the temp dir, which is also
+/// kubelet's root (its pods' directories are `pods/<uid>` there: [`Containerd::pod_dir`]).
 fn shim_options(d: &Path) -> String {
     format!(
-        "allow_emulation = true\nrun_dir = \"{}\"\nsnapshot_cache = \"{}\"\n",
+        "allow_emulation = true\nrun_dir = \"{}\"\nsnapshot_cache = \"{}\"\nkubelet_root = \"{}\"\n",
         d.join("run").display(),
-        d.join("snapshots").display()
+        d.join("snapshots").display(),
+        d.display()
     )
 }
 

@@ -1,5 +1,5 @@
 //! Interface configuration through `ioctl` on an `AF_INET` datagram socket: what the agent
-//! needs to bring up the loopback interface (there is no other).
+//! needs to bring up the loopback interface (there is no other); and a listener's backlog.
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -12,6 +12,13 @@ pub fn inet_socket() -> std::io::Result<OwnedFd> {
         check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: a fresh socket that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `listen(2)` again on a listening socket: sets its accept backlog to `backlog`.
+pub fn set_backlog(sock: BorrowedFd<'_>, backlog: i32) -> std::io::Result<()> {
+    // SAFETY: listen(2) takes a descriptor and an integer; `sock` is open.
+    check(unsafe { libc::listen(sock.as_raw_fd(), backlog) })?;
+    Ok(())
 }
 
 fn ifreq(name: &str) -> libc::ifreq {

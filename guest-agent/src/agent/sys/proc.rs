@@ -63,6 +63,29 @@ pub fn set_ids(groups: &[libc::gid_t], gid: libc::gid_t, uid: libc::uid_t) -> st
     Ok(())
 }
 
+/// Sets `RLIMIT_NOFILE` to `soft` and `hard`: raising the hard limit takes
+/// `CAP_SYS_RESOURCE`, which PID 1 has.
+pub fn set_nofile(soft: u64, hard: u64) -> std::io::Result<()> {
+    let l = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: `l` is a valid rlimit that outlives the call, which only reads it.
+    check(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) })?;
+    Ok(())
+}
+
+/// `RLIMIT_NOFILE` as (soft, hard).
+pub fn nofile() -> std::io::Result<(u64, u64)> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a valid rlimit that outlives the call, which only writes it.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) })?;
+    Ok((l.rlim_cur, l.rlim_max))
+}
+
 /// `PR_SET_NO_NEW_PRIVS`: `execve` can never again raise the privileges of this process or
 /// anything it starts (setuid bits and file capabilities are ignored). Async-signal-safe.
 pub fn set_no_new_privs() -> std::io::Result<()> {

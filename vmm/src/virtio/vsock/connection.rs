@@ -65,6 +65,10 @@ pub struct Conn {
     pub state: State,
     /// REQUEST to send (host-initiated).
     pub send_request: bool,
+    /// The host client sent bytes right behind its `CONNECT` line, before our `OK` (a real
+    /// client sends its first frame at once; a silent flood does not): its `REQUEST` goes
+    /// ahead, and it is never pushed out at the cap.
+    pub eager: bool,
     /// RESPONSE to send (guest-initiated).
     pub send_response: bool,
     /// CREDIT_UPDATE to send.
@@ -101,6 +105,7 @@ impl Conn {
             token,
             state,
             send_request: false,
+            eager: false,
             send_response: false,
             send_credit_update: false,
             send_shutdown: false,

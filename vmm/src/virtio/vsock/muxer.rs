@@ -6,17 +6,32 @@
 //! ([`guest_connects_refused`]); nothing on the host is ever connected on the guest's behalf.
 //!
 //! Bounded everywhere: at most [`MAX_CONNECTIONS`] connections plus pending host clients
-//! (beyond that a new host client replaces the oldest silent one, or is closed at once when
-//! every slot is a connection), at most
+//! (beyond that a new host client replaces the oldest silent one: one still sending its
+//! `CONNECT` line, else one whose `REQUEST` has not gone out and that sent nothing behind its
+//! line, else, for a client that sent its first bytes with its line, a connection the guest
+//! accepted and has sent nothing on since; it is closed at once when none of these is
+//! left), at most
 //! [`MAX_QUEUED_RST`] queued bare RST replies, a connection the guest closed lingers at most
 //! `connection::CLOSE_LINGER` to deliver what it still buffers, and a host socket is only watched for input while
 //! the guest has credit and we have not yet seen it readable, so a guest that posts no RX
 //! buffers costs no CPU.
 //!
+//! RX buffers go to two queues in turn: connections that carry traffic (data, credit,
+//! shutdowns, responses) and new connections' `REQUEST`s. A flood of new connections then
+//! cannot hold back the traffic of those already made (a client's first bytes, its `Hello`
+//! to the agent, wait behind one `REQUEST` at most, not behind every one queued), and busy
+//! streams cannot hold back new connections either. Among new connections, those whose
+//! client sent its first bytes right behind the `CONNECT` line (as the agent client does)
+//! go first: a real client is not queued behind a flood of silent ones. And the traffic of
+//! quiet connections (the guest accepted them and has sent nothing since, their client sent
+//! nothing with its line: a silent flood's, when it closes) gets one traffic turn in
+//! [`QUIET_EVERY`], so a thousand of them closing at once delay a real client's `Hello` by a
+//! few packets, not a thousand.
+//!
 //! Split by direction: `host` (host clients, handshakes, socket events), `guest` (the TX
 //! queue), `rx` (the RX and event queues); this file holds the state and the worker glue.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
@@ -33,6 +48,8 @@ use super::unix::{Handshake, PendingClient, RESPONSE_TIMEOUT};
 use crate::virtio::queue::{self, Buf, QueueError};
 use crate::virtio::worker::{Ctx, HANDLER_TOKEN_BASE, Handler};
 
+#[cfg(test)]
+mod flood_tests;
 mod guest;
 mod host;
 #[cfg(test)]
@@ -47,6 +64,9 @@ pub const MAX_CONNECTIONS: usize = 1023;
 pub const ACCEPT_BATCH: usize = 64;
 /// Most bare RST replies waiting for RX buffers.
 pub const MAX_QUEUED_RST: usize = 1024;
+/// Of the RX buffers that go to connections' traffic, quiet connections get one in this many
+/// when others have traffic too (see [`Muxer`]'s module docs).
+pub const QUIET_EVERY: u32 = 4;
 /// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`.
 pub const EVENT_TRANSPORT_RESET: u32 = 0;
 
@@ -76,7 +96,22 @@ pub struct Muxer {
     conns: HashMap<ConnKey, Conn>,
     slots: HashMap<u64, Slot>,
     pending: usize,
+    /// Connections with traffic for the RX queue (round-robin).
     rx_ready: VecDeque<ConnKey>,
+    /// The same, of quiet connections: the guest accepted them and has sent nothing since,
+    /// and their client sent nothing with its line (a silent flood's, closing).
+    rx_quiet: VecDeque<ConnKey>,
+    /// Traffic turns taken, for [`QUIET_EVERY`].
+    traffic_turns: u32,
+    /// New connections whose `REQUEST` waits for an RX buffer: those whose client already
+    /// sent its first bytes ([`Conn::eager`]) first, then the others, each in arrival order.
+    rx_eager: VecDeque<ConnKey>,
+    rx_new: VecDeque<ConnKey>,
+    /// Whose turn the next RX buffer is: `rx_new`'s when true (see the module docs).
+    new_turn: bool,
+    /// Connections the guest accepted and has sent nothing on yet, oldest (lowest token)
+    /// first: what a host client at the connection cap may push out.
+    silent: BTreeMap<u64, ConnKey>,
     rsts: VecDeque<Header>,
     next_token: u64,
     next_host_port: u32,
@@ -99,6 +134,12 @@ impl Muxer {
             slots: HashMap::new(),
             pending: 0,
             rx_ready: VecDeque::new(),
+            rx_quiet: VecDeque::new(),
+            traffic_turns: 0,
+            rx_eager: VecDeque::new(),
+            rx_new: VecDeque::new(),
+            new_turn: false,
+            silent: BTreeMap::new(),
             rsts: VecDeque::new(),
             next_token: TOKEN_LISTENER + 1,
             next_host_port: FIRST_HOST_PORT,
@@ -152,8 +193,45 @@ impl Muxer {
             && c.has_rx_work()
         {
             c.queued = true;
-            self.rx_ready.push_back(key);
+            let quiet = !c.eager && self.silent.contains_key(&c.token);
+            match (c.send_request, c.eager) {
+                (true, true) => self.rx_eager.push_back(key),
+                (true, false) => self.rx_new.push_back(key),
+                (false, _) if quiet => self.rx_quiet.push_back(key),
+                (false, _) => self.rx_ready.push_back(key),
+            }
         }
+    }
+
+    /// The next connection to get an RX buffer: traffic and new connections in turn (see the
+    /// module docs), eager new connections before the others, and quiet connections' traffic
+    /// on one traffic turn in [`QUIET_EVERY`] (or when no other has any).
+    fn next_ready(&mut self) -> Option<ConnKey> {
+        let any_new = !self.rx_eager.is_empty() || !self.rx_new.is_empty();
+        let any_traffic = !self.rx_ready.is_empty() || !self.rx_quiet.is_empty();
+        let new = any_new && (self.new_turn || !any_traffic);
+        self.new_turn = !new;
+        if new {
+            return self
+                .rx_eager
+                .pop_front()
+                .or_else(|| self.rx_new.pop_front());
+        }
+        self.traffic_turns = self.traffic_turns.wrapping_add(1);
+        if (self.traffic_turns.is_multiple_of(QUIET_EVERY) || self.rx_ready.is_empty())
+            && let Some(key) = self.rx_quiet.pop_front()
+        {
+            return Some(key);
+        }
+        self.rx_ready.pop_front()
+    }
+
+    /// Whether a connection is waiting for an RX buffer.
+    fn conns_queued(&self) -> bool {
+        !self.rx_ready.is_empty()
+            || !self.rx_quiet.is_empty()
+            || !self.rx_eager.is_empty()
+            || !self.rx_new.is_empty()
     }
 
     fn sync_interest(&mut self, key: ConnKey, ctx: &dyn VsockQueues) {
@@ -176,11 +254,15 @@ impl Muxer {
     fn remove(&mut self, key: ConnKey, rst: bool) {
         if let Some(c) = self.conns.remove(&key) {
             self.slots.remove(&c.token);
+            self.silent.remove(&c.token);
             if c.queued {
                 // Never leave a dead key queued: a connection made again under the same key
                 // would be queued twice, and keys of dead connections would pile up while the
                 // guest posts no RX buffers (at most MAX_CONNECTIONS entries to scan).
                 self.rx_ready.retain(|k| *k != key);
+                self.rx_quiet.retain(|k| *k != key);
+                self.rx_eager.retain(|k| *k != key);
+                self.rx_new.retain(|k| *k != key);
             }
             if rst {
                 self.queue_rst(key);
@@ -233,6 +315,9 @@ impl Muxer {
             self.remove(k, false);
         }
         self.rx_ready.clear();
+        self.rx_quiet.clear();
+        self.rx_eager.clear();
+        self.rx_new.clear();
         self.rsts.clear();
     }
 
@@ -310,7 +395,9 @@ impl Muxer {
     pub fn socket_event(&mut self, token: u64, events: EventSet, ctx: &mut dyn VsockQueues) {
         match self.slots.get(&token) {
             _ if token == TOKEN_LISTENER => self.accept_all(ctx),
-            Some(Slot::Pending(_)) => self.handshake(token, ctx),
+            Some(Slot::Pending(_)) => {
+                self.handshake(token, ctx);
+            }
             Some(Slot::Conn(key)) => {
                 let key = *key;
                 self.conn_event(key, events, ctx);

@@ -76,6 +76,17 @@ impl Muxer {
                     return;
                 }
                 c.state = State::Established;
+                if c.send_request {
+                    // An answer to a REQUEST never sent (a guest guessing ports): nothing
+                    // more to send it; out of the new connections' queues.
+                    c.send_request = false;
+                    if c.queued {
+                        c.queued = false;
+                        self.rx_eager.retain(|k| *k != key);
+                        self.rx_new.retain(|k| *k != key);
+                    }
+                }
+                self.silent.insert(c.token, key);
             }
             // The guest gave up waiting for our RST after its close (Linux: 8 s); what it
             // sent before closing is still delivered, within CLOSE_LINGER.
@@ -102,6 +113,9 @@ impl Muxer {
                 }
             }
             op::RW if c.state == State::Established => {
+                if !payload.is_empty() {
+                    self.silent.remove(&c.token);
+                }
                 if let Err(e) = c.push_tx(payload) {
                     tracing::debug!("vsock: {e}; resetting connection");
                     self.remove(key, true);

@@ -2,12 +2,19 @@
 //! handshake (bounded by the connection limit and a deadline), host port allocation, and
 //! readiness events on established connections' sockets.
 //!
-//! At the connection cap a new host client takes the slot of the oldest one still silent (no
-//! complete `CONNECT` line yet) rather than being refused: silent clients, however many and
-//! however fast they come, can delay a real client by at most one accept round, never lock it
-//! out. Only connections the guest accepted are never evicted. Each listener event accepts at
-//! most [`ACCEPT_BATCH`] clients, so the handshakes of those already accepted are read before
-//! a flood can push them out.
+//! At the connection cap a new host client takes the slot of the oldest one still silent
+//! rather than being refused: first a client with no complete `CONNECT` line yet, else one
+//! whose `REQUEST` has not gone out and that sent nothing behind its line; and a client that
+//! sent its first bytes with its line (the agent client sends its `Hello` so) may also push
+//! out the connection the guest accepted longest ago and has sent nothing on since (the agent
+//! answers nothing before a valid `Hello`, so these are the connections it has not
+//! authenticated, silent or slow). Host clients that flood the socket, with or without their
+//! `CONNECT` line, however fast they come back, then push out each other or are refused on
+//! the host, costing the guest nothing, while a real client gets in; a connection the guest
+//! has answered on, or whose client sent its first bytes with its line, is never evicted.
+//! Each listener event accepts at most [`ACCEPT_BATCH`] clients, and what a client already
+//! sent is read as it is accepted, so a real client's line (and its first bytes) are seen
+//! before a flood can push it out.
 
 use super::*;
 
@@ -19,10 +26,6 @@ impl Muxer {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return,
             };
-            if self.count() >= self.max_conns && !self.evict_oldest_pending() {
-                tracing::debug!("vsock: connection limit reached; refusing host client");
-                continue;
-            }
             let Ok(p) = PendingClient::new(stream, Instant::now()) else {
                 continue;
             };
@@ -36,6 +39,45 @@ impl Muxer {
             self.add_timer(p.deadline, Timer::Pending(token));
             self.slots.insert(token, Slot::Pending(p));
             self.pending += 1;
+            // What the client already sent is read now, not at its next event: whether it
+            // speaks at once decides what it may push out at the cap (one past the cap for
+            // this moment: the descriptor budget keeps room for it).
+            let newcomer = self.handshake(token, ctx);
+            if self.count() > self.max_conns {
+                self.make_room(newcomer);
+            }
+        }
+    }
+
+    /// One connection over the cap, the newest being `newcomer` (pending, or connecting if
+    /// its line was complete): drops the oldest silent client (see the module docs), or the
+    /// newcomer when nothing it may push out is left. Only a newcomer that sent its first
+    /// bytes with its line pushes out a connection the guest accepted: a flood of silent
+    /// clients then costs the guest nothing past the cap, its connections are refused on
+    /// the host.
+    fn make_room(&mut self, newcomer: Option<u64>) {
+        let newcomer = newcomer.unwrap_or(0);
+        let eager = match self.slots.get(&newcomer) {
+            Some(Slot::Conn(key)) => self.conns.get(key).is_some_and(|c| c.eager),
+            _ => false,
+        };
+        if self.evict_oldest_pending() || self.evict_oldest_unsent() {
+            return;
+        }
+        if eager && self.evict_oldest_silent() {
+            return;
+        }
+        tracing::debug!("vsock: connection limit reached; refusing host client");
+        match self.slots.get(&newcomer) {
+            Some(Slot::Pending(_)) => {
+                self.slots.remove(&newcomer);
+                self.pending -= 1;
+            }
+            Some(Slot::Conn(key)) => {
+                let key = *key;
+                self.remove(key, false);
+            }
+            None => {}
         }
     }
 
@@ -54,35 +96,59 @@ impl Muxer {
         true
     }
 
-    pub(super) fn handshake(&mut self, token: u64, ctx: &dyn VsockQueues) {
+    /// Drops the oldest connection whose `REQUEST` has not gone out and whose client sent
+    /// nothing behind its `CONNECT` line (the guest has not heard of it: nothing to tell it);
+    /// false if there is none.
+    fn evict_oldest_unsent(&mut self) -> bool {
+        let Some(key) = self.rx_new.pop_front() else {
+            return false;
+        };
+        tracing::debug!("vsock: connection limit reached; evicting the oldest silent client");
+        self.remove(key, false);
+        true
+    }
+
+    /// Drops the connection the guest accepted longest ago and has sent nothing on since,
+    /// telling the guest (`RST`); false if there is none.
+    fn evict_oldest_silent(&mut self) -> bool {
+        let Some((_, key)) = self.silent.pop_first() else {
+            return false;
+        };
+        tracing::debug!("vsock: connection limit reached; evicting the oldest silent connection");
+        self.remove(key, true);
+        true
+    }
+
+    /// Reads what the pending client `token` sent; a complete `CONNECT` line makes it a
+    /// connection. Returns its slot's token afterwards (the same while its line is
+    /// incomplete, a new one once it is a connection), `None` once it is gone.
+    pub(super) fn handshake(&mut self, token: u64, ctx: &dyn VsockQueues) -> Option<u64> {
         let Some(Slot::Pending(p)) = self.slots.get_mut(&token) else {
-            return;
+            return None;
         };
         let port = match p.advance() {
-            Handshake::Incomplete => return,
+            Handshake::Incomplete => return Some(token),
             Handshake::Drop => None,
             Handshake::Connect(port) => Some(port),
         };
         let Some(Slot::Pending(p)) = self.slots.remove(&token) else {
-            return;
+            return None;
         };
         self.pending -= 1;
-        let Some(guest_port) = port else {
-            return;
-        };
+        let guest_port = port?;
         let fd = p.stream.as_raw_fd();
         ctx.epoll_ctl(ControlOperation::Delete, fd, EventSet::IN, token);
-        let Some(host_port) = self.alloc_host_port(guest_port) else {
-            return;
-        };
+        let host_port = self.alloc_host_port(guest_port)?;
         let mut conn = Conn::new(p.stream, 0, State::Connecting);
         conn.send_request = true;
+        conn.eager = crate::sys::has_unread(&conn.stream);
         let key = (host_port, guest_port);
         let token = self.insert_conn(key, conn, ctx);
         self.add_timer(
             Instant::now() + RESPONSE_TIMEOUT,
             Timer::Connecting(key, token),
         );
+        Some(token)
     }
 
     pub(super) fn alloc_host_port(&mut self, guest_port: u32) -> Option<u32> {

@@ -23,8 +23,8 @@ const PKT_ADDR: u64 = 0x1000;
 const RX_SIZE: u16 = 16;
 const RX_DESC: u64 = 0x4000;
 const RX_AVAIL: u64 = 0x5000;
-const RX_USED: u64 = 0x6000;
-const RX_BUFS: u64 = 0x10000;
+pub(super) const RX_USED: u64 = 0x6000;
+pub(super) const RX_BUFS: u64 = 0x10000;
 
 /// The guest's side of the RX queue: what it posted, and how much the device used.
 #[derive(Default)]
@@ -71,7 +71,7 @@ impl RxRing {
 }
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     /// A TX packet from the guest.
     Guest(Header, Vec<u8>),
     /// A host client connects and sends these bytes (a `CONNECT` line or garbage).
@@ -134,6 +134,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     let connect_line = prop_oneof![
         3 => prop_oneof![Just(1024u32), Just(5555), any::<u32>()]
             .prop_map(|p| format!("CONNECT {p}\n").into_bytes()),
+        // A client that sends its first bytes with its line (eager).
+        1 => Just(b"CONNECT 1024\nhello".to_vec()),
         1 => proptest::collection::vec(any::<u8>(), 0..80),
     ];
     prop_oneof![
@@ -150,7 +152,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 
 /// Every table stays within its bound and the bookkeeping agrees with itself.
 fn assert_bounded(m: &Muxer) {
-    assert!(m.count() <= MAX_CONNECTIONS, "{} connections", m.count());
+    assert!(m.count() <= m.max_conns, "{} connections", m.count());
+    assert!(m.max_conns <= MAX_CONNECTIONS);
     assert_eq!(m.slots.len(), m.conns.len() + m.pending, "slots vs conns");
     assert!(
         m.rsts.len() <= MAX_QUEUED_RST,
@@ -164,11 +167,33 @@ fn assert_bounded(m: &Muxer) {
         "scratch buffer resized"
     );
     let queued = m.conns.values().filter(|c| c.queued).count();
-    assert_eq!(m.rx_ready.len(), queued, "rx_ready vs queued flags");
-    for key in &m.rx_ready {
+    assert_eq!(
+        m.rx_ready.len() + m.rx_quiet.len() + m.rx_eager.len() + m.rx_new.len(),
+        queued,
+        "rx queues vs queued flags"
+    );
+    let traffic = m.rx_ready.iter().chain(&m.rx_quiet);
+    for key in traffic.chain(&m.rx_eager).chain(&m.rx_new) {
         assert!(
             m.conns.get(key).is_some_and(|c| c.queued),
             "dead key {key:?} queued"
+        );
+    }
+    let new = m.rx_new.iter().map(|k| (k, false));
+    for (key, eager) in new.chain(m.rx_eager.iter().map(|k| (k, true))) {
+        let c = &m.conns[key];
+        assert!(
+            c.send_request && c.eager == eager,
+            "{key:?} in the wrong queue of new connections"
+        );
+    }
+    assert!(m.silent.len() <= m.conns.len(), "silent entries");
+    for (token, key) in &m.silent {
+        assert!(
+            m.conns
+                .get(key)
+                .is_some_and(|c| c.token == *token && c.state == State::Established),
+            "silent entry {key:?} is not an established connection"
         );
     }
     for c in m.conns.values() {
@@ -181,20 +206,25 @@ fn assert_bounded(m: &Muxer) {
 }
 
 /// What a run leaves: the muxer, the live host clients, the directory of its socket.
-struct Ran {
-    m: Muxer,
-    mem: GuestMemoryMmap,
-    clients: Vec<UnixStream>,
+pub(super) struct Ran {
+    pub(super) m: Muxer,
+    pub(super) mem: GuestMemoryMmap,
+    pub(super) clients: Vec<UnixStream>,
     _dir: tempfile::TempDir,
 }
 
 /// Runs `ops` against a fresh muxer, checking the bounds after every step.
 fn run(ops: Vec<Op>) -> Ran {
+    run_capped(MAX_CONNECTIONS, ops)
+}
+
+/// [`run`] with the connection cap at `cap`.
+pub(super) fn run_capped(cap: usize, ops: Vec<Op>) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     listener.set_nonblocking(true).unwrap();
-    let mut m = Muxer::new(GUEST_CID, listener);
+    let mut m = Muxer::new(GUEST_CID, listener).with_max_connections(cap);
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
     let mut queues = [
         Queue::new(256).unwrap(),
@@ -330,7 +360,7 @@ fn a_request_flood_stays_within_the_rst_bound() {
     assert!(guest_connects_refused() - before >= MAX_QUEUED_RST as u64 + 500);
 }
 
-fn guest(src_port: u32, dst_port: u32, o: u16, payload: &[u8]) -> Op {
+pub(super) fn guest(src_port: u32, dst_port: u32, o: u16, payload: &[u8]) -> Op {
     let hdr = Header {
         src_cid: GUEST_CID,
         dst_cid: HOST_CID,
@@ -359,13 +389,13 @@ fn a_scripted_connection_reaches_every_state() {
         ran.m.conns.get(&key).map(|c| c.state),
         Some(State::Connecting)
     );
-    assert!(ran.m.conns[&key].send_request && ran.m.rx_ready.contains(&key));
+    assert!(ran.m.conns[&key].send_request && ran.m.rx_new.contains(&key));
     // One RX buffer: the guest receives the REQUEST for port 1024 from the host port.
     let ran = run(vec![
         Op::HostConnect(b"CONNECT 1024\n".to_vec()),
         Op::GuestRx(1, 4096),
     ]);
-    assert!(ran.m.rx_ready.is_empty() && !ran.m.conns[&key].send_request);
+    assert!(ran.m.rx_new.is_empty() && !ran.m.conns[&key].send_request);
     let mut hb = [0u8; HDR_SIZE];
     ran.mem.read_slice(&mut hb, GuestAddress(RX_BUFS)).unwrap();
     let h = Header::parse(&hb).unwrap();
@@ -394,7 +424,7 @@ fn a_scripted_connection_reaches_every_state() {
         guest(7, 8, op::RW, b"nobody"),
     ];
     let ran = run(ops);
-    assert!(ran.m.conns.is_empty() && ran.m.rx_ready.is_empty());
+    assert!(ran.m.conns.is_empty() && ran.m.rx_ready.is_empty() && ran.m.rx_new.is_empty());
     let rsts: Vec<(u32, u32)> = ran
         .m
         .rsts

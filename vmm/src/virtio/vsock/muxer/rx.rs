@@ -1,5 +1,6 @@
 //! Host to guest: filling the RX queue (bare RSTs first, then ready connections in
-//! round-robin, within the guest's credit) and the event queue's transport reset.
+//! round-robin, connections with traffic and new ones' `REQUEST`s in turn, within the
+//! guest's credit) and the event queue's transport reset.
 
 use super::*;
 
@@ -9,7 +10,7 @@ impl Muxer {
     pub(super) fn fill_rx(&mut self, ctx: &mut dyn VsockQueues) -> Result<(), QueueError> {
         let mut used = false;
         loop {
-            let conns_ready = !self.rx_ready.is_empty() && !self.reset_unacked;
+            let conns_ready = self.conns_queued() && !self.reset_unacked;
             if self.rsts.is_empty() && !conns_ready {
                 break;
             }
@@ -41,10 +42,10 @@ impl Muxer {
         Ok(())
     }
 
-    /// Write the next packet of the first ready connection into `bufs`; 0 if none was written
+    /// Write the next packet of the next ready connection into `bufs`; 0 if none was written
     /// (the chain is then put back).
     pub(super) fn conn_packet(&mut self, bufs: &[Buf], ctx: &dyn VsockQueues) -> usize {
-        let Some(key) = self.rx_ready.pop_front() else {
+        let Some(key) = self.next_ready() else {
             return 0;
         };
         let cid = self.guest_cid;

@@ -1,0 +1,135 @@
+//! The hybrid-vsock side of a connection: connecting to a VM's socket (a full listen backlog
+//! retried), the `CONNECT <port>\n` → `OK <n>\n` exchange (with the first bytes sent behind
+//! the line), and what a failed exchange means.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::ClientError;
+
+/// What a failed `CONNECT` exchange means, for [`ClientError::VsockHandshake`].
+pub(super) fn describe_handshake(port: u32, reply: &str) -> String {
+    if reply.is_empty() {
+        return format!(
+            "the VM's vsock device closed the connection without answering CONNECT {port} (the \
+             guest refused or reset it, did not answer within the device's deadline, or the \
+             device was at its connection cap)"
+        );
+    }
+    let shown: String = reply.escape_debug().take(80).collect();
+    format!("the VM's vsock device answered CONNECT {port} with \"{shown}\", not OK")
+}
+
+/// Connects to `path`. A full listen backlog (`EAGAIN` on a Unix socket: a flood of other
+/// clients the backend has not accepted yet) is retried after a short pause; the caller's
+/// connect timeout bounds the whole.
+pub(super) async fn connect_retrying(path: &std::path::Path) -> std::io::Result<UnixStream> {
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match UnixStream::connect(path).await {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How long an abandoned hybrid-vsock handshake stays open waiting for the backend's reply.
+const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
+
+/// The hybrid-vsock `CONNECT` exchange, in a task of its own that owns the connection.
+///
+/// A backend must never see the host side close between `CONNECT` and its `OK`:
+/// vhost-device-vsock 0.3.0 (the tcg driver's backend before `vm-vsock`) then failed to write
+/// `OK` and its vring worker panicked, after which that VM's vsock answered no connection. So neither a
+/// timeout nor a caller that drops this future (a `select!`, Ctrl-C) closes a connection
+/// mid-handshake: the caller gets its timeout at once, while the task keeps the connection
+/// until the reply line or EOF arrives (at most [`HANDSHAKE_LINGER`]), and only then drops it.
+pub(super) async fn vsock_handshake(
+    s: UnixStream,
+    port: u32,
+    first: Vec<u8>,
+    timeout: Duration,
+) -> Result<UnixStream, ClientError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut s = s;
+        match tokio::time::timeout(timeout, vsock_connect(&mut s, port, &first)).await {
+            Ok(result) => {
+                // If the caller is gone, `s` is dropped after the reply: harmless.
+                let _ = tx.send(result.map(|()| s));
+            }
+            Err(_) => {
+                let _ = tx.send(Err(ClientError::Timeout {
+                    step: "hybrid vsock connect",
+                }));
+                let _ = tokio::time::timeout(HANDSHAKE_LINGER, drain_line(&mut s)).await;
+            }
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(ClientError::Io {
+            step: "hybrid vsock connect",
+            source: std::io::Error::other("the handshake task ended without an answer"),
+        })
+    })
+}
+
+/// Reads until a newline or EOF, at most 64 bytes (the rest of a `CONNECT` reply line).
+async fn drain_line(s: &mut UnixStream) {
+    let mut b = [0u8; 1];
+    for _ in 0..64 {
+        match s.read(&mut b).await {
+            Ok(1) if b[0] != b'\n' => {}
+            _ => return,
+        }
+    }
+}
+
+/// Sends `CONNECT <port>\n` and `first` (the bytes that follow the line; the backend passes
+/// them on once the guest accepted) in one write, then reads the reply line.
+async fn vsock_connect(s: &mut UnixStream, port: u32, first: &[u8]) -> Result<(), ClientError> {
+    let step = "hybrid vsock connect";
+    // The backend closed the connection (before our bytes were read it is a reset, not an
+    // end of file): it answered nothing, or only `line`.
+    let io = |line: &[u8], source: std::io::Error| match source.kind() {
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+            ClientError::VsockHandshake {
+                port,
+                reply: String::from_utf8_lossy(line).into_owned(),
+            }
+        }
+        _ => ClientError::Io { step, source },
+    };
+    let mut out = format!("CONNECT {port}\n").into_bytes();
+    out.extend_from_slice(first);
+    s.write_all(&out).await.map_err(|e| io(&[], e))?;
+    // Read byte by byte so nothing past the line is consumed; bounded to 64 bytes.
+    let mut line = Vec::with_capacity(64);
+    loop {
+        let mut b = [0u8; 1];
+        let n = s.read(&mut b).await.map_err(|e| io(&line, e))?;
+        if n == 0 || line.len() >= 64 {
+            return Err(ClientError::VsockHandshake {
+                port,
+                reply: String::from_utf8_lossy(&line).into_owned(),
+            });
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        line.push(b[0]);
+    }
+    let reply = String::from_utf8_lossy(&line);
+    match reply.strip_prefix("OK ") {
+        Some(n) if n.trim().parse::<u32>().is_ok() => Ok(()),
+        _ => Err(ClientError::VsockHandshake {
+            port,
+            reply: reply.into_owned(),
+        }),
+    }
+}
