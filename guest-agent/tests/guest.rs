@@ -211,8 +211,17 @@ async fn pid1_duties_in_a_guest() {
 /// `Resume` as PID 1 in a real guest kernel: the host's entropy added (`RNDADDENTROPY`) and
 /// the CRNG reseeded (`RNDRESEEDCRNG`): the request fails if either ioctl does; then the
 /// generation in `/run/vm/generation`, the clock stepped to the host's, and only the new
-/// token answered. Returns the client with the new token.
+/// token answered; `boot_id` is new (our kernel's patch: a forced reseed renews it, which
+/// Linux alone never does). Returns the client with the new token.
 async fn resume_reseeds_and_publishes_the_generation(c: &AgentClient) -> AgentClient {
+    let boot_id = "cat /proc/sys/kernel/random/boot_id";
+    let (before, _) = sh(c, &format!("{boot_id}; {boot_id}")).await;
+    let mut ids = before.lines();
+    let first = ids.next().unwrap_or_default().to_string();
+    assert!(
+        first.len() == 36 && ids.next() == Some(first.as_str()),
+        "boot_id is stable between reads: {before:?}"
+    );
     let new = c
         .resume(guest_agent::AgentToken::generate().unwrap(), 3)
         .await
@@ -238,6 +247,12 @@ async fn resume_reseeds_and_publishes_the_generation(c: &AgentClient) -> AgentCl
         "guest {guest_secs}, host {host_secs}"
     );
     assert!(c.ping().await.is_err(), "the old token still answered");
+    let (after, _) = sh(&new, boot_id).await;
+    let after = after.trim();
+    assert!(
+        after.len() == 36 && after != first,
+        "boot_id after the resume: {after:?}, before: {first:?}"
+    );
     new
 }
 
