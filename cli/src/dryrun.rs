@@ -58,7 +58,7 @@ pub fn report(plan: &Plan<'_>, as_json: bool) -> anyhow::Result<u8> {
         (Err(_), _) => (exit::REFUSED, "refused"),
         (Ok(_), Ok(_)) if jail_refusal.is_some() => (exit::REFUSED, "refused"),
         (Ok(_), Err(e)) => {
-            let code = exit::classify_cause(e).unwrap_or(exit::FAILED);
+            let code = exit::code(vm_sandbox::classify(e).class);
             (
                 code,
                 if code == exit::NO_DRIVER {

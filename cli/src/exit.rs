@@ -1,4 +1,5 @@
-//! Exit codes of the `vm` binary: the whole table, and the one mapping from errors to it.
+//! Exit codes of the `vm` binary: the whole table ([`codes`]: each error class's code), the
+//! CLI's own coded errors, and rendering an error on one line.
 //!
 //! `vm exec` (and `vm exec NAME`) exits with the guest command's own status, so the codes
 //! `vm` uses for itself sit where a shell already reserves meanings (the same choice
@@ -24,27 +25,15 @@
 //! unchanged will not help", which is what 126/127 tell a script; the `vm: …` line on
 //! stderr says which. A guest command that itself exits 124–127 is indistinguishable from
 //! these by the number alone.
+//!
+//! A library error's code is its class's ([`vm_sandbox::classify`]: the class is decided
+//! once, in `vm-sandbox`, for the CLI, the Python SDK and the containerd shim alike).
 
 use std::fmt;
 
-/// Success.
-pub const OK: u8 = 0;
-/// Usage error (clap's own code).
-pub const USAGE: u8 = 2;
-/// Wall lifetime expired.
-pub const TIMEOUT: u8 = 124;
-/// `vm` itself failed.
-pub const FAILED: u8 = 125;
-/// Refused by validation or policy.
-pub const REFUSED: u8 = 126;
-/// No driver can contain the work here.
-pub const NO_DRIVER: u8 = 127;
-/// The guest command cannot be executed (docker/podman's code for it).
-pub const NOT_EXECUTABLE: u8 = 126;
-/// The guest command was not found (docker/podman's code for it).
-pub const COMMAND_NOT_FOUND: u8 = 127;
-/// Interrupted by SIGINT/SIGTERM.
-pub const INTERRUPTED: u8 = 130;
+mod codes;
+
+pub use codes::*;
 
 /// The text appended to `vm --help`.
 pub const HELP_TABLE: &str = "\
@@ -94,120 +83,13 @@ pub fn failed(message: impl Into<String>) -> anyhow::Error {
     .into()
 }
 
-/// Maps an error to its exit code by looking through its cause chain for the
-/// error types whose meaning is known: CLI-coded errors, then library errors
-/// ([`classify_cause`]). Anything else is `vm` itself failing.
+/// Maps an error to its exit code: a CLI-coded error's own, else its class's
+/// ([`vm_sandbox::classify`], [`code`]).
 pub fn classify(err: &anyhow::Error) -> u8 {
-    for cause in err.chain() {
-        if let Some(c) = cause.downcast_ref::<Coded>() {
-            return c.code;
-        }
-        if let Some(code) = classify_cause(cause) {
-            return code;
-        }
+    if let Some(c) = err.chain().find_map(|c| c.downcast_ref::<Coded>()) {
+        return c.code;
     }
-    FAILED
-}
-
-/// The exit code of one library error type found in an error's cause chain, if it has one.
-pub fn classify_cause(e: &(dyn std::error::Error + 'static)) -> Option<u8> {
-    use vm_sandbox::drivers::{MachineError, NoDriverError};
-    use vm_sandbox::{PublishError, SandboxError, SelectError};
-    use vm_spec::{AdmitError, SpecError};
-    if let Some((code, _)) = guest_command_error(e) {
-        return Some(code);
-    }
-    if e.is::<SpecError>() {
-        return Some(REFUSED);
-    }
-    if let Some(a) = e.downcast_ref::<AdmitError>() {
-        return Some(match a {
-            AdmitError::NoneAdmissible { .. } => NO_DRIVER,
-            AdmitError::Forbidden { .. } => REFUSED,
-        });
-    }
-    if e.is::<NoDriverError>() {
-        return Some(NO_DRIVER);
-    }
-    if let Some(s) = e.downcast_ref::<SelectError>() {
-        return Some(match s {
-            SelectError::NoDriver { .. } => NO_DRIVER,
-            SelectError::Unknown { .. } => USAGE,
-            SelectError::Unusable(d) if d.available => REFUSED,
-            SelectError::Unusable(_) => NO_DRIVER,
-        });
-    }
-    if let Some(s) = e.downcast_ref::<SandboxError>() {
-        match s {
-            // Select/Admit/Machine carry their cause in the chain; `classify` reaches it.
-            SandboxError::Path(_) | SandboxError::Glob(_) | SandboxError::NoCommand => {
-                return Some(USAGE);
-            }
-            SandboxError::Unsupported(_) => return Some(FAILED),
-            // Transparent: its own error is not in the chain, so it is classified here.
-            SandboxError::Snapshot(s) => return Some(snapshot_code(s)),
-            _ => {}
-        }
-    }
-    if e.is::<PublishError>() {
-        return Some(USAGE);
-    }
-    if let Some(s) = e.downcast_ref::<vm_sandbox::SnapshotError>() {
-        return Some(snapshot_code(s));
-    }
-    if let Some(r) = e.downcast_ref::<vm_sandbox::ImageRootError>()
-        && r.is_bad_reference()
-    {
-        return Some(USAGE);
-    }
-    if let Some(MachineError::WallExpired { .. }) = e.downcast_ref::<MachineError>() {
-        return Some(TIMEOUT);
-    }
-    if e.is::<crate::state::StateError>() {
-        return Some(FAILED);
-    }
-    // Attaching classifies by its cause (a refused spec, a missing token); the rest failed.
-    if let Some(n) = e.downcast_ref::<crate::state::named::NamedError>()
-        && !matches!(n, crate::state::named::NamedError::Attach { .. })
-    {
-        return Some(FAILED);
-    }
-    None
-}
-
-/// The exit code of a snapshot error: a bad name or an existing snapshot is usage, what a
-/// restore cannot honour (another driver, a changed mount, another version, a driver without
-/// snapshots, a directory or file someone else could write) is refused, the rest is `vm`
-/// failing.
-fn snapshot_code(s: &vm_sandbox::SnapshotError) -> u8 {
-    use vm_sandbox::SnapshotError as S;
-    match s {
-        S::Name(_) | S::Exists(_) => USAGE,
-        S::Changed { .. }
-        | S::Driver { .. }
-        | S::Unsupported { .. }
-        | S::Version { .. }
-        | S::NotPrivate { .. } => REFUSED,
-        S::Machine(vm_sandbox::drivers::SnapshotError::Unsupported { .. }) => REFUSED,
-        _ => FAILED,
-    }
-}
-
-/// The code and the agent's shell-like message when `e` says the guest command itself
-/// could not be started because it was not found or cannot be executed.
-fn guest_command_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<(u8, &'a str)> {
-    use vm_sandbox::agent::{ClientError, ErrorKind};
-    match e.downcast_ref::<ClientError>()? {
-        ClientError::Agent {
-            kind: ErrorKind::CommandNotFound,
-            message,
-        } => Some((COMMAND_NOT_FOUND, message)),
-        ClientError::Agent {
-            kind: ErrorKind::NotExecutable,
-            message,
-        } => Some((NOT_EXECUTABLE, message)),
-        _ => None,
-    }
+    code(vm_sandbox::classify(err.as_ref()).class)
 }
 
 /// Renders an error as one line: the messages of the cause chain joined by `: `,
@@ -215,8 +97,8 @@ fn guest_command_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<(
 /// that was not found or cannot be executed is told the way a shell tells it
 /// (`NAME: command not found`), without the layers it came through.
 pub fn one_line(err: &anyhow::Error) -> String {
-    if let Some((_, message)) = err.chain().find_map(guest_command_error) {
-        return message.replace('\n', " ");
+    if let Some(line) = vm_sandbox::classify(err.as_ref()).command_line {
+        return line;
     }
     let mut out = String::new();
     for cause in err.chain() {

@@ -39,7 +39,7 @@ fn killed(status: WaitStatus) -> bool {
 
 #[test]
 fn a_reader_cannot_run_a_program_fork_mount_trace_or_change_identity() {
-    let cases: [(&str, fn()); 7] = [
+    let cases: [(&str, fn()); 8] = [
         ("execve", || {
             let _ = nix::unistd::execv(c"/bin/true", &[c"true"]);
         }),
@@ -67,6 +67,12 @@ fn a_reader_cannot_run_a_program_fork_mount_trace_or_change_identity() {
         ("unshare", || {
             let _ = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS);
         }),
+        ("setrlimit", || {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+                let _ = setrlimit(Resource::RLIMIT_NOFILE, soft.min(hard) / 2, hard);
+            }
+        }),
         ("netlink socket", || {
             let _ = nix::sys::socket::socket(
                 nix::sys::socket::AddressFamily::Netlink,
@@ -85,10 +91,14 @@ fn a_reader_cannot_run_a_program_fork_mount_trace_or_change_identity() {
 }
 
 #[test]
-fn a_reader_may_start_a_thread_and_use_a_unix_socket() {
+fn a_reader_may_start_a_thread_read_its_limits_and_use_a_unix_socket() {
     // The control: the same child under the same filter lives through what a reader does,
     // so the SIGSYS above is the list's doing, not the harness's.
     let status = under_filter(|| {
+        // A served port checks its descriptor limit (getrlimit) after confinement.
+        if nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).is_err() {
+            exit_now(4);
+        }
         let t = std::thread::spawn(|| {
             let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
             use std::io::{Read, Write};

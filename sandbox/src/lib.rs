@@ -46,6 +46,10 @@
 //! - **Roots from a runtime's snapshot.** [`SnapshotRoots`] turns a root filesystem another
 //!   runtime assembled (the containerd shim's snapshot) into the same read-only erofs root,
 //!   cached by the snapshot's identity, with one reference per VM using it.
+//! - **One classification of errors.** [`classify`] (and [`SandboxError::class`]) says what
+//!   kind of failure an error is ([`Class`]: refused, no driver, boot failed, wall expired,
+//!   …) and which field a refusal names; the CLI's exit codes, the Python SDK's exceptions
+//!   and the containerd shim's ttrpc codes are each one `match` over it.
 //! - **Callers need only this crate and `vm-spec`.** The agent types a caller handles are
 //!   re-exported in [`agent`], the driver registry in [`drivers`].
 //!
@@ -92,6 +96,7 @@
 //! # Ok(()) }
 //! ```
 
+mod class;
 pub mod confine;
 mod error;
 pub mod glob;
@@ -113,6 +118,7 @@ pub mod snapshot_root;
 pub mod snapshots;
 pub mod state;
 
+pub use class::{Class, Classified, classify};
 pub use error::SandboxError;
 pub use glob::{Glob, GlobError};
 pub use guest::{CopyError, DEFAULT_COPY_CAP, Guest, MemberRoot, Run};

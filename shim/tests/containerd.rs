@@ -285,6 +285,14 @@ fn refused_bundle_fails_ctr_run_with_our_message() {
             .contains("refused: linux.devices[0]: host device /dev/null cannot be given"),
         "{out:?}"
     );
+    // A spec the sandbox refuses (below the memory floor) reaches containerd classified:
+    // `invalid argument` naming the field, not an internal error.
+    let out = cd.run(&["--rm", "--memory-limit", "1048576"], "small", &["true"]);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("guarantees.limits.mem_mib") && out.stderr.contains("invalid argument"),
+        "{out:?}"
+    );
     // A read-only bind mount is honoured: a read-only disk in the guest.
     std::fs::write(host.join("f"), b"from the host\n").unwrap();
     let mount = format!(

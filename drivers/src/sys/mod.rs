@@ -13,7 +13,14 @@ pub mod term;
 /// executed, no process forked, no change of identity, namespace or mounts; a call outside
 /// its list ends the process with `SIGSYS`). Call it once every process this one will ever
 /// start is started (the VM's), before more of the guest is read.
+///
+/// The soft descriptor limit is raised to the hard one first ([`raise_nofile`]): a confined
+/// process may read its limits but never set them, and a served port's forwards need the
+/// descriptors. Failing to raise it is logged, not fatal (forwards then wait at the lower limit).
 pub fn confine_reader() -> Result<(), vm_jail::seccomp::SeccompError> {
+    if let Err(e) = raise_nofile() {
+        tracing::warn!(error = %e, "cannot raise RLIMIT_NOFILE before confining");
+    }
     vm_jail::seccomp::client::apply_to_process()
 }
 

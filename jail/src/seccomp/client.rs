@@ -158,6 +158,10 @@ pub const ALLOWED: &[Entry] = &[
         "terminal modes and sizes, non-blocking flags",
     ),
     (libc::SYS_prctl, "naming a new thread (PR_SET_NAME only)"),
+    (
+        libc::SYS_prlimit64,
+        "reading this process's own limits (getrlimit); never setting them",
+    ),
 ];
 
 /// `ioctl` requests a reader makes: the terminal's modes and size (`vm exec -t`), and the
@@ -217,6 +221,8 @@ fn build() -> Result<(BpfProgram, BpfProgram), seccompiler::BackendError> {
         libc::SYS_prctl,
         vec![rule(vec![eq(0, libc::PR_SET_NAME as u64)?])?],
     );
+    // getrlimit is prlimit64(0, resource, NULL, old): this process, nothing set.
+    rules.insert(libc::SYS_prlimit64, vec![rule(vec![eq(0, 0)?, eq(2, 0)?])?]);
     let allow = SeccompFilter::new(
         rules,
         SeccompAction::KillProcess,

@@ -8,6 +8,7 @@ use std::error::Error;
 
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
+use vm_sandbox::Class;
 
 /// Why a tool call did nothing (or stopped).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,30 +41,22 @@ impl Fault {
         Fault::Busy(message.into())
     }
 
-    /// A library error: a refusal when its chain holds one (a `vm-spec` refusal names its
-    /// field; an admission or driver refusal is the host's policy), else a failure, its
-    /// causes on one line. `host_mounts` is how many of the spec's mounts are the host's
-    /// (`-v`): a call's `mounts[i]` is the spec's `mounts[host_mounts + i]`.
+    /// A library error, by its class ([`vm_sandbox::classify`]): a refused spec names its
+    /// field as the tool argument it is; the host's policy refusing is `policy`; a bad image
+    /// reference is `image`; anything else is a failure, its causes on one line.
+    /// `host_mounts` is how many of the spec's mounts are the host's (`-v`): a call's
+    /// `mounts[i]` is the spec's `mounts[host_mounts + i]`.
     pub fn from_error(e: &(dyn Error + 'static), host_mounts: usize) -> Fault {
+        let c = vm_sandbox::classify(e);
         let text = vm_error_chain::error_chain(e);
-        let mut cause: Option<&(dyn Error + 'static)> = Some(e);
-        while let Some(c) = cause {
-            if let Some(spec) = c.downcast_ref::<vm_spec::SpecError>() {
-                let own = spec.to_string();
-                let field = own.split_once(": ").map_or("spec", |(f, _)| f);
-                return Fault::refused(&tool_field(field, host_mounts), own);
+        match (c.class, c.field.as_deref()) {
+            (Class::Refused, field) => {
+                Fault::refused(&tool_field(field.unwrap_or("spec"), host_mounts), c.message)
             }
-            if crate::exit::classify_cause(c) == Some(crate::exit::REFUSED) {
-                return Fault::refused("policy", text);
-            }
-            if let Some(r) = c.downcast_ref::<vm_sandbox::ImageRootError>()
-                && r.is_bad_reference()
-            {
-                return Fault::refused("image", text);
-            }
-            cause = c.source();
+            (Class::Forbidden, _) => Fault::refused("policy", text),
+            (Class::Usage, Some("image")) => Fault::refused("image", text),
+            _ => Fault::Failed(text),
         }
-        Fault::Failed(text)
     }
 
     /// The tool error result.
