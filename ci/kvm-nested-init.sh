@@ -178,13 +178,14 @@ snapshot_checks() {
     # A snapshot directory others could write is refused naming it, before anything boots
     # (exit 126), and restores again once it is private.
     $bb chmod 0777 /tmp/cli-snapshots/warm
+    # (`open_rc`, not `rc`: the caller's `rc` is run.sh's exit, written to /out/rc after.)
     $vm exec --from warm -- true </dev/null 2>/tmp/cli-open.err
-    rc=$?
+    open_rc=$?
     $bb chmod 0700 /tmp/cli-snapshots/warm
-    if [ $rc = 126 ] && $bb grep -q "cli-snapshots/warm must belong to uid" /tmp/cli-open.err; then
+    if [ $open_rc = 126 ] && $bb grep -q "cli-snapshots/warm must belong to uid" /tmp/cli-open.err; then
         echo "ok cli/exec_from_a_snapshot_others_could_write_is_refused"
     else
-        echo "FAIL cli/exec_from_a_snapshot_others_could_write_is_refused: exit $rc; $($bb tail -c 400 /tmp/cli-open.err)"
+        echo "FAIL cli/exec_from_a_snapshot_others_could_write_is_refused: exit $open_rc; $($bb tail -c 400 /tmp/cli-open.err)"
     fi
     out=
     if $vm run -d --name warmd --from warm </dev/null >/tmp/cli-rund.out 2>&1; then
