@@ -158,7 +158,8 @@ cli_checks() {
 
 # Snapshots through the CLI on kvm: a snapshot whose warm-up wrote a file, then that file seen
 # by `vm exec --from`, by `vm exec NAME` in a `vm run -d --from` VM, and served by busybox
-# httpd under `vm serve --from` (the URL it prints answers with the file).
+# httpd under `vm serve --from` (the URL it prints answers with the file); the snapshot made
+# writable by others refused by `vm exec --from`, naming it.
 snapshot_checks() {
     export VM_SNAPSHOTS_DIR=/tmp/cli-snapshots
     if ! $vm snapshot create warm -- sh -c 'echo warm-file >/work/index.html' </dev/null >/tmp/cli-snap.out 2>&1; then
@@ -173,6 +174,18 @@ snapshot_checks() {
         echo "ok cli/exec_from_a_snapshot"
     else
         echo "FAIL cli/exec_from_a_snapshot: got '$out'; $($bb tail -c 400 /tmp/cli-from.err)"
+    fi
+    # A snapshot directory others could write is refused naming it, before anything boots
+    # (exit 126), and restores again once it is private.
+    $bb chmod 0777 /tmp/cli-snapshots/warm
+    # (`open_rc`, not `rc`: the caller's `rc` is run.sh's exit, written to /out/rc after.)
+    $vm exec --from warm -- true </dev/null 2>/tmp/cli-open.err
+    open_rc=$?
+    $bb chmod 0700 /tmp/cli-snapshots/warm
+    if [ $open_rc = 126 ] && $bb grep -q "cli-snapshots/warm must belong to uid" /tmp/cli-open.err; then
+        echo "ok cli/exec_from_a_snapshot_others_could_write_is_refused"
+    else
+        echo "FAIL cli/exec_from_a_snapshot_others_could_write_is_refused: exit $open_rc; $($bb tail -c 400 /tmp/cli-open.err)"
     fi
     out=
     if $vm run -d --name warmd --from warm </dev/null >/tmp/cli-rund.out 2>&1; then

@@ -170,3 +170,24 @@ fn create_serving_flags_are_checked_before_anything_boots() {
     assert_eq!(path.code, 2, "{}", path.stderr);
     assert!(!env.dir.path().join("snapshots").join("web").exists());
 }
+
+/// A snapshot in the store that someone else could write: `vm snapshot ls` shows why, and
+/// `vm exec --from` refuses it naming the directory (126), before anything boots.
+#[test]
+fn a_snapshot_others_could_write_is_listed_with_why_and_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let base = env.dir.path().join("snapshots").join("base");
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::write(base.join("snapshot.json"), b"{}").unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let named = format!("{} must belong to uid", base.display());
+    refused(&env, &["exec", "--from", "base", "--", "true"], 126, &named);
+    let ls = run(&env, &["snapshot", "ls"]);
+    assert_eq!(ls.code, 0, "{}", ls.stderr);
+    assert!(
+        ls.stdout.contains("base") && ls.stdout.contains("writable by group or others"),
+        "{}",
+        ls.stdout
+    );
+}

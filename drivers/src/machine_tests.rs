@@ -290,6 +290,7 @@ fn drivers_without_snapshots_refuse_a_restore_with_their_reason() {
     let from = RestoreFrom {
         dir: "/nonexistent/snap".into(),
         token: guest_agent::token::AgentToken::from_bytes([1; 32]),
+        generation: 1,
     };
     let tcg = TcgDriver::new();
     assert!(!tcg.snapshots().ok);

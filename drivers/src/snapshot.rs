@@ -6,7 +6,9 @@
 //! would leave two VMs with one agent token). [`Driver::restore`](crate::Driver::restore)
 //! starts a new VM from such a directory with a new run directory and sockets; the restored
 //! agent still holds the snapshot's token, so the first request presents that one and hands
-//! the agent a fresh token and the host's clock (`Request::Resume`); every later connection,
+//! the agent a fresh token, the host's clock, 32 bytes of the host's entropy (the guest
+//! kernel adds them and reseeds its CRNG) and the VM's generation (`Request::Resume`);
+//! every later connection,
 //! `vm exec NAME`'s included, presents the new token, which is also written to the new run
 //! directory. Two VMs restored from one snapshot thus share no token, no socket and no
 //! writable state (the guest memory is mapped copy-on-write, the disks are read-only).
@@ -49,6 +51,9 @@ pub struct RestoreFrom {
     pub dir: PathBuf,
     /// [`Snapshotted::token`] of that snapshot.
     pub token: AgentToken,
+    /// The restored VM's generation (the snapshotted VM's plus one): the restored agent
+    /// publishes it to the guest (`/run/vm/generation`) as it reseeds its kernel's CRNG.
+    pub generation: u64,
 }
 
 /// What a backend wrote (the [`Snapshotted`] figures, without the token the machine adds).
@@ -101,4 +106,7 @@ pub enum SnapshotError {
     /// No reply in time; the VM was torn down (a half-written snapshot is the caller's to remove).
     #[error("no snapshot reply within {0:?}; the VM was torn down")]
     Timeout(Duration),
+    /// The snapshot's files could not be given back to this process's user (the VM ended).
+    #[error("the VM's snapshot files")]
+    HandBack(#[source] vmm::process::snapshot::HandBackError),
 }

@@ -110,11 +110,14 @@ def frame(payload):
 
 
 write("agent_frames_from_host", "hello-v3", frame(bytes([0, 3]) + bytes(32)))
+write("agent_frames_from_host", "hello-v4", frame(bytes([0, 4]) + bytes(32)))
 write("agent_frames_from_host", "hello-wrong-version", frame(bytes([0, 1]) + bytes(range(32))))
 write("agent_frames_from_host", "request-ping", frame(bytes([1, 0])))
 write("agent_frames_from_host", "unknown-request", frame(bytes([1, 120])))
-# Request 13 = Resume { token ([u8; 32]), unix_nanos (varint) }: a restored VM's re-key.
-write("agent_frames_from_host", "request-resume", frame(bytes([1, 13]) + bytes(range(32)) + bytes([0xac, 0x02])))
+# Request 13 = Resume { token ([u8; 32]), unix_nanos (varint), entropy ([u8; 32]),
+# generation (varint) }: a restored VM's re-key and reseed (protocol 4).
+write("agent_frames_from_host", "request-resume",
+      frame(bytes([1, 13]) + bytes(range(32)) + bytes([0xac, 0x02]) + bytes(range(0x80, 0xa0)) + bytes([2])))
 write("agent_frames_from_host", "oversized-length", struct.pack("<I", 0xFFFFFFFF) + bytes([0, 3]))
 write("agent_frames_from_host", "short-header", bytes([34, 0]))
 write("agent_frames_from_host", "two-frames",

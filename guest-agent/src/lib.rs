@@ -83,7 +83,9 @@ pub const FATAL_PREFIX: &str = "vm-agent: fatal: ";
 /// Protocol version exchanged in the handshake.
 /// 3: `ReadFile` carries the caller's cap and streams to EOF; `WriteFile{max}` replaces the
 /// destination atomically (temporary file + rename).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: `Resume` carries host entropy (the guest's CRNG is reseeded with it) and the VM's
+/// generation (`/run/vm/generation`).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 pub use client::{
     AgentClient, ClientError, ClientLimits, ExecEvent, ExecStream, ForwardStream, Interactive,

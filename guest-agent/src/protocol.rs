@@ -39,6 +39,8 @@ pub const MAX_LIST_ENTRIES: u32 = 100_000;
 pub const MAX_TMPFS_BYTES: u64 = 1 << 30;
 /// Most ports a `Ports` reply lists.
 pub const MAX_LISTENING_PORTS: usize = 1024;
+/// Bytes of host entropy a `Resume` carries (256 bits: a CRNG key's worth).
+pub const RESUME_ENTROPY_LEN: usize = 32;
 /// Largest path (bytes) accepted anywhere in the protocol.
 pub const MAX_PATH_BYTES: usize = 4096;
 /// Interactive exec: stdin bytes the host may have sent and the agent not yet acknowledged
@@ -255,15 +257,25 @@ pub enum Request {
     /// binary from the guest root (a minimal image has no `mkdir`). An older agent answers
     /// `Unsupported`.
     MakeDirs { path: String, owner: Option<String> },
-    /// Reply `Ok`: the host restored this VM from a snapshot. From now on every `Hello` must
-    /// carry `token` (the old one, which the snapshot holds, is refused: two VMs restored
-    /// from one snapshot end with different tokens), and, when the agent is PID 1, the
+    /// Reply `Ok`: the host restored this VM from a snapshot. When the agent is PID 1, the
     /// guest's `CLOCK_REALTIME` is stepped to `unix_nanos` (the host's wall clock; the
-    /// guest's clock stood still while the snapshot lay on disk). Connections already open
-    /// keep running. An older agent answers `Unsupported`.
+    /// guest's clock stood still while the snapshot lay on disk), `entropy` (bytes of the
+    /// host's CRNG, never all zeros) goes into the kernel's pool (`RNDADDENTROPY`) and the
+    /// kernel's CRNG is reseeded at once (`RNDRESEEDCRNG`): every VM restored from one
+    /// snapshot starts from the same pool, and from here on they differ. Then `generation`
+    /// (the VM's, at least 1: how many restores lie behind it) is written to
+    /// `/run/vm/generation` (a file replaced whole, so a process watching `/run/vm` sees one
+    /// change, after the reseed), the guest's signal that whatever a process seeded before
+    /// the snapshot must be seeded again. Finally every `Hello` must carry `token` from now
+    /// on (the old one, which the snapshot holds, is refused: two VMs restored from one
+    /// snapshot end with different tokens). Any step failing fails the request with nothing
+    /// after it done (the token stays). Connections already open keep running. Protocol 4
+    /// (version 3's `Resume` had neither `entropy` nor `generation`).
     Resume {
         token: [u8; crate::token::TOKEN_LEN],
         unix_nanos: u64,
+        entropy: [u8; crate::protocol::RESUME_ENTROPY_LEN],
+        generation: u64,
     },
     /// Reply `Ok`: mounts a fresh tmpfs of `size_bytes` (4 KiB to [`MAX_TMPFS_BYTES`]; mode
     /// 1777, `nosuid`, `nodev`) at the absolute guest directory `path` (created with its

@@ -107,6 +107,7 @@ fn run_pid1() -> Result<(), String> {
             mem_limit_mib: cfg.mem_limit_mib,
         },
         token: Some(token),
+        generation_dir: Some(PathBuf::from(guest_agent::agent::resume::GENERATION_DIR)),
         ..AgentOptions::default()
     };
     runtime()?.block_on(async move {
@@ -133,6 +134,7 @@ struct HostArgs {
     io_timeout: Option<Duration>,
     cgroup_root: Option<PathBuf>,
     token_file: Option<PathBuf>,
+    run_dir: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<HostArgs, String> {
@@ -143,6 +145,7 @@ fn parse_args() -> Result<HostArgs, String> {
         io_timeout: None,
         cgroup_root: None,
         token_file: None,
+        run_dir: None,
     };
     let mut it = std::env::args_os().skip(1);
     while let Some(flag) = it.next() {
@@ -161,9 +164,10 @@ fn parse_args() -> Result<HostArgs, String> {
             }
             "--cgroup-root" => a.cgroup_root = Some(val.into()),
             "--token-file" => a.token_file = Some(val.into()),
+            "--run-dir" => a.run_dir = Some(val.into()),
             _ => {
                 return Err(format!(
-                    "unknown flag {flag}; usage: vm-agent --unix PATH [--root DIR] [--cmdline STR] [--io-timeout-ms N] [--cgroup-root DIR] [--token-file PATH]"
+                    "unknown flag {flag}; usage: vm-agent --unix PATH [--root DIR] [--cmdline STR] [--io-timeout-ms N] [--cgroup-root DIR] [--token-file PATH] [--run-dir DIR]"
                 ));
             }
         }
@@ -197,6 +201,7 @@ fn run_host() -> Result<(), String> {
             pids_max: cfg.pids_max,
             mem_limit_mib: cfg.mem_limit_mib,
         },
+        generation_dir: a.run_dir,
         ..AgentOptions::default()
     };
     if let Some(t) = a.io_timeout {

@@ -71,13 +71,18 @@ fn ct_eq(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// `N` bytes from the kernel's CRNG (`/dev/urandom`): tokens, and the entropy a `Resume`
+/// hands a restored guest.
+pub fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b)
+}
+
 impl AgentToken {
     /// 32 bytes from the kernel's CSPRNG (`/dev/urandom`).
     pub fn generate() -> Result<AgentToken, TokenError> {
-        let mut b = [0u8; TOKEN_LEN];
-        let mut f = std::fs::File::open("/dev/urandom").map_err(TokenError::Random)?;
-        f.read_exact(&mut b).map_err(TokenError::Random)?;
-        Ok(AgentToken(b))
+        random_bytes().map(AgentToken).map_err(TokenError::Random)
     }
 
     /// A token from raw bytes (tests, and the agent's view of a `Hello`).
@@ -117,11 +122,19 @@ impl AgentToken {
 
     /// Read a token file (hex), at most a few bytes more than a token: a bigger file is malformed.
     pub fn read_file(path: &Path) -> Result<AgentToken, TokenError> {
+        let f = std::fs::File::open(path).map_err(|source| TokenError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::read_from(f, path)
+    }
+
+    /// Read a token (hex) from `f`, the file at `path` already open (bounded read).
+    pub fn read_from(f: std::fs::File, path: &Path) -> Result<AgentToken, TokenError> {
         let read_err = |source| TokenError::Read {
             path: path.to_path_buf(),
             source,
         };
-        let f = std::fs::File::open(path).map_err(read_err)?;
         let mut buf = Vec::with_capacity(TOKEN_LEN * 2 + 2);
         f.take((TOKEN_LEN * 2 + 2) as u64)
             .read_to_end(&mut buf)

@@ -202,9 +202,58 @@ async fn pid1_duties_in_a_guest() {
     assert_eq!(leaves.len(), 1, "{out}");
 
     large_transfers_and_forward_eof(&c).await;
+    let c = resume_reseeds_and_publishes_the_generation(&c).await;
 
     // Shutdown ends the VM (the runner checks that QEMU exits).
     c.shutdown().await.unwrap();
+}
+
+/// `Resume` as PID 1 in a real guest kernel: the host's entropy added (`RNDADDENTROPY`) and
+/// the CRNG reseeded (`RNDRESEEDCRNG`): the request fails if either ioctl does; then the
+/// generation in `/run/vm/generation`, the clock stepped to the host's, and only the new
+/// token answered; `boot_id` is new (our kernel's patch: a forced reseed renews it, which
+/// Linux alone never does). Returns the client with the new token.
+async fn resume_reseeds_and_publishes_the_generation(c: &AgentClient) -> AgentClient {
+    let boot_id = "cat /proc/sys/kernel/random/boot_id";
+    let (before, _) = sh(c, &format!("{boot_id}; {boot_id}")).await;
+    let mut ids = before.lines();
+    let first = ids.next().unwrap_or_default().to_string();
+    assert!(
+        first.len() == 36 && ids.next() == Some(first.as_str()),
+        "boot_id is stable between reads: {before:?}"
+    );
+    let new = c
+        .resume(guest_agent::AgentToken::generate().unwrap(), 3)
+        .await
+        .unwrap_or_else(|e| panic!("resume as PID 1: {}", vm_error_chain::error_chain(&e)));
+    let host_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (out, _) = sh(
+        &new,
+        "cat /run/vm/generation; ls -l /run/vm/generation; date +%s",
+    )
+    .await;
+    let mut l = out.lines();
+    assert_eq!(l.next(), Some("3"), "{out}");
+    assert!(
+        l.next().is_some_and(|m| m.starts_with("-r--r--r--")),
+        "{out}"
+    );
+    let guest_secs: u64 = l.next().and_then(|d| d.trim().parse().ok()).expect("date");
+    assert!(
+        guest_secs.abs_diff(host_secs) <= 30,
+        "guest {guest_secs}, host {host_secs}"
+    );
+    assert!(c.ping().await.is_err(), "the old token still answered");
+    let (after, _) = sh(&new, boot_id).await;
+    let after = after.trim();
+    assert!(
+        after.len() == 36 && after != first,
+        "boot_id after the resume: {after:?}, before: {first:?}"
+    );
+    new
 }
 
 /// Guest root cannot find the token: it is gone from the rootfs, absent from the command line,

@@ -240,8 +240,10 @@ fn requests() -> Vec<(Request, &'static str)> {
             Request::Resume {
                 token: std::array::from_fn(|i| i as u8),
                 unix_nanos: 300,
+                entropy: std::array::from_fn(|i| 0x80 + i as u8),
+                generation: 2,
             },
-            "24000000010d000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1fac02",
+            "45000000010d000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1fac02808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f02",
         ),
         (
             Request::MountTmpfs {
@@ -325,7 +327,7 @@ fn client_frames() -> Vec<(ClientFrame, &'static str)> {
                 version: PROTOCOL_VERSION,
                 token,
             },
-            "220000000003000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+            "220000000004000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
         ),
         (ClientFrame::Request(Request::Ping), "020000000100"),
         (ClientFrame::Data(b"ab".to_vec()), "0400000002026162"),
@@ -360,7 +362,7 @@ fn agent_frames() -> Vec<(AgentFrame, &'static str)> {
                     cgroups: false,
                 },
             },
-            "0d000000000305302e312e3002766d0100",
+            "0d000000000405302e312e3002766d0100",
         ),
         (
             AgentFrame::Error(WireError {
@@ -473,7 +475,7 @@ fn every_agent_frame_keeps_its_bytes() {
 #[test]
 fn hello_pins_the_protocol_version() {
     // A version bump is deliberate: it changes the `Hello`/`HelloOk` goldens and this line.
-    assert_eq!(PROTOCOL_VERSION, 3);
+    assert_eq!(PROTOCOL_VERSION, 4);
 }
 
 #[test]

@@ -366,6 +366,19 @@ impl Vm {
         }
     }
 
+    /// How many restores lie behind this sandbox: 0 when booted, 1 when restored from a
+    /// snapshot of a booted one (`Sandbox.restore`), and so on; the guest reads the same
+    /// number in `/run/vm/generation`, written after its kernel's CRNG was reseeded. A
+    /// guest process that seeded a generator before the snapshot seeds it again when the
+    /// number changes. None for an attached VM (its guest file still says it).
+    #[getter]
+    fn generation(&self) -> Option<u64> {
+        match &self.vm {
+            Held::Booted(vm) => Some(vm.generation()),
+            Held::Attached(_) => None,
+        }
+    }
+
     /// The containment the guest runs under (`microVM`, `user-kernel`).
     #[getter]
     fn containment(&self) -> String {

@@ -34,6 +34,7 @@ def test_a_snapshot_of_a_sandbox_not_made_for_it_is_refused_and_it_runs_on(sb, t
         sb.snapshot(tmp_path / "snap")
     assert not (tmp_path / "snap").exists()
     assert sb.exec(["echo", "still"]).stdout == b"still\n"
+    assert sb.generation == 0, "a booted sandbox has no restore behind it"
 
 
 def test_restoring_a_directory_without_a_snapshot_names_the_record(tmp_path):
@@ -42,5 +43,19 @@ def test_restoring_a_directory_without_a_snapshot_names_the_record(tmp_path):
     with pytest.raises(VmError) as e:
         Sandbox.restore(tmp_path / "empty", allow_emulation=True, run_dir=str(tmp_path / "runs"))
     assert "snapshot.json" in str(e.value), str(e.value)
+    assert not (tmp_path / "runs").exists()
+    assert descendants() - before == set()
+
+
+def test_restoring_a_snapshot_others_could_write_is_refused_naming_it(tmp_path):
+    before = descendants()
+    snap = tmp_path / "open"
+    snap.mkdir()
+    (snap / "snapshot.json").write_text("{}")
+    snap.chmod(0o777)
+    with pytest.raises(VmError) as e:
+        Sandbox.restore(snap, allow_emulation=True, run_dir=str(tmp_path / "runs"))
+    assert f"{snap} must belong to uid" in str(e.value), str(e.value)
+    assert "writable by group or others (mode 0777)" in str(e.value), str(e.value)
     assert not (tmp_path / "runs").exists()
     assert descendants() - before == set()

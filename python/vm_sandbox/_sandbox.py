@@ -518,6 +518,15 @@ class Sandbox:
         return self._vm.containment
 
     @property
+    def generation(self) -> Optional[int]:
+        """How many restores lie behind this sandbox: 0 when booted, 1 when restored from a
+        snapshot of a booted one, and so on (``None`` for an attached VM). The guest reads the
+        same number in ``/run/vm/generation``, written once its kernel's CRNG was reseeded with
+        this host's entropy: a guest process that seeded a generator before the snapshot must
+        seed it again when the number changes (docs/usage.md)."""
+        return self._vm.generation
+
+    @property
     def root(self) -> str:
         """The guest working root (``/work``)."""
         return self._vm.root

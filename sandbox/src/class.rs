@@ -291,8 +291,9 @@ fn sandbox(e: &SandboxError) -> Option<Classified> {
 }
 
 /// A snapshot's name or an existing one is usage; what a restore cannot honour here
-/// (another driver, a changed mount, another record version, a driver without snapshots)
-/// is the host's refusal; the rest is decided by its cause.
+/// (another driver, a changed mount, another record version, a driver without snapshots,
+/// a directory or file someone else could write) is the host's refusal; the rest is decided
+/// by its cause.
 fn snapshot(e: &SnapshotError) -> Option<Classified> {
     use vm_drivers::snapshot::SnapshotError as Machine;
     Some(match e {
@@ -302,6 +303,7 @@ fn snapshot(e: &SnapshotError) -> Option<Classified> {
         | SnapshotError::Driver { .. }
         | SnapshotError::Unsupported { .. }
         | SnapshotError::Version { .. }
+        | SnapshotError::NotPrivate { .. }
         | SnapshotError::Machine(Machine::Unsupported { .. }) => Classified::new(Class::Forbidden),
         _ => return None,
     })

@@ -113,6 +113,7 @@ pub mod rundir;
 mod running;
 mod select;
 mod serving;
+mod snapshot_files;
 pub mod snapshot_root;
 pub mod snapshots;
 pub mod state;

@@ -136,6 +136,8 @@ pub struct MicroVm {
     pub(crate) dax_window_mib: Option<u32>,
     /// The snapshot staging directory ([`Options::snapshots`]), until a snapshot takes it.
     pub(crate) staging: Mutex<Option<tempfile::TempDir>>,
+    /// 0 when booted; a restored VM's is its snapshot's plus one ([`MicroVm::generation`]).
+    pub(crate) generation: u64,
     /// The per-VM run directory (removed by `close`/drop; the path stays for callers).
     run_dir_path: PathBuf,
     run_dir: Mutex<Option<tempfile::TempDir>>,
@@ -242,6 +244,7 @@ impl MicroVm {
             shares: prepared.plan.shares.clone(),
             dax_window_mib: prepared.plan.dax_window_mib,
             staging: Mutex::new(prepared.staging),
+            generation: 0,
             run_dir_path: prepared.run_dir.path().to_path_buf(),
             run_dir: Mutex::new(Some(prepared.run_dir)),
         })
@@ -255,6 +258,15 @@ impl MicroVm {
     /// The driver that booted the guest.
     pub fn driver(&self) -> &'static str {
         self.machine.driver()
+    }
+
+    /// How many restores lie behind this VM: 0 when it was booted, 1 when restored from a
+    /// snapshot of a booted VM, and so on. The guest reads the same number in
+    /// `/run/vm/generation`, written as its kernel's CRNG was reseeded with this host's
+    /// entropy: a guest process that seeded a generator before the snapshot must seed it
+    /// again once the number changes (docs/usage.md).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The validated spec the guest runs under.

@@ -7,7 +7,8 @@
 //! what makes the tree what it is (for containerd: its committed layers, which never change,
 //! plus the content key of anything writable). The tree is read once per identity.
 //!
-//! Layout under the cache directory (`<cache home>/vm/snapshots` by default):
+//! Layout under the cache directory (`<cache home>/vm/snapshot-roots` by default: not
+//! `vm/snapshots`, which is `vm snapshot`'s store of VM snapshots, a directory each):
 //! - `<identity>.erofs`: the image, built into a `.build-*` temp file and renamed into place;
 //! - `refs/<identity>/<holder>`: one empty file per VM using it ([`SnapshotRoots::hold`]),
 //!   removed when that VM is deleted ([`SnapshotRoots::release`]), so [`SnapshotRoots::prune`]
@@ -79,10 +80,17 @@ impl SnapshotRoots {
         SnapshotRoots { dir: dir.into() }
     }
 
-    /// `<cache home>/vm/snapshots`.
+    /// `<cache home>/vm/snapshot-roots`.
     pub fn default_location() -> Result<SnapshotRoots, SnapshotRootError> {
         let home = cache_home().ok_or(SnapshotRootError::NoCacheDir)?;
-        Ok(SnapshotRoots::new(home.join("vm/snapshots")))
+        Ok(SnapshotRoots::under(&home))
+    }
+
+    /// The cache's default place under the cache home `home`: a directory of its own, apart
+    /// from the VM snapshots' store ([`crate::SnapshotStore::under`]), so neither lists nor
+    /// prunes the other's entries.
+    pub fn under(home: &Path) -> SnapshotRoots {
+        SnapshotRoots::new(home.join("vm/snapshot-roots"))
     }
 
     pub fn dir(&self) -> &Path {
@@ -197,6 +205,29 @@ impl SnapshotRoots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shim's roots and `vm snapshot`'s store under one cache home: each lists and prunes
+    /// its own entries only (they once shared `vm/snapshots`, where a snapshot named
+    /// `base.erofs`, a directory, stopped the roots' prune and the roots' `refs` directory was
+    /// listed as a broken snapshot).
+    #[test]
+    fn the_roots_and_the_vm_snapshots_keep_apart() {
+        let home = tempfile::tempdir().unwrap();
+        let roots = SnapshotRoots::under(home.path());
+        let store = crate::SnapshotStore::under(home.path());
+        assert_ne!(roots.dir(), store.dir());
+        assert!(!roots.dir().starts_with(store.dir()) && !store.dir().starts_with(roots.dir()));
+        // A VM snapshot named like a root image, and a root image held by nobody.
+        std::fs::create_dir_all(store.path("base.erofs").unwrap()).unwrap();
+        fs::create_dir_all(roots.dir()).unwrap();
+        fs::write(roots.image_path("old").unwrap(), b"erofs").unwrap();
+        roots.hold("kept", "vm1").unwrap();
+        fs::write(roots.image_path("kept").unwrap(), b"erofs").unwrap();
+        assert_eq!(roots.prune().unwrap(), vec!["old".to_string()]);
+        let listed: Vec<String> = store.list().unwrap().into_iter().map(|l| l.name).collect();
+        assert_eq!(listed, vec!["base.erofs".to_string()]);
+        assert!(store.path("base.erofs").unwrap().is_dir());
+    }
 
     #[test]
     fn names_that_could_leave_the_cache_are_refused() {

@@ -17,7 +17,7 @@
 //! differs. The restored VM gets a new run directory, sockets and agent token (see
 //! `vm_drivers::snapshot`).
 
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,19 +26,22 @@ use serde::{Deserialize, Serialize};
 use vm_drivers::{BlockDevice, Registry, RestoreFrom, ShareKind, SharePlan};
 use vm_spec::{Spec, ValidSpec};
 
-use guest_agent::token::{AgentToken, TokenError};
+use guest_agent::token::TokenError;
 
 use crate::error::SandboxError;
 use crate::microvm::{MicroVm, Options, Prepared, private_dir};
 use crate::select::select;
 use crate::serving::{ServedProcess, Serving};
+pub use crate::snapshot_files::{OpenSnapshot, read_record};
 
 /// The record of a snapshot, inside its directory.
 pub const RECORD_FILE: &str = "snapshot.json";
 /// The snapshot's agent token (hex), inside its directory: a restore presents it once.
 pub const TOKEN_FILE: &str = "agent.token";
 /// The version of [`SnapshotRecord`] this build writes and reads.
-pub const RECORD_VERSION: u32 = 1;
+/// 2: [`SnapshotRecord::generation`], and a guest agent of protocol 4 in the snapshot (its
+/// `Resume` takes the host's entropy): a version-1 snapshot's agent could not be re-keyed.
+pub const RECORD_VERSION: u32 = 2;
 /// The largest record read (a spec with its paths and a few devices is a few KiB).
 pub const MAX_RECORD_BYTES: u64 = 1 << 20;
 /// The prefix of a staging directory in a snapshot parent.
@@ -78,6 +81,16 @@ pub enum SnapshotError {
     Version { path: PathBuf, found: u32 },
     #[error("the snapshot's agent token")]
     Token(#[source] TokenError),
+    #[error(
+        "{} must belong to uid {owner} (the user restoring) and be writable by no one else",
+        .path.display()
+    )]
+    NotPrivate {
+        path: PathBuf,
+        owner: u32,
+        #[source]
+        source: vm_sys::private::Refusal,
+    },
     #[error("the snapshot was taken on {recorded}; it cannot be restored on {asked}")]
     Driver { recorded: String, asked: String },
     #[error("{driver}: no snapshots: {reason}")]
@@ -197,6 +210,9 @@ pub struct SnapshotRecord {
     pub memory_written: u64,
     /// Microseconds from the snapshot request until its files were written.
     pub took_us: u64,
+    /// How many restores lay behind the VM snapshotted ([`MicroVm::generation`]); a VM
+    /// restored from this snapshot is one more.
+    pub generation: u64,
     /// The server the snapshot was taken with, running on in it (`vm snapshot create -p`):
     /// a restore publishes it again instead of starting one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -232,34 +248,6 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
         .open(path)
         .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
         .map_err(io_err("writing", path))
-}
-
-/// Reads and checks the record of the snapshot in `dir` (bounded; another version refused).
-pub fn read_record(dir: &Path) -> Result<SnapshotRecord, SnapshotError> {
-    let path = dir.join(RECORD_FILE);
-    let f = std::fs::File::open(&path).map_err(io_err("opening", &path))?;
-    let mut text = Vec::new();
-    f.take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut text)
-        .map_err(io_err("reading", &path))?;
-    if text.len() as u64 > MAX_RECORD_BYTES {
-        return Err(SnapshotError::RecordTooLarge(path));
-    }
-    #[derive(Deserialize)]
-    struct Versioned {
-        version: u32,
-    }
-    let v: Versioned = serde_json::from_slice(&text).map_err(|source| SnapshotError::Record {
-        path: path.clone(),
-        source,
-    })?;
-    if v.version != RECORD_VERSION {
-        return Err(SnapshotError::Version {
-            path,
-            found: v.version,
-        });
-    }
-    serde_json::from_slice(&text).map_err(|source| SnapshotError::Record { path, source })
 }
 
 /// Compares the disks a restore prepared with the ones the snapshot saw, naming the first
@@ -434,6 +422,7 @@ impl MicroVm {
             memory_bytes: written.memory_bytes,
             memory_written: written.memory_written,
             took_us: u64::try_from(written.took.as_micros()).unwrap_or(u64::MAX),
+            generation: self.generation,
             serving,
         };
         let json = serde_json::to_vec_pretty(&record).map_err(|source| SnapshotError::Record {
@@ -484,7 +473,8 @@ impl MicroVm {
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
         let dir = std::path::absolute(path).map_err(io_err("resolving", path))?;
-        let record = read_record(&dir)?;
+        let opened = OpenSnapshot::open(&dir)?;
+        let record = opened.record()?;
         if let Some(asked) = options.driver.as_deref().filter(|d| *d != record.driver) {
             return Err(SnapshotError::Driver {
                 recorded: record.driver.clone(),
@@ -492,7 +482,7 @@ impl MicroVm {
             }
             .into());
         }
-        let token = AgentToken::read_file(&dir.join(TOKEN_FILE)).map_err(SnapshotError::Token)?;
+        let token = opened.token()?;
         let valid = record.spec.validate()?;
         let driver = select(
             registry,
@@ -515,7 +505,12 @@ impl MicroVm {
         let prepared = Prepared::new(&valid, options)?;
         check_disks(&valid, &record.disks, &prepared.plan.block_devices())?;
         check_shares(&valid, &record.shares, &prepared.plan.shares)?;
-        let from = RestoreFrom { dir, token };
+        let generation = record.generation.saturating_add(1);
+        let from = RestoreFrom {
+            dir,
+            token,
+            generation,
+        };
         let name = driver.name();
         let machine = driver
             .restore(prepared.plan.clone(), &from)
@@ -523,7 +518,9 @@ impl MicroVm {
                 driver: name,
                 source,
             })?;
-        MicroVm::wrap(machine, valid, record.spec, options, prepared)
+        let mut vm = MicroVm::wrap(machine, valid, record.spec, options, prepared)?;
+        vm.generation = generation;
+        Ok(vm)
     }
 }
 
@@ -555,7 +552,13 @@ impl SnapshotStore {
             return Ok(SnapshotStore::new(d));
         }
         let home = crate::mounts::cache_home().ok_or(SnapshotError::NoCacheDir)?;
-        Ok(SnapshotStore::new(home.join("vm/snapshots")))
+        Ok(SnapshotStore::under(&home))
+    }
+
+    /// The store's default place under the cache home `home`: `vm/snapshots`, apart from the
+    /// containerd shim's snapshot roots ([`crate::snapshot_root::SnapshotRoots::under`]).
+    pub fn under(home: &Path) -> SnapshotStore {
+        SnapshotStore::new(home.join("vm/snapshots"))
     }
 
     /// The store's directory (the parent to give [`Options::snapshots`]).

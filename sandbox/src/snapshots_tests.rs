@@ -48,6 +48,7 @@ fn record(spec: Spec, disks: Vec<DiskIdentity>) -> SnapshotRecord {
         memory_bytes: 20,
         memory_written: 5,
         took_us: 7,
+        generation: 0,
         serving: None,
     }
 }
@@ -93,8 +94,9 @@ fn a_record_round_trips_and_another_version_or_garbage_is_refused() {
         "{e:?}"
     );
     assert!(
-        e.to_string()
-            .contains("version 99; this build reads version 1"),
+        e.to_string().contains(&format!(
+            "version 99; this build reads version {RECORD_VERSION}"
+        )),
         "{e}"
     );
 

@@ -47,7 +47,7 @@ pub struct ShimConfig {
     /// Parent of the per-VM run directories.
     #[serde(default)]
     pub run_dir: Option<PathBuf>,
-    /// Cache of the erofs roots made from snapshots; default `<cache home>/vm/snapshots`.
+    /// Cache of the erofs roots made from snapshots; default `<cache home>/vm/snapshot-roots`.
     #[serde(default)]
     pub snapshot_cache: Option<PathBuf>,
     /// Guest memory (MiB) when the bundle has no `linux.resources.memory.limit`.

@@ -10,6 +10,8 @@
 //!   multi-threaded parent.
 //! - [`fs`]: `openat2(2)` with resolve flags, for every host crate that opens a path someone
 //!   else controls (`vm-oci`'s unpacking, the shim's kubelet files).
+//! - [`private`]: files only their owner can change, opened and checked by descriptor (a
+//!   snapshot directory before a restore reads it).
 //!
 //! What it does not own: calls only one crate makes stay in that crate's `sys` module (the
 //! VMM's vCPU kick and guest memory in `vmm::sys`, process groups and terminals in
@@ -23,6 +25,7 @@
 //! protocol, not system-call wrappers.
 
 pub mod fs;
+pub mod private;
 pub mod process;
 
 /// The error of every call here: the `errno` the kernel answered.

@@ -4,7 +4,9 @@
 //! `no_new_privs`, runs as the VM's own uid, has namespaces of its own, and sees a root holding
 //! only the run directory. A thread that makes a system call outside its allowlist (the control
 //! thread, or a virtio device's worker started by a tiny guest driving virtio-rng) takes the
-//! process down with `SIGSYS`.
+//! process down with `SIGSYS`. A snapshot of that guest, its rng device past DRIVER_OK,
+//! restores jailed: the restore thread sets the device up (its worker requested) under the
+//! restore filter, and the worker starts and serves on.
 
 mod proc_harness;
 mod tiny_harness;
@@ -384,6 +386,80 @@ fn start_rng_guest(len: u32) -> (tempfile::TempDir, VmProc) {
     std::fs::write(&cfg.vm.kernel, rng_request_guest(base, len)).unwrap();
     let vm = VmProc::start_process(&cfg);
     (tmp, vm)
+}
+
+/// A jailed snapshot of the rng guest, its device past DRIVER_OK with a request served,
+/// restored in a new jailed process: the restore thread (under its own filter) sets the
+/// device's registers and queues and requests its worker, as a vCPU thread does at DRIVER_OK;
+/// the worker starts under the device filter and the VM runs on, killed by no filter.
+#[test]
+fn a_restore_sets_up_a_running_device_under_the_restore_filter() {
+    let test = "a_restore_sets_up_a_running_device_under_the_restore_filter";
+    if skip_without_kvm(test) {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let snap = tmp.path().join("snap");
+    std::fs::create_dir(&snap).unwrap();
+    std::fs::set_permissions(&snap, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut cfg = jailed_config(tmp.path());
+    let rng = cfg
+        .vm
+        .devices
+        .iter()
+        .position(|d| matches!(d, DeviceConfig::Rng));
+    let base = vmm::layout::virtio_mmio_base(rng.unwrap());
+    std::fs::write(&cfg.vm.kernel, rng_request_guest(base, 64)).unwrap();
+    cfg.snapshot_dir = Some(snap.clone());
+    let mut vm = VmProc::start_process(&cfg);
+    wait_for_thread(&mut vm, "virtio-");
+    vm.send_line("snapshot-stop");
+    assert_eq!(
+        vm.wait_timeout(Duration::from_secs(60)),
+        Some(ProcessExit::Exited(ExitKind::Ended)),
+        "{}",
+        vm.final_output()
+    );
+    vmm::process::snapshot::hand_back(&snap).unwrap();
+
+    cfg.snapshot_dir = None;
+    // A copy with one state byte flipped is refused with its reason, not killed by the
+    // restore filter: the VM built for it is dropped on the main thread (its vsock socket
+    // removed), not on the restore thread.
+    let flipped = tmp.path().join("flipped");
+    std::fs::create_dir(&flipped).unwrap();
+    std::fs::set_permissions(&flipped, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for f in ["vmstate", "memory"] {
+        std::fs::copy(snap.join(f), flipped.join(f)).unwrap();
+    }
+    let mut state = std::fs::read(flipped.join("vmstate")).unwrap();
+    let mid = state.len() / 2;
+    state[mid] ^= 0x40;
+    std::fs::write(flipped.join("vmstate"), state).unwrap();
+    cfg.restore = Some(flipped);
+    let mut refused = VmProc::start_process(&cfg);
+    assert_eq!(
+        refused.wait_timeout(Duration::from_secs(60)),
+        Some(ProcessExit::Exited(ExitKind::RestoreFailed)),
+        "{}",
+        refused.final_output()
+    );
+    let out = refused.final_output();
+    assert!(out.contains("checksum mismatch"), "{out}");
+
+    cfg.restore = Some(snap);
+    let mut restored = VmProc::start_process(&cfg);
+    wait_for_thread(&mut restored, "virtio-");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(restored.try_exit(), None, "{}", restored.console());
+    restored.stop();
+    assert_eq!(
+        restored.wait_timeout(Duration::from_secs(60)),
+        Some(ProcessExit::Exited(ExitKind::Ended)),
+        "{}",
+        restored.final_output()
+    );
 }
 
 #[test]

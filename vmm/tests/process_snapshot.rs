@@ -3,15 +3,18 @@
 //! prints `G` at its gate and waits there; `snapshot-stop` on the control channel writes the
 //! snapshot into the configured directory and ends the process; a second process restores it
 //! and the guest prints the exact checksum of an uninterrupted run on its console. Also: the
-//! files' modes, the jail's file size limit, a restore into a different config refused with
-//! its own exit code, the command refused by a VMM not configured for snapshots (which runs
-//! on), and that VMM's filters killing it on the snapshot path's first system call.
+//! files' modes, the jail's file size limit, the files the jail's uid wrote handed back to
+//! the launcher's (`hand_back`), a restore into a different config refused with its own exit
+//! code, the state decoded on the restore thread under its filter (a forbidden call there
+//! kills the process), a snapshot others could write refused by name before any VM exists,
+//! the command refused by a VMM not configured for snapshots (which runs on), and that VMM's
+//! filters killing it on the snapshot path's first system call.
 
 mod checksum_guest;
 mod proc_harness;
 mod tiny_harness;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,7 +22,7 @@ use checksum_guest::{console_hash, console_program};
 use proc_harness::VmProc;
 use tiny_harness::{Tiny, skip_without_kvm};
 use vm_test_support::procfs::children;
-use vmm::process::snapshot::{SnapshotReply, max_file_bytes, parse_reply_line};
+use vmm::process::snapshot::{SnapshotReply, hand_back, max_file_bytes, parse_reply_line};
 use vmm::process::{ExitKind, JailConfig, ProcessConfig, ProcessExit};
 
 /// Bounded waits: guest CPL0 code is interpreted on PVM hosts.
@@ -123,6 +126,26 @@ fn snapshot_and_stop(dir: &Path, snap: &Path) -> SnapshotReply {
         !vm.console().contains(&console_hash()),
         "stopped at the gate"
     );
+    // Jailed, the directory and the files are the VM's uid's (a pid's, which a later jail
+    // reuses) until the launcher takes them back.
+    let me = nix::unistd::geteuid().as_raw();
+    let owners = |p: &Path| {
+        ["", "vmstate", "memory"]
+            .iter()
+            .filter(|f| f.is_empty() || p.join(f).exists())
+            .map(|f| std::fs::metadata(p.join(f)).unwrap().uid())
+            .collect::<Vec<_>>()
+    };
+    if me == 0 && r.ok {
+        assert!(
+            owners(snap).iter().all(|&u| u >= vm_jail::JAIL_ID_BASE),
+            "{:?}",
+            owners(snap)
+        );
+    }
+    hand_back(snap).unwrap();
+    assert!(owners(snap).iter().all(|&u| u == me), "{:?}", owners(snap));
+    assert_eq!(mode(snap), 0o700);
     r
 }
 
@@ -180,9 +203,9 @@ fn a_restore_into_a_different_config_is_refused() {
         c.wait_timeout(WAIT),
         Some(ProcessExit::Exited(ExitKind::RestoreFailed))
     );
-    let out = c.console();
+    let out = c.final_output();
     assert!(
-        out.contains("restoring the snapshot in") && out.contains("mem_mib 16, the config 32"),
+        out.contains("restoring the snapshot in") && out.contains("mem_mib 32 needs 33554432"),
         "{out}"
     );
     // A snapshot directory open to others is refused before anything starts.
@@ -194,7 +217,74 @@ fn a_restore_into_a_different_config_is_refused() {
         d.wait_timeout(WAIT),
         Some(ProcessExit::Exited(ExitKind::SetupFailed))
     );
-    assert!(d.console().contains("must be 0700"), "{}", d.console());
+    // The log is read on another thread: it may trail the exit.
+    let out = d.final_output();
+    assert!(out.contains("must be 0700"), "{out}");
+}
+
+/// The restore thread decodes the state under its own filter: the test hook makes it call
+/// `getppid` right after installing it, and the process dies by `SIGSYS` before any guest
+/// code runs (before the split, the state was decoded unfiltered, as root, before `confine`).
+#[test]
+fn the_state_is_decoded_under_the_restore_filter() {
+    if skip_without_kvm("the_state_is_decoded_under_the_restore_filter") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let snap = snapshot_dir(tmp.path());
+    assert!(snapshot_and_stop(tmp.path(), &snap).ok);
+    let mut cfg = jailed(tmp.path(), "b", MEM_MIB);
+    cfg.restore = Some(snap);
+    cfg.test_forbidden_syscall_in_restore = true;
+    let mut b = VmProc::start_process(&cfg);
+    assert_eq!(
+        b.wait_timeout(WAIT),
+        Some(ProcessExit::Seccomp),
+        "{}",
+        b.console()
+    );
+    assert!(!b.console().contains(&console_hash()), "{}", b.console());
+}
+
+/// A snapshot directory someone else could write is refused by `vm-vmm` itself, on the
+/// descriptors it would use, naming the file, before any VM exists (no KVM needed): the
+/// memory file writable by others, the state file a symbolic link, the directory open to
+/// others. The launcher checks before it starts the process too (`vm-sandbox`); this is the
+/// check that holds whatever changed in between.
+#[test]
+fn a_restore_of_files_others_could_write_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let snap = snapshot_dir(tmp.path());
+    for f in ["vmstate", "memory"] {
+        std::fs::write(snap.join(f), b"bytes").unwrap();
+        std::fs::set_permissions(snap.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let refused = |what: &Path, why: &str| {
+        let mut cfg = ProcessConfig::new(vmm::VmConfig::default());
+        cfg.restore = Some(snap.clone());
+        let mut p = VmProc::start_process(&cfg);
+        assert_eq!(
+            p.wait_timeout(WAIT),
+            Some(ProcessExit::Exited(ExitKind::RestoreFailed)),
+            "{}",
+            p.console()
+        );
+        let out = p.final_output();
+        let named = format!("{} must belong to uid", what.display());
+        assert!(out.contains(&named) && out.contains(why), "{out}");
+    };
+    let chmod =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    chmod(&snap.join("memory"), 0o666);
+    refused(&snap.join("memory"), "writable by group or others");
+    chmod(&snap.join("memory"), 0o600);
+    std::fs::rename(snap.join("vmstate"), snap.join("real")).unwrap();
+    std::os::unix::fs::symlink("real", snap.join("vmstate")).unwrap();
+    refused(&snap.join("vmstate"), "is a symbolic link");
+    std::fs::remove_file(snap.join("vmstate")).unwrap();
+    std::fs::rename(snap.join("real"), snap.join("vmstate")).unwrap();
+    chmod(&snap, 0o757);
+    refused(&snap, "writable by group or others");
 }
 
 #[test]

@@ -250,20 +250,19 @@ fn resume_refusals_and_a_tampered_state_file() {
     open_gate(mem(&vm));
     assert_eq!(finish(vm, 1), vec![expected(0)]);
 
-    // The config must match the snapshot, naming the field.
+    // The config must match the snapshot, naming the field (mem_mib by the memory file's
+    // length, which is checked before the state is decoded).
     let mut cfg = config(1);
     cfg.mem_mib = 32;
     match Vm::restore(cfg, dir.path()) {
-        Err(SnapshotError::Mismatch {
-            field: "mem_mib", ..
-        }) => {}
+        Err(SnapshotError::MemoryFileSize { mem_mib: 32, .. }) => {}
         other => panic!("restore with another mem_mib: {other:?}"),
     }
     match Vm::restore(config(2), dir.path()) {
         Err(SnapshotError::Mismatch { field: "vcpus", .. }) => {}
         other => panic!("restore with other vcpus: {other:?}"),
     }
-    // One byte flipped in the state file: refused before any VM exists.
+    // One byte flipped in the state file: refused before any vCPU runs.
     let paths = SnapshotPaths::in_dir(dir.path());
     let mut bytes = std::fs::read(&paths.state).unwrap();
     let mid = bytes.len() / 2;
@@ -343,6 +342,9 @@ fn a_vm_with_virtio_rng_restores_with_the_same_device_list() {
         Err(SnapshotError::Mismatch { field, .. }) => assert_eq!(field, "devices"),
         other => panic!("restore without the device: {other:?}"),
     }
+    // A disk that opens (the VM is built from the config before the state is decoded and
+    // compared with it).
+    std::fs::write(dir.path().join("disk.img"), vec![0u8; 4096]).unwrap();
     let mut block = with_rng(dir.path());
     block.devices[0] = DeviceConfig::Block {
         path: dir.path().join("disk.img"),

@@ -216,7 +216,7 @@ fn ls(store: &SnapshotStore, json: bool) -> anyhow::Result<u8> {
                 "-".into(),
                 mib(l.disk_bytes),
                 "-".into(),
-                format!("unreadable: {e}"),
+                format!("unreadable: {}", vm_error_chain::error_chain(e)),
             ],
         };
         t.row(row);

@@ -62,11 +62,15 @@ pub(crate) fn boot_secret(
 }
 
 /// Re-keys a VM restored from a snapshot: `client` (presenting the snapshot's token) hands the
-/// agent a fresh token and this host's clock (`Request::Resume`); the new token is written
-/// to the run directory's [`AGENT_TOKEN`] for later `vm` processes. Returns the client that
-/// presents it. Runs the async client on a private thread with its own runtime, as
-/// [`super::wait_for_agent`] does.
-pub(crate) fn rekey(run: &RunDir, client: &AgentClient) -> Result<AgentClient, DriverError> {
+/// agent a fresh token, this host's clock, fresh entropy for the guest kernel's CRNG and the
+/// VM's `generation` (`Request::Resume`); the new token is written to the run directory's
+/// [`AGENT_TOKEN`] for later `vm` processes. Returns the client that presents it. Runs the
+/// async client on a private thread with its own runtime, as [`super::wait_for_agent`] does.
+pub(crate) fn rekey(
+    run: &RunDir,
+    client: &AgentClient,
+    generation: u64,
+) -> Result<AgentClient, DriverError> {
     let token = AgentToken::generate().map_err(DriverError::Token)?;
     let resumed = std::thread::scope(|s| {
         s.spawn(|| {
@@ -77,7 +81,7 @@ pub(crate) fn rekey(run: &RunDir, client: &AgentClient) -> Result<AgentClient, D
                     program: "a runtime to re-key the restored agent".into(),
                     source,
                 })?;
-            rt.block_on(client.resume(token.clone()))
+            rt.block_on(client.resume(token.clone(), generation))
                 .map_err(|source| DriverError::Resume { source })
         })
         .join()

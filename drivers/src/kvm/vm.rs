@@ -211,14 +211,14 @@ fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverEr
         child,
         log,
         run: std::sync::Mutex::new(run),
-        snapshots: plan.snapshot_dir.is_some(),
+        snapshot_dir: plan.snapshot_dir.clone(),
     };
     let mut client = AgentClient::hybrid_vsock(uds.clone(), AGENT_PORT).with_token(token);
     let ready = boot::wait_for_agent(&handle, &client, plan.boot_timeout).and_then(|()| {
         tracing::debug!(name = %plan.name, "agent answered");
-        if from.is_some() {
+        if let Some(from) = from {
             let run = handle.run.lock().unwrap_or_else(|p| p.into_inner());
-            client = boot::rekey(&run, &client)?;
+            client = boot::rekey(&run, &client, from.generation)?;
             tracing::debug!(name = %plan.name, "agent re-keyed");
         }
         Ok(())
@@ -273,8 +273,8 @@ struct KvmHandle {
     child: Supervised,
     log: VmmLog,
     run: std::sync::Mutex<RunDir>,
-    /// The VMM was given a snapshot directory.
-    snapshots: bool,
+    /// The snapshot directory the VMM was given, if any.
+    snapshot_dir: Option<std::path::PathBuf>,
 }
 
 impl VmHandle for KvmHandle {
@@ -328,12 +328,12 @@ impl VmHandle for KvmHandle {
     }
 
     fn snapshot(&self, timeout: Duration) -> Result<BackendSnapshot, SnapshotError> {
-        if !self.snapshots {
+        let Some(dir) = &self.snapshot_dir else {
             // Named by the machine, which knows its name.
             return Err(SnapshotError::NotConfigured {
                 name: String::new(),
             });
-        }
+        };
         let seen = self.log.snapshot_replies();
         let stop = vmm::snapshot::AfterSnapshot::Stop;
         self.child
@@ -350,7 +350,10 @@ impl VmHandle for KvmHandle {
         // `snapshot-stop`: the VMM exits once the files are written.
         if !self.child.wait_exit(timeout) {
             tracing::warn!("the vm process did not exit after its snapshot; killing it");
+            self.kill();
         }
+        // The jail made the directory and the files its own uid's, one a later jail reuses.
+        vmm::process::snapshot::hand_back(dir).map_err(SnapshotError::HandBack)?;
         Ok(BackendSnapshot {
             state_bytes: reply.state_bytes,
             memory_bytes: reply.memory_bytes,
@@ -468,7 +471,7 @@ mod tests {
             child,
             log,
             run: std::sync::Mutex::new(run),
-            snapshots: false,
+            snapshot_dir: None,
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let report = loop {

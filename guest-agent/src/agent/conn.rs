@@ -142,8 +142,19 @@ pub(super) async fn handle<S: Stream>(
             Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
             Err(e) => file_error(&mut s, e, t).await,
         },
-        Request::Resume { token, unix_nanos } => {
-            match super::resume::resume(agent, token, unix_nanos) {
+        Request::Resume {
+            token,
+            unix_nanos,
+            entropy,
+            generation,
+        } => {
+            let r = super::resume::Resume {
+                token,
+                unix_nanos,
+                entropy,
+                generation,
+            };
+            match super::resume::resume(agent, r) {
                 Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
                 Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
             }

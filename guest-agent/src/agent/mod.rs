@@ -29,7 +29,7 @@ mod podroot;
 pub mod process;
 mod pty;
 pub mod reaper;
-mod resume;
+pub mod resume;
 mod serve;
 pub mod shares;
 pub mod slots;
@@ -109,6 +109,9 @@ pub struct AgentOptions {
     pub max_pending: usize,
     /// Time a new connection has to present a valid `Hello`.
     pub auth_timeout: Duration,
+    /// Where `Resume` writes the VM's generation ([`resume::GENERATION_FILE`]): `/run/vm`
+    /// for PID 1; `None` writes nothing (the host test server without `--run-dir`).
+    pub generation_dir: Option<PathBuf>,
 }
 
 impl Default for AgentOptions {
@@ -126,6 +129,7 @@ impl Default for AgentOptions {
             token: None,
             max_pending: 1024,
             auth_timeout: Duration::from_secs(5),
+            generation_dir: None,
         }
     }
 }
@@ -211,6 +215,9 @@ impl Agent {
     }
     pub(crate) fn is_pid1(&self) -> bool {
         self.opts.pid1
+    }
+    pub(crate) fn generation_dir(&self) -> Option<&Path> {
+        self.opts.generation_dir.as_deref()
     }
     /// The handshake deadline: `auth_timeout`, or `io_timeout` when that is shorter.
     pub(crate) fn auth_timeout(&self) -> Duration {

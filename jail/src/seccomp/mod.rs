@@ -24,7 +24,11 @@
 //!
 //! A VMM configured for snapshots adds the lists of [`snapshot`] (control thread: the files
 //! and the VM-wide `KVM_GET_*`; vCPU threads: their own `KVM_GET_*`), chosen once per process
-//! before any filter is compiled; every other VMM keeps the lists below alone.
+//! before any filter is compiled; every other VMM keeps the lists below alone. A restoring
+//! VMM decodes and sets the snapshot's state on a thread of its own ([`ThreadKind::Restore`],
+//! after `confine`): the main thread starts it and waits, so no other thread inherits its
+//! filter, and its list is the vCPU's activation calls plus the `KVM_SET_*` requests of
+//! [`snapshot::RESTORE_IOCTLS`].
 //!
 //! The device lists are exercised by every virtio test: the guest-driver harness
 //! (`virtio::test_utils`, feature `test-utils`) turns the filters on, so each device's workers
@@ -60,6 +64,9 @@ pub enum ThreadKind {
     Reaper,
     /// A virtio-fs device worker: the read-only file server of one host mount.
     FsDevice,
+    /// Decodes a snapshot's state file and sets it into the restored VM (`vm-vmm` with a
+    /// restore only: one short-lived thread, started after `confine`, that starts nothing).
+    Restore,
 }
 
 /// Why a filter could not be installed.
@@ -120,7 +127,7 @@ impl Compiled {
     }
 }
 
-static CACHE: [OnceLock<Compiled>; 7] = [const { OnceLock::new() }; 7];
+static CACHE: [OnceLock<Compiled>; 8] = [const { OnceLock::new() }; 8];
 
 /// The filters of `kind`, compiled on first use and kept: every vCPU and worker thread of a
 /// VM installs the same programs, and compiling them is the costly part.
@@ -203,6 +210,7 @@ pub fn program_with(kind: ThreadKind, snapshots: bool) -> Result<BpfProgram, Sec
         (ThreadKind::Vcpu, false) => &[VCPU_IOCTLS],
         (ThreadKind::Vcpu, true) => &[VCPU_IOCTLS, snapshot::VCPU_IOCTLS],
         (ThreadKind::Control, true) => &[snapshot::CONTROL_IOCTLS],
+        (ThreadKind::Restore, _) => &[snapshot::RESTORE_IOCTLS],
         _ => &[],
     };
     if !requests.is_empty() {
@@ -333,6 +341,11 @@ const fn kvm_ior(nr: u64, size: usize) -> u64 {
     (2 << 30) | ((size as u64) << 16) | (0xae << 8) | nr
 }
 
+/// `_IOW(KVMIO, nr, size)`: a KVM request number that writes `size` bytes.
+const fn kvm_iow(nr: u64, size: usize) -> u64 {
+    (1 << 30) | ((size as u64) << 16) | (0xae << 8) | nr
+}
+
 /// `_IOWR(KVMIO, nr, size)`: a KVM request number that writes and reads `size` bytes.
 const fn kvm_iowr(nr: u64, size: usize) -> u64 {
     (3 << 30) | ((size as u64) << 16) | (0xae << 8) | nr
@@ -435,6 +448,18 @@ const FS_DEVICE: &[Entry] = &[
     (libc::SYS_tgkill, "a worker fault stopping the VM"),
 ];
 
+/// The restore thread: the state decoded (allocation only, in [`COMMON`]), then set with
+/// `KVM_SET_*` requests, and each device past DRIVER_OK given its worker as a vCPU thread
+/// gives it at DRIVER_OK (descriptors duplicated, eventfds drained and signalled).
+const RESTORE: &[Entry] = &[
+    (
+        libc::SYS_ioctl,
+        "the saved vCPU and VM-wide state: KVM_SET_* only (snapshot::RESTORE_IOCTLS)",
+    ),
+    (libc::SYS_read, "a device's request eventfd, drained"),
+    (libc::SYS_close, "a replaced pending worker's descriptors"),
+];
+
 /// The reaper.
 const REAPER: &[Entry] = &[
     (libc::SYS_wait4, "waiting for the VM process"),
@@ -469,6 +494,7 @@ pub fn allowlist_with(kind: ThreadKind, snapshots: bool) -> Vec<Entry> {
         ThreadKind::Device => &[DEVICE],
         ThreadKind::FsDevice => &[FS_DEVICE, FILE_SERVER],
         ThreadKind::Reaper => &[REAPER],
+        ThreadKind::Restore => &[RESTORE],
     };
     COMMON
         .iter()
@@ -488,7 +514,7 @@ mod tests {
         assert_eq!(KVM_GET_REGS, 0x8090_ae81);
     }
 
-    const KINDS: [ThreadKind; 7] = [
+    const KINDS: [ThreadKind; 8] = [
         ThreadKind::Main,
         ThreadKind::Control,
         ThreadKind::Vcpu,
@@ -496,6 +522,7 @@ mod tests {
         ThreadKind::Device,
         ThreadKind::Reaper,
         ThreadKind::FsDevice,
+        ThreadKind::Restore,
     ];
 
     #[test]
@@ -535,13 +562,17 @@ mod tests {
                 "device control filter blocks {nr} ({why})"
             );
         }
-        // Only vCPU threads and devices issue any ioctl (devices: FIONBIO only); only the
-        // device control thread starts threads or installs a filter.
+        // Only vCPU threads, devices and the restore thread issue any ioctl (devices:
+        // FIONBIO only; the restore thread: KVM_SET_* only); only the device control thread
+        // starts threads or installs a filter.
         for kind in KINDS {
             let has = |nr| allowlist(kind).iter().any(|(n, _)| *n == nr);
             let ioctl = matches!(
                 kind,
-                ThreadKind::Vcpu | ThreadKind::Device | ThreadKind::DeviceControl
+                ThreadKind::Vcpu
+                    | ThreadKind::Device
+                    | ThreadKind::DeviceControl
+                    | ThreadKind::Restore
             );
             assert_eq!(has(libc::SYS_ioctl), ioctl, "{kind:?}");
             for nr in [libc::SYS_clone3, libc::SYS_clone, libc::SYS_seccomp] {
@@ -550,29 +581,65 @@ mod tests {
         }
     }
 
+    /// Thread creation, filter changes and host sockets: what neither a vCPU thread nor the
+    /// restore thread may do.
+    const STARTS_OR_TALKS: [i64; 8] = [
+        libc::SYS_clone3,
+        libc::SYS_clone,
+        libc::SYS_seccomp,
+        libc::SYS_socket,
+        libc::SYS_connect,
+        libc::SYS_accept4,
+        libc::SYS_sendmsg,
+        libc::SYS_recvmsg,
+    ];
+
+    fn allows_none(kind: ThreadKind, calls: &[i64]) {
+        let list = allowlist(kind);
+        for nr in calls {
+            assert!(list.iter().all(|(n, _)| n != nr), "{kind:?} allows {nr}");
+        }
+    }
+
     /// A vCPU thread has Firecracker's narrowness: no thread creation, no filter changes, no
     /// host sockets, no new descriptors of any kind.
     #[test]
     fn the_vcpu_list_starts_nothing_and_opens_nothing() {
-        let vcpu = allowlist(ThreadKind::Vcpu);
-        for nr in [
-            libc::SYS_clone3,
-            libc::SYS_clone,
-            libc::SYS_seccomp,
-            libc::SYS_socket,
-            libc::SYS_connect,
-            libc::SYS_accept4,
-            libc::SYS_sendmsg,
-            libc::SYS_recvmsg,
-            libc::SYS_eventfd2,
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_ctl,
-            libc::SYS_prctl,
-            libc::SYS_getrandom,
-            libc::SYS_pread64,
-        ] {
-            assert!(vcpu.iter().all(|(n, _)| *n != nr), "vCPU allows {nr}");
-        }
+        allows_none(ThreadKind::Vcpu, &STARTS_OR_TALKS);
+        allows_none(
+            ThreadKind::Vcpu,
+            &[
+                libc::SYS_eventfd2,
+                libc::SYS_epoll_create1,
+                libc::SYS_epoll_ctl,
+                libc::SYS_prctl,
+                libc::SYS_getrandom,
+                libc::SYS_pread64,
+            ],
+        );
+    }
+
+    /// The restore thread parses a hostile file: it starts nothing, opens nothing, touches no
+    /// socket or file, and of the ioctls only sets state (none of `KVM_RUN`, `KVM_GET_*`).
+    #[test]
+    fn the_restore_list_parses_and_sets_state_only() {
+        allows_none(ThreadKind::Restore, &STARTS_OR_TALKS);
+        allows_none(
+            ThreadKind::Restore,
+            &[
+                libc::SYS_eventfd2,
+                libc::SYS_prctl,
+                libc::SYS_tgkill,
+                libc::SYS_pread64,
+                libc::SYS_pwrite64,
+                libc::SYS_unlink,
+                libc::SYS_statx,
+            ],
+        );
+        assert!(!snapshot::RESTORE_IOCTLS.contains(&KVM_RUN));
+        assert!(snapshot::RESTORE_IOCTLS.iter().all(|r| {
+            !snapshot::VCPU_IOCTLS.contains(r) && !snapshot::CONTROL_IOCTLS.contains(r)
+        }));
     }
 
     /// The refusal filter, installed on a thread of its own: `openat` fails with EACCES and

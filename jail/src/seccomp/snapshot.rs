@@ -9,7 +9,8 @@
 //! them (the memory file's non-zero pages with `pwrite64`, its length with `ftruncate`),
 //! syncs and closes them, and removes them again after an error. Each vCPU reads its own
 //! state on its own thread while parked: only the `KVM_GET_*` requests of [`VCPU_IOCTLS`]
-//! are added there. A restore needs nothing here: it runs before any filter is installed.
+//! are added there. A restore decodes and sets the saved state on its own thread, whose
+//! requests are [`RESTORE_IOCTLS`] (`ThreadKind::Restore`).
 //!
 //! `openat` stays refused (`EACCES`, see `REFUSED`) on the control thread for every flag set
 //! but [`CREATE_FLAGS`], the flags a snapshot file is created with: the thread cannot open an
@@ -17,7 +18,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{Entry, kvm_io, kvm_ior, kvm_iowr};
+use super::{Entry, kvm_io, kvm_ior, kvm_iow, kvm_iowr};
 
 static SNAPSHOTS: AtomicBool = AtomicBool::new(false);
 
@@ -68,6 +69,24 @@ pub const VCPU_IOCTLS: &[u64] = &[
     kvm_ior(0x8e, std::mem::size_of::<kvm_bindings::kvm_lapic_state>()), // KVM_GET_LAPIC
     kvm_iowr(0x88, std::mem::size_of::<kvm_bindings::kvm_msrs>()),    // KVM_GET_MSRS
     kvm_ior(0x9f, std::mem::size_of::<kvm_bindings::kvm_vcpu_events>()), // KVM_GET_VCPU_EVENTS
+];
+
+/// The requests of the restore thread (`vmm::snapshot::PendingRestore::finish`): the VM-wide
+/// state, then each vCPU's, in the order they are set.
+pub const RESTORE_IOCTLS: &[u64] = &[
+    kvm_ior(0x63, std::mem::size_of::<kvm_bindings::kvm_irqchip>()), // KVM_SET_IRQCHIP (_IOR, as the kernel has it)
+    kvm_iow(0xa0, std::mem::size_of::<kvm_bindings::kvm_pit_state2>()), // KVM_SET_PIT2
+    kvm_iow(0x7b, std::mem::size_of::<kvm_bindings::kvm_clock_data>()), // KVM_SET_CLOCK
+    kvm_iow(0x99, std::mem::size_of::<kvm_bindings::kvm_mp_state>()), // KVM_SET_MP_STATE
+    kvm_iow(0x82, std::mem::size_of::<kvm_bindings::kvm_regs>()),    // KVM_SET_REGS
+    kvm_iow(0x84, std::mem::size_of::<kvm_bindings::kvm_sregs>()),   // KVM_SET_SREGS
+    kvm_iow(0x8d, std::mem::size_of::<kvm_bindings::kvm_fpu>()),     // KVM_SET_FPU
+    kvm_iow(0xa5, std::mem::size_of::<kvm_bindings::kvm_xsave>()),   // KVM_SET_XSAVE
+    kvm_iow(0xa7, std::mem::size_of::<kvm_bindings::kvm_xcrs>()),    // KVM_SET_XCRS
+    kvm_iow(0xa2, std::mem::size_of::<kvm_bindings::kvm_debugregs>()), // KVM_SET_DEBUGREGS
+    kvm_iow(0x8f, std::mem::size_of::<kvm_bindings::kvm_lapic_state>()), // KVM_SET_LAPIC
+    kvm_iow(0x89, std::mem::size_of::<kvm_bindings::kvm_msrs>()),    // KVM_SET_MSRS
+    kvm_iow(0xa0, std::mem::size_of::<kvm_bindings::kvm_vcpu_events>()), // KVM_SET_VCPU_EVENTS
 ];
 
 /// What the control thread adds (with `openat` let through the refusal filter for
@@ -124,6 +143,24 @@ mod tests {
             ]
         );
         assert_eq!(CREATE_FLAGS, 0o2_000_301);
+        assert_eq!(
+            RESTORE_IOCTLS,
+            &[
+                0x8208_ae63, // KVM_SET_IRQCHIP
+                0x4070_aea0, // KVM_SET_PIT2
+                0x4030_ae7b, // KVM_SET_CLOCK
+                0x4004_ae99, // KVM_SET_MP_STATE
+                0x4090_ae82, // KVM_SET_REGS
+                0x4138_ae84, // KVM_SET_SREGS
+                0x41a0_ae8d, // KVM_SET_FPU
+                0x5000_aea5, // KVM_SET_XSAVE
+                0x4188_aea7, // KVM_SET_XCRS
+                0x4080_aea2, // KVM_SET_DEBUGREGS
+                0x4400_ae8f, // KVM_SET_LAPIC
+                0x4008_ae89, // KVM_SET_MSRS
+                0x4040_aea0, // KVM_SET_VCPU_EVENTS
+            ]
+        );
     }
 
     /// Without a snapshot directory no thread gets a snapshot call; with one, only the
@@ -148,6 +185,7 @@ mod tests {
             ThreadKind::Vcpu,
             ThreadKind::Device,
             ThreadKind::Reaper,
+            ThreadKind::Restore,
         ] {
             assert_eq!(
                 allowlist_with(kind, true),

@@ -18,7 +18,7 @@ use super::{ExitKind, MAX_CONFIG_BYTES, METRICS, ProcessConfig, STOP};
 use crate::config::ConsoleConfig;
 use crate::control::GuestFault;
 use crate::exit::VmExit;
-use crate::snapshot::{AfterSnapshot, SnapshotError};
+use crate::snapshot::{AfterSnapshot, FailedRestore, PendingRestore, SnapshotError, SnapshotFiles};
 use crate::vm::{RunningVm, Vm, VmmError};
 use vm_jail as jail;
 use vm_jail::seccomp::{self, ThreadKind};
@@ -74,9 +74,12 @@ pub enum ChildError {
     /// A seccomp filter could not be installed.
     #[error("seccomp")]
     Seccomp(#[source] seccomp::SeccompError),
-    /// The control thread could not be started.
-    #[error("starting the control thread")]
+    /// The control or restore thread could not be started.
+    #[error("starting a thread")]
     Thread(#[source] io::Error),
+    /// The restore thread panicked.
+    #[error("the restore thread panicked")]
+    RestorePanicked,
 }
 
 impl ChildError {
@@ -84,7 +87,7 @@ impl ChildError {
         match self {
             ChildError::ParentGone { .. } => ExitKind::ParentGone,
             ChildError::Jail(_) => ExitKind::JailFailed,
-            ChildError::Restore(..) => ExitKind::RestoreFailed,
+            ChildError::Restore(..) | ChildError::RestorePanicked => ExitKind::RestoreFailed,
             _ => ExitKind::SetupFailed,
         }
     }
@@ -170,10 +173,19 @@ fn run() -> Result<ExitKind, ChildError> {
         sink: Some(Box::new(io::stdout())),
     };
     let guest_mib = cfg.vm.mem_mib;
+    let hooks = RestoreHooks::of(&cfg);
     let vm_cfg = cfg.into_vm_config(console);
-    let vm = match &restore {
-        Some(dir) => Vm::restore(vm_cfg, dir).map_err(|e| ChildError::Restore(dir.clone(), e))?,
-        None => Vm::create(vm_cfg).map_err(ChildError::Vmm)?,
+    // Everything that opens a file or needs a privilege, before `confine`; no byte of a
+    // snapshot's state is decoded yet.
+    let built = match restore {
+        Some(dir) => {
+            let files = SnapshotFiles::open(&dir).map_err(|e| ChildError::Restore(dir.clone(), e));
+            let pending = files.and_then(|files| {
+                Vm::prepare_restore(vm_cfg, files).map_err(|e| ChildError::Restore(dir.clone(), e))
+            })?;
+            Built::Restoring(dir, pending)
+        }
+        None => Built::Ready(Vm::create(vm_cfg).map_err(ChildError::Vmm)?),
     };
     if let Some(j) = &jail_cfg {
         let writable = snapshot_dir.as_deref().map(|dir| jail::Writable {
@@ -182,6 +194,10 @@ fn run() -> Result<ExitKind, ChildError> {
         });
         jail::confine(j, guest_mib, writable).map_err(ChildError::Jail)?;
     }
+    let vm = match built {
+        Built::Ready(vm) => vm,
+        Built::Restoring(dir, pending) => finish_restore(pending, dir, hooks)?,
+    };
     let running = Arc::new(vm.start().map_err(ChildError::Vmm)?);
     let for_control = running.clone();
     // Held by the control thread while it runs a snapshot command and replies: a snapshot
@@ -207,6 +223,69 @@ fn run() -> Result<ExitKind, ChildError> {
     };
     drop(replying.lock().unwrap_or_else(|p| p.into_inner()));
     Ok(classify(outcome))
+}
+
+/// The VM before `confine`: created, or built for a restore whose state waits to be decoded.
+enum Built {
+    Ready(Vm),
+    Restoring(PathBuf, PendingRestore),
+}
+
+/// Step 2 of a restore (`PendingRestore::apply`: the state decoded and set) on a thread of
+/// its own under the restore filter, after `confine`; the main thread waits for it. The
+/// thread starts none, so no other thread inherits that filter, and the main thread's own
+/// filter comes later, once the VM runs. A refused state hands the VM back, and it is
+/// dropped here (closing its descriptors and its vsock socket, which the restore filter
+/// does not allow).
+fn finish_restore(
+    pending: PendingRestore,
+    dir: PathBuf,
+    hooks: RestoreHooks,
+) -> Result<Vm, ChildError> {
+    let applied = std::thread::Builder::new()
+        .name("vmm-restore".into())
+        .spawn(move || {
+            seccomp::apply(ThreadKind::Restore).map_err(ChildError::Seccomp)?;
+            hooks.run();
+            Ok(pending.apply())
+        })
+        .map_err(ChildError::Thread)?
+        .join()
+        .unwrap_or(Err(ChildError::RestorePanicked))?;
+    applied.map_err(|failed| {
+        let FailedRestore { error, vm } = *failed;
+        drop(vm);
+        ChildError::Restore(dir, error)
+    })
+}
+
+/// The restore thread's test hook (builds with the `test-hooks` feature only).
+#[derive(Clone, Copy)]
+struct RestoreHooks {
+    #[cfg(feature = "test-hooks")]
+    forbidden_syscall: bool,
+}
+
+impl RestoreHooks {
+    #[cfg(feature = "test-hooks")]
+    fn of(cfg: &ProcessConfig) -> RestoreHooks {
+        RestoreHooks {
+            forbidden_syscall: cfg.test_forbidden_syscall_in_restore,
+        }
+    }
+
+    #[cfg(not(feature = "test-hooks"))]
+    fn of(_: &ProcessConfig) -> RestoreHooks {
+        RestoreHooks {}
+    }
+
+    /// Under the restore filter: `getppid`, which it does not allow, when asked.
+    fn run(self) {
+        #[cfg(feature = "test-hooks")]
+        if self.forbidden_syscall {
+            let _ = nix::unistd::getppid();
+        }
+    }
 }
 
 /// Reads control lines until [`STOP`], a snapshot that stops the VM, or end of file, then

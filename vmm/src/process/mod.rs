@@ -105,10 +105,17 @@ pub struct ProcessConfig {
     pub snapshot_dir: Option<PathBuf>,
     /// Restore the snapshot in this directory (absolute) instead of booting `vm.kernel`: the
     /// VM config must match the snapshot's, or the process exits with
-    /// [`ExitKind::RestoreFailed`]. Read before the jail's root exists, so it is not bound
-    /// inside.
+    /// [`ExitKind::RestoreFailed`]. Its files are opened (and checked: the process's own,
+    /// writable by nobody else) before the jail's root exists, so it is not bound inside; the
+    /// state is decoded after `confine`, on the restore thread under its filter.
     #[serde(default)]
     pub restore: Option<PathBuf>,
+    /// The restore thread makes a system call its filter does not allow, right after
+    /// installing it (builds with the `test-hooks` feature only: the tests' way to prove the
+    /// state is decoded under that filter).
+    #[cfg(feature = "test-hooks")]
+    #[serde(default)]
+    pub test_forbidden_syscall_in_restore: bool,
 }
 
 impl ProcessConfig {
@@ -121,6 +128,8 @@ impl ProcessConfig {
             seccomp: false,
             snapshot_dir: None,
             restore: None,
+            #[cfg(feature = "test-hooks")]
+            test_forbidden_syscall_in_restore: false,
         }
     }
 

@@ -70,6 +70,55 @@ pub fn check_restore_dir(dir: &Path) -> Result<(), DirError> {
     absolute(dir)
 }
 
+/// Why [`hand_back`] could not give a snapshot directory back.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot give {} back to uid {uid}", .path.display())]
+pub struct HandBackError {
+    /// The directory or the file.
+    pub path: PathBuf,
+    /// The uid it was to go to (the caller's effective uid).
+    pub uid: u32,
+    /// Why.
+    #[source]
+    pub source: io::Error,
+}
+
+/// For the launcher, once a jailed VMM that wrote a snapshot into `dir` has exited: gives the
+/// directory (mode `0700`) and every entry in it, none followed if it is a link, back to this
+/// process's effective uid and gid. The jail handed the directory to the VM's own uid, and
+/// the files the VMM created are that uid's: `JAIL_ID_BASE` plus a pid, which a later VM
+/// may get again, and would then own the snapshot to rewrite. Without a jail (or not root)
+/// everything is already the caller's and nothing changes.
+pub fn hand_back(dir: &Path) -> Result<(), HandBackError> {
+    use nix::fcntl::{AtFlags, OFlag, open};
+    use nix::sys::stat::{Mode, fchmod};
+    use nix::unistd::{fchown, fchownat, getegid, geteuid};
+    use std::os::fd::AsFd;
+    let (uid, gid) = (geteuid(), getegid());
+    let fail = |path: PathBuf| {
+        move |source: io::Error| HandBackError {
+            path,
+            uid: uid.as_raw(),
+            source,
+        }
+    };
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = open(dir, flags, Mode::empty()).map_err(|e| fail(dir.to_path_buf())(e.into()))?;
+    for name in vm_sys::private::entries(fd.as_fd()).map_err(fail(dir.to_path_buf()))? {
+        fchownat(
+            fd.as_fd(),
+            name.as_os_str(),
+            Some(uid),
+            Some(gid),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| fail(dir.join(&name))(e.into()))?;
+    }
+    fchown(fd.as_fd(), Some(uid), Some(gid)).map_err(|e| fail(dir.to_path_buf())(e.into()))?;
+    fchmod(fd.as_fd(), Mode::from_bits_truncate(0o700))
+        .map_err(|e| fail(dir.to_path_buf())(e.into()))
+}
+
 /// The largest file a VMM with `mem_mib` of guest RAM writes for a snapshot: the memory file
 /// (the RAM) or the state file (at most [`MAX_STATE_BYTES`]); its jail's `RLIMIT_FSIZE`.
 pub fn max_file_bytes(mem_mib: u32) -> u64 {

@@ -170,14 +170,23 @@ pub fn decode(bytes: &[u8]) -> Result<VmState, StateError> {
     Ok(state)
 }
 
-/// Read the state file at `path`, refusing one over [`MAX_STATE_BYTES`] before reading it
-/// (and reading at most one byte more, should it grow meanwhile), then [`decode`] it.
+/// Read the state file at `path` ([`read_bounded`]), then [`decode`] it.
 pub fn read_state_file(path: &Path) -> Result<VmState, StateError> {
+    let file = std::fs::File::open(path).map_err(|source| StateError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    decode(&read_bounded(file, path)?)
+}
+
+/// The bytes of the state file `file` (at `path`, for messages), refused over
+/// [`MAX_STATE_BYTES`] before reading (and read to at most one byte more, should it grow
+/// meanwhile).
+pub fn read_bounded(file: std::fs::File, path: &Path) -> Result<Vec<u8>, StateError> {
     let read_err = |source| StateError::Read {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read_err)?;
     let size = file.metadata().map_err(read_err)?.len();
     if size > MAX_STATE_BYTES {
         return Err(StateError::TooLarge(size));
@@ -186,7 +195,10 @@ pub fn read_state_file(path: &Path) -> Result<VmState, StateError> {
     file.take(MAX_STATE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(read_err)?;
-    decode(&bytes)
+    if bytes.len() as u64 > MAX_STATE_BYTES {
+        return Err(StateError::TooLarge(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -88,14 +88,20 @@ fn write_nonzero(file: &File, chunk: &[u8], at: u64) -> std::io::Result<u64> {
     Ok(written)
 }
 
-/// Map the memory file `path` copy-on-write as the guest RAM `regions` (in file order).
-pub fn map_private(path: &Path, regions: &[RegionState]) -> Result<GuestMemoryMmap, SnapshotError> {
-    let file = File::open(path).map_err(io_err("opening", path))?;
+/// Map the memory file `file` (at `path`, for messages) copy-on-write as the guest RAM
+/// `regions` (in file order) of a VM of `mem_mib`: its length must be exactly theirs.
+pub fn map_private(
+    file: &File,
+    path: &Path,
+    mem_mib: u32,
+    regions: &[RegionState],
+) -> Result<GuestMemoryMmap, SnapshotError> {
     let found = file.metadata().map_err(io_err("reading", path))?.len();
     let expected: u64 = regions.iter().map(|r| r.size).sum();
     if found != expected {
         return Err(SnapshotError::MemoryFileSize {
             path: path.to_path_buf(),
+            mem_mib,
             expected,
             found,
         });
@@ -153,13 +159,15 @@ mod tests {
             size: 2 * mib as u64,
         }];
         let before = std::fs::read(&path).unwrap();
-        let restored = map_private(&path, &regions).unwrap();
+        let map =
+            |regions: &[RegionState]| map_private(&File::open(&path).unwrap(), &path, 2, regions);
+        let restored = map(&regions).unwrap();
         assert_eq!(
             restored.read_obj::<u32>(GuestAddress(0x1000)).unwrap(),
             0xdead_beef
         );
         restored.write_obj(1u64, GuestAddress(0x1000)).unwrap();
-        let again = map_private(&path, &regions).unwrap();
+        let again = map(&regions).unwrap();
         assert_eq!(
             again.read_obj::<u32>(GuestAddress(0x1000)).unwrap(),
             0xdead_beef
@@ -175,7 +183,7 @@ mod tests {
             size: 4 * mib as u64,
         }];
         assert!(matches!(
-            map_private(&path, &wrong),
+            map(&wrong),
             Err(SnapshotError::MemoryFileSize { found, .. }) if found == 2 * mib as u64
         ));
     }

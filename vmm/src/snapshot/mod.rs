@@ -41,6 +41,7 @@
 //! only), and `ProcessConfig::restore` restores at start. Not yet: the `vm` CLI has no
 //! snapshot command.
 
+pub mod files;
 pub mod format;
 pub mod memory_file;
 mod restore;
@@ -51,7 +52,9 @@ pub mod vcpu;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use files::SnapshotFiles;
 pub use format::StateError;
+pub use restore::{FailedRestore, PendingRestore};
 pub use state::{ConfigFacts, VcpuState, VmState};
 
 use crate::control::PauseError;
@@ -142,6 +145,17 @@ pub enum SnapshotError {
         #[source]
         source: std::io::Error,
     },
+    /// A snapshot file or its directory is not the invoking user's own.
+    #[error("{path} must belong to uid {owner} and be writable by no one else")]
+    NotPrivate {
+        /// The file or directory.
+        path: PathBuf,
+        /// The uid it must belong to (this process's effective uid).
+        owner: u32,
+        /// What is wrong with it.
+        #[source]
+        source: vm_sys::private::Refusal,
+    },
     /// The state file is refused.
     #[error("state file {path}")]
     State {
@@ -161,12 +175,14 @@ pub enum SnapshotError {
         /// The config's value.
         config: String,
     },
-    /// The memory file does not hold exactly the RAM the state describes.
-    #[error("memory file {path} has {found} bytes, the state needs {expected}")]
+    /// The memory file does not hold exactly the RAM of the config's `mem_mib`.
+    #[error("memory file {path} has {found} bytes, mem_mib {mem_mib} needs {expected}")]
     MemoryFileSize {
         /// The file.
         path: PathBuf,
-        /// Bytes of RAM in the state.
+        /// The config's guest RAM.
+        mem_mib: u32,
+        /// Bytes of RAM of `mem_mib`.
         expected: u64,
         /// The file's length.
         found: u64,

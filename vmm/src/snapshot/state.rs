@@ -20,6 +20,7 @@ use kvm_bindings::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::vcpu::excluded;
 use crate::boot::mptable::MAX_CPUS;
 use crate::config::CpuProfile;
 use crate::layout::MemoryLayout;
@@ -49,6 +50,14 @@ pub enum InvalidState {
         vcpu: usize,
         /// MSRs listed.
         count: usize,
+    },
+    /// A vCPU lists an MSR no snapshot holds (the PMU's or VMX's: a save leaves them out).
+    #[error("vcpu {vcpu} lists MSR {index:#x}, which a snapshot never holds (PMU or VMX)")]
+    ExcludedMsr {
+        /// vCPU index.
+        vcpu: usize,
+        /// MSR index.
+        index: u32,
     },
     /// The saved memory size has no layout (below the minimum).
     #[error("mem_mib {0} has no memory layout")]
@@ -247,7 +256,8 @@ impl VmState {
         self.regions.iter().map(|r| r.size).sum()
     }
 
-    /// The checks that need no KVM: vCPU count, MSR count, regions that are exactly the
+    /// The checks that need no KVM: vCPU count, MSR count, no MSR a save leaves out
+    /// (`super::vcpu::excluded`: the PMU's and VMX's), regions that are exactly the
     /// layout of `config.mem_mib`, and every device against those regions
     /// ([`validate_devices`]).
     pub fn validate(&self) -> Result<(), InvalidState> {
@@ -271,6 +281,14 @@ impl VmState {
                 vcpu,
                 count: v.msrs.len(),
             });
+        }
+        for (vcpu, v) in self.vcpus.iter().enumerate() {
+            if let Some(m) = v.msrs.iter().find(|m| excluded(m.index)) {
+                return Err(InvalidState::ExcludedMsr {
+                    vcpu,
+                    index: m.index,
+                });
+            }
         }
         check_regions(&self.regions, c.mem_mib)?;
         validate_devices(&self.devices, &self.regions).map_err(InvalidState::Device)
@@ -433,6 +451,34 @@ pub(crate) mod tests {
             s.validate(),
             Err(InvalidState::TooManyMsrs { vcpu: 0, .. })
         ));
+    }
+
+    /// A state file that lists a PMU or VMX MSR (which a save never writes) is refused, so a
+    /// restore never hands KVM one: filtered on restore as on save.
+    #[test]
+    fn a_pmu_or_vmx_msr_in_the_state_is_refused() {
+        for index in [
+            0xc001_0000,
+            0xc001_0007,
+            0xc001_0200,
+            0xc001_020b,
+            0x480,
+            0x491,
+        ] {
+            let mut s = sample(2, 16);
+            s.vcpus[1].msrs.push(MsrEntry { index, data: 1 });
+            assert_eq!(
+                s.validate(),
+                Err(InvalidState::ExcludedMsr { vcpu: 1, index }),
+                "{index:#x}"
+            );
+        }
+        // Their neighbours are ordinary MSRs.
+        for index in [0xc001_0008, 0xc001_020c, 0x47f, 0x492] {
+            let mut s = sample(2, 16);
+            s.vcpus[1].msrs.push(MsrEntry { index, data: 1 });
+            assert_eq!(s.validate(), Ok(()), "{index:#x}");
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! of `KVM_GET_MSR_INDEX_LIST` except the PMU's (fenced off from the guest,
 //! [`crate::msr::PMU_MSR_RANGES`]) and the VMX capability MSRs (nested virtualization is
 //! hidden). One KVM refuses to read on this host is left out of the state (logged). On
-//! restore, KVM must take every required MSR; another it refuses is logged and skipped.
+//! restore the list is filtered as on save: a state that lists an excluded MSR is refused
+//! when it is decoded (`InvalidState::ExcludedMsr`), so KVM is never asked to set one; KVM
+//! must take every required MSR, and another it refuses is logged and skipped.
 //!
 //! Restore order: CPUID (set by the caller, exactly as at boot), MP state, regs, sregs, FPU,
 //! XSAVE, XCRs, debug registers, LAPIC (after sregs, which carry the APIC base), MSRs (after
@@ -112,7 +114,10 @@ impl SavePlan {
     }
 }
 
-fn excluded(index: u32) -> bool {
+/// Whether a snapshot leaves the MSR `index` out: the PMU's (fenced off from the guest) and
+/// the VMX capability MSRs (nested virtualization is hidden). A save never reads one and a
+/// state that lists one is refused (`InvalidState::ExcludedMsr`).
+pub(crate) fn excluded(index: u32) -> bool {
     VMX_MSRS.contains(&index)
         || msr::PMU_MSR_RANGES
             .iter()

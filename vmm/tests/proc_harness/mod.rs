@@ -24,10 +24,15 @@ pub struct VmProc {
     control: Option<ChildStdin>,
     console: Arc<Mutex<Vec<u8>>>,
     exit: Option<ProcessExit>,
+    /// The threads reading stdout and stderr (they end at end of file).
+    readers: Vec<std::thread::JoinHandle<()>>,
     _jail_dir: Option<tempfile::TempDir>,
 }
 
-fn collect(mut src: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) {
+fn collect(
+    mut src: impl Read + Send + 'static,
+    into: Arc<Mutex<Vec<u8>>>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         while let Ok(n) = src.read(&mut buf) {
@@ -39,7 +44,7 @@ fn collect(mut src: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) {
             let extra = c.len().saturating_sub(KEEP);
             c.drain(..extra);
         }
-    });
+    })
 }
 
 impl VmProc {
@@ -86,13 +91,16 @@ impl VmProc {
         let mut control = child.stdin.take().expect("piped stdin");
         vmm::process::write_config(&mut control, cfg).expect("send the configuration");
         let console = Arc::new(Mutex::new(Vec::new()));
-        collect(child.stdout.take().expect("piped stdout"), console.clone());
-        collect(child.stderr.take().expect("piped stderr"), console.clone());
+        let readers = vec![
+            collect(child.stdout.take().expect("piped stdout"), console.clone()),
+            collect(child.stderr.take().expect("piped stderr"), console.clone()),
+        ];
         VmProc {
             child,
             control: Some(control),
             console,
             exit: None,
+            readers,
             _jail_dir: None,
         }
     }
@@ -105,6 +113,19 @@ impl VmProc {
     /// The console so far.
     pub fn console(&self) -> String {
         String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+    }
+
+    /// Everything the process wrote, once it has exited: waits for the readers to reach end
+    /// of file (the last lines may trail the exit status).
+    pub fn final_output(&mut self) -> String {
+        assert!(
+            self.try_exit().is_some(),
+            "final_output of a running process"
+        );
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        self.console()
     }
 
     /// Asks the VMM to stop the VM.

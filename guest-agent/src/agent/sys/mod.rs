@@ -14,10 +14,12 @@
 //! - [`net`]: bringing up the loopback interface.
 //! - [`secure`]: what confines a container's process: capabilities, seccomp, namespaces and
 //!   the mount steps of its root.
+//! - [`random`]: host entropy into the kernel's pool and a forced CRNG reseed.
 
 pub mod fs;
 pub mod net;
 pub mod proc;
+pub mod random;
 pub mod secure;
 pub mod tty;
 
