@@ -3,7 +3,7 @@
 mod common;
 
 use common::{FakeDriver, registry, spec_in};
-use vm_drivers::{Containment, DiskFs};
+use vm_drivers::{Containment, ShareKind};
 use vm_sandbox::{MicroVm, Options, SandboxError, SelectError, select_driver, select_named};
 use vm_spec::{Policy, Trust};
 
@@ -177,13 +177,6 @@ fn create_refuses_without_downgrade() {
 
 #[test]
 fn create_builds_the_boot_plan_and_cleans_up_on_failure() {
-    if !common::have_mkfs_erofs() {
-        common::skip(
-            "create_builds_the_boot_plan_and_cleans_up_on_failure",
-            "mkfs.erofs missing",
-        );
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let mut spec = spec_in(tmp.path());
     let file = tmp.path().join("weights.bin");
@@ -197,7 +190,6 @@ fn create_builds_the_boot_plan_and_cleans_up_on_failure() {
     let runs = tmp.path().join("runs");
     std::fs::create_dir(&runs).unwrap();
     let options = Options {
-        mount_cache: Some(tmp.path().join("cache")),
         run_dir_parent: Some(runs.clone()),
         name: "t1".into(),
         ..Options::default()
@@ -222,17 +214,28 @@ fn create_builds_the_boot_plan_and_cleans_up_on_failure() {
         tmp.path().join("vmlinux"),
         "falls back to the ELF kernel"
     );
-    assert_eq!(plan.disks.len(), 2);
-    assert_eq!(plan.disks[0].fs, DiskFs::Erofs);
-    assert_eq!(plan.disks[0].guest_path, "/data");
-    assert!(
-        plan.disks[0]
-            .host_path
-            .starts_with(tmp.path().join("cache"))
+    // Host mounts are virtio-fs shares held by descriptor (no disk, no copy in the cache).
+    assert!(plan.disks.is_empty(), "{:?}", plan.disks);
+    let shares: Vec<_> = plan
+        .shares
+        .iter()
+        .map(|s| (s.guest_path.as_str(), s.kind, s.host_path.clone()))
+        .collect();
+    assert_eq!(
+        shares,
+        [
+            (
+                "/data",
+                ShareKind::Dir,
+                tmp.path().join("data").canonicalize().unwrap()
+            ),
+            (
+                "/weights.bin",
+                ShareKind::File,
+                file.canonicalize().unwrap()
+            ),
+        ]
     );
-    assert!(plan.disks[0].host_path.is_file());
-    assert_eq!(plan.disks[1].fs, DiskFs::Raw);
-    assert_eq!(plan.disks[1].host_path, file.canonicalize().unwrap());
     assert!(plan.run_dir.starts_with(&runs));
     assert!(
         !plan.run_dir.exists(),
