@@ -111,6 +111,7 @@ pub enum Op<'a> {
         whence: u32,
     },
     SetupMapping {
+        /// Linux always sends -1: the file is the header's node id.
         fh: u64,
         foffset: u64,
         len: u64,

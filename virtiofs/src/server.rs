@@ -304,12 +304,12 @@ impl Server {
                 put_u64(out, at);
             }
             Op::SetupMapping {
-                fh,
+                fh: _,
                 foffset,
                 len,
                 flags,
                 moffset,
-            } => self.setup_mapping(fh, foffset, len, flags, moffset)?,
+            } => self.setup_mapping(h.nodeid, foffset, len, flags, moffset)?,
             Op::RemoveMapping { items } => {
                 let dax = self.dax.as_mut().ok_or(Errno::ENOSYS)?;
                 let size = dax.size();
@@ -329,29 +329,30 @@ impl Server {
         Ok(())
     }
 
+    /// Maps a range of file `nodeid` (named by its node id: Linux sends no handle).
     fn setup_mapping(
         &mut self,
-        fh: u64,
+        nodeid: u64,
         foffset: u64,
         len: u64,
         flags: u64,
         moffset: u64,
     ) -> Result<(), Errno> {
         let dax = self.dax.as_mut().ok_or(Errno::ENOSYS)?;
-        let handle = self.fs.file_handle(fh)?;
-        let size = u64::try_from(sys::stat(handle.fd.as_fd())?.st_size).unwrap_or(0);
+        let fd = self.fs.mappable(nodeid)?;
+        let size = u64::try_from(sys::stat(fd.as_fd())?.st_size).unwrap_or(0);
         let m = dax::check_setup(dax.size(), foffset, len, flags, moffset, size)?;
         let end = m.moffset + m.len;
         self.mappings.retain(|&at, _| at < m.moffset || at >= end);
         dax.unmap(m.moffset, m.len)?;
         if m.file_len > 0 {
-            dax.map(m.moffset, m.file_len, handle.fd.as_fd(), m.foffset)?;
+            dax.map(m.moffset, m.file_len, fd.as_fd(), m.foffset)?;
         }
         let mut at = 0;
         while at < m.file_len {
             let chunk = ChunkMapping {
                 moffset: m.moffset + at,
-                nodeid: handle.nodeid,
+                nodeid,
                 foffset: m.foffset + at,
                 file_len: (m.file_len - at).min(dax::DAX_ALIGN),
             };

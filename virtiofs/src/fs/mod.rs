@@ -426,6 +426,18 @@ impl Fs {
         })
     }
 
+    /// The descriptor of regular file `nodeid`, to be mapped for DAX: Linux names the file of
+    /// a `SETUPMAPPING` by its node id alone (its `fh` is always -1), so no handle is needed.
+    pub fn mappable(&self, nodeid: u64) -> Result<Arc<OwnedFd>, Errno> {
+        let ino = self.inode(nodeid)?;
+        match ino.kind {
+            Kind::File if ino.readable => Ok(ino.fd.clone()),
+            Kind::File => Err(Errno::EACCES),
+            Kind::Dir | Kind::SingleFileRoot => Err(Errno::EISDIR),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
     /// Reads up to `buf.len()` bytes of handle `fh` at `offset`.
     pub fn read(&self, fh: u64, offset: u64, buf: &mut [u8]) -> Result<usize, Errno> {
         let h = self.file_handle(fh)?;
