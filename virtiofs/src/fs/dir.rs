@@ -35,7 +35,8 @@ impl Batch {
     }
 }
 
-/// A `READDIRPLUS` entry with no node id (`.`, `..`): the guest links nothing for it.
+/// A `READDIRPLUS` entry with no node id (`.`, `..`, a name not looked up): the guest links
+/// nothing for it.
 fn write_unlinked(out: &mut Vec<u8>, ino: u64, kind: u32, valid: Validity) {
     let attr = Attr {
         ino,
@@ -75,9 +76,10 @@ impl Fs {
                             Ok((node, attr)) => abi::write_entry(out, node, &attr, b.valid),
                             // Gone since it was listed: left out.
                             Err(Errno::ENOENT) => continue,
-                            Err(e) if out.len() == start => return Err(e),
-                            // What was listed so far is answered; the next batch starts here.
-                            Err(_) => return Ok(()),
+                            // Not looked up (the inode cap reached, no descriptor left, not
+                            // readable): listed all the same, with no node id, so the listing
+                            // stays whole; the guest's own `LOOKUP` of it gets the error.
+                            Err(_) => write_unlinked(out, d.ino, kind, b.valid),
                         }
                     } else if b.plus {
                         write_unlinked(out, d.ino, kind, b.valid);

@@ -398,6 +398,42 @@ fn inodes_and_handles_are_capped_and_forgets_give_them_back() {
     assert_eq!(g.lookup(ROOT_ID, "f9").errno, 0);
 }
 
+/// The scenario of the nested kvm run: a directory of more entries than the server may hold
+/// inodes for. Every name is still listed; the ones past the cap have no node id.
+#[test]
+fn a_directory_past_the_inode_cap_still_lists_every_name() {
+    let d = tempfile::tempdir().unwrap();
+    for i in 0..50 {
+        std::fs::write(d.path().join(format!("f{i:02}")), b"x").unwrap();
+    }
+    let limits = Limits {
+        max_inodes: 10,
+        ..Limits::default()
+    };
+    let mut g = Guest::with(d.path(), limits, None);
+    let fh = g.call(opcode::OPENDIR, ROOT_ID, &[0u8; 8]).u64_at(0);
+    let (mut offset, mut names, mut linked) = (0u64, Vec::new(), 0);
+    loop {
+        let a = g.readdir(opcode::READDIRPLUS, fh, offset, 1024);
+        assert_eq!(a.errno, 0, "a batch after {} names", names.len());
+        if a.body.is_empty() {
+            break;
+        }
+        let mut at = 0;
+        while at < a.body.len() {
+            linked += usize::from(a.u64_at(at) != 0);
+            let len = a.u32_at(at + ENTRY_OUT_LEN + 16) as usize;
+            offset = a.u64_at(at + ENTRY_OUT_LEN + 8);
+            let name = &a.body[at + ENTRY_OUT_LEN + 24..at + ENTRY_OUT_LEN + 24 + len];
+            names.push(String::from_utf8(name.to_vec()).unwrap());
+            at += ENTRY_OUT_LEN + abi::dirent_size(len);
+        }
+    }
+    assert_eq!(names.len(), 52, "every name, . and .. included: {names:?}");
+    assert_eq!(linked, 9, "the cap (the root holds one)");
+    assert_eq!(g.lookup(ROOT_ID, "f49").errno, libc::ENFILE);
+}
+
 #[test]
 fn a_hundred_thousand_lookups_hold_one_inode() {
     let d = tree();
