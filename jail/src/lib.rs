@@ -408,13 +408,24 @@ pub fn data_limit(guest_mib: u32) -> u64 {
 /// Rlimits (the memory cap among them), capabilities, uid/gid and `no_new_privs`. Allocates
 /// nothing on success.
 pub fn restrict(who: Identity, memory: MemoryCap) -> Result<(), JailError> {
-    // A hard limit is raised only with CAP_SYS_RESOURCE, which a launcher in a container may
-    // lack: the descriptors asked for are capped at the hard limit it has (a file server
-    // lowers its inode cap to what it finds).
-    let (_, nofile_hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(at(Step::Rlimit))?;
+    // A hard limit is raised only with CAP_SYS_RESOURCE (a root launcher has it: Linux's own
+    // hard limit, 4096, is what a minimal init leaves), which a launcher in a container may
+    // lack: there the descriptors asked for are capped at the hard limit it has (a file
+    // server lowers its inode cap to what it finds).
+    let open_files = match setrlimit(
+        Resource::RLIMIT_NOFILE,
+        memory.open_files,
+        memory.open_files,
+    ) {
+        Ok(()) => memory.open_files,
+        Err(_) => {
+            let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(at(Step::Rlimit))?;
+            memory.open_files.min(hard)
+        }
+    };
     for (res, limit) in [
         (memory.resource, memory.bytes),
-        (Resource::RLIMIT_NOFILE, memory.open_files.min(nofile_hard)),
+        (Resource::RLIMIT_NOFILE, open_files),
         (Resource::RLIMIT_FSIZE, memory.file_size),
         (Resource::RLIMIT_CORE, 0),
         (Resource::RLIMIT_NPROC, NPROC_LIMIT),
