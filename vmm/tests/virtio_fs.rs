@@ -18,6 +18,9 @@ const SHM_SEL: u32 = 0xac;
 const SHM_LEN_LOW: u32 = 0xb0;
 const SHM_LEN_HIGH: u32 = 0xb4;
 const SHM_BASE_LOW: u32 = 0xb8;
+/// What Linux's `fuse_setup_one_mapping` sends as a `SETUPMAPPING`'s handle: always -1 (the
+/// file is the node id).
+const NO_FH: u64 = u64::MAX;
 const SHM_BASE_HIGH: u32 = 0xbc;
 
 struct Guest {
@@ -45,7 +48,7 @@ impl Guest {
             dax_window,
         };
         let mut d = Driver::new(&cfg).unwrap();
-        d.dev.open_host_files().unwrap();
+        d.dev.open_host_files(1024).unwrap();
         d.activate(0);
         let bufs = (d.alloc(64 << 10), d.alloc(1 << 20));
         let mut g = Guest {
@@ -162,24 +165,24 @@ fn a_file_reads_through_the_request_queue_and_writes_are_erofs() {
         assert_eq!(g.call(o, node, &[0u8; 64]).0, libc::EROFS, "opcode {o}");
     }
     // Without a window, DAX is not offered.
-    assert_eq!(g.setup(node, fh, 0, 2 << 20, 0, 0), libc::ENOSYS);
+    assert_eq!(g.setup(node, NO_FH, 0, 2 << 20, 0, 0), libc::ENOSYS);
     assert_eq!(g.d.metrics().errors, 0);
 }
 
 #[test]
 fn the_dax_window_maps_file_pages_read_only_and_bounded() {
     let mut g = Guest::new(WINDOW);
-    let (node, fh) = g.lookup_open("weights.bin");
+    let (node, _fh) = g.lookup_open("weights.bin");
     let mib2 = 2u64 << 20;
     // File range [2 MiB, 4 MiB) at window offset 6 MiB.
-    assert_eq!(g.setup(node, fh, mib2, mib2, 0, 3 * mib2), 0);
+    assert_eq!(g.setup(node, NO_FH, mib2, mib2, 0, 3 * mib2), 0);
     assert_eq!(g.window(3 * mib2, 4096), file_bytes(mib2, 4096));
     assert_eq!(
         g.window(3 * mib2 + mib2 - 4096, 4096),
         file_bytes(2 * mib2 - 4096, 4096)
     );
     // The last, partial chunk: file pages up to the end of file, zero pages after.
-    assert_eq!(g.setup(node, fh, 2 * mib2, mib2, 0, 0), 0);
+    assert_eq!(g.setup(node, NO_FH, 2 * mib2, mib2, 0, 0), 0);
     let tail = (5u64 << 20) + 123 - 2 * mib2;
     assert_eq!(
         g.window(0, tail as usize),
@@ -191,15 +194,15 @@ fn the_dax_window_maps_file_pages_read_only_and_bounded() {
             .all(|&b| b == 0)
     );
     // Entirely past the end of file: zero pages.
-    assert_eq!(g.setup(node, fh, 1 << 30, mib2, 0, 5 * mib2), 0);
+    assert_eq!(g.setup(node, NO_FH, 1 << 30, mib2, 0, 5 * mib2), 0);
     assert!(g.window(5 * mib2, 4096).iter().all(|&b| b == 0));
-    // Refused: writable, outside the window, misaligned, a bogus handle.
-    assert_eq!(g.setup(node, fh, 0, mib2, 1, 0), libc::EROFS);
-    assert_eq!(g.setup(node, fh, 0, mib2, 0, WINDOW), libc::EINVAL);
-    assert_eq!(g.setup(node, fh, 0, 2 * WINDOW, 0, 0), libc::EINVAL);
-    assert_eq!(g.setup(node, fh, 0, mib2, 0, 4096), libc::EINVAL);
-    assert_eq!(g.setup(node, fh, 100, mib2, 0, 0), libc::EINVAL);
-    assert_eq!(g.setup(node, 999, 0, mib2, 0, 0), libc::EBADF);
+    // Refused: writable, outside the window, misaligned, an unknown node.
+    assert_eq!(g.setup(node, NO_FH, 0, mib2, 1, 0), libc::EROFS);
+    assert_eq!(g.setup(node, NO_FH, 0, mib2, 0, WINDOW), libc::EINVAL);
+    assert_eq!(g.setup(node, NO_FH, 0, 2 * WINDOW, 0, 0), libc::EINVAL);
+    assert_eq!(g.setup(node, NO_FH, 0, mib2, 0, 4096), libc::EINVAL);
+    assert_eq!(g.setup(node, NO_FH, 100, mib2, 0, 0), libc::EINVAL);
+    assert_eq!(g.setup(999, NO_FH, 0, mib2, 0, 0), libc::EBADF);
     // REMOVEMAPPING puts zero pages back; a bad entry is refused.
     let mut rm = Vec::new();
     rm.extend_from_slice(&1u32.to_le_bytes());
@@ -214,7 +217,7 @@ fn the_dax_window_maps_file_pages_read_only_and_bounded() {
     for round in 0..2u64 {
         for chunk in 0..WINDOW / mib2 {
             let foffset = ((chunk + round) % 3) * mib2;
-            assert_eq!(g.setup(node, fh, foffset, mib2, 0, chunk * mib2), 0);
+            assert_eq!(g.setup(node, NO_FH, foffset, mib2, 0, chunk * mib2), 0);
         }
         let last = WINDOW / mib2 - 1;
         let foffset = ((last + round) % 3) * mib2;

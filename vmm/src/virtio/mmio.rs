@@ -145,8 +145,13 @@ impl MmioDevice {
 
     /// Opens the host files the device serves (see `VirtioDevice::open_host_files`): once the
     /// VM process is jailed, before any vCPU runs.
-    pub fn open_host_files(&mut self) -> Result<(), VirtioError> {
-        self.device.open_host_files()
+    pub fn open_host_files(&mut self, descriptors: u64) -> Result<(), VirtioError> {
+        self.device.open_host_files(descriptors)
+    }
+
+    /// Whether the device serves host files (a virtio-fs share).
+    pub fn serves_host_files(&self) -> bool {
+        self.device.serves_host_files()
     }
 
     /// The device's counters (shared with its worker thread).

@@ -151,6 +151,14 @@ pub enum VirtioError {
     /// A virtio-fs share that cannot be opened.
     #[error("virtio-fs share")]
     Share(#[source] vm_virtiofs::FsError),
+    /// The process's `RLIMIT_NOFILE` leaves a virtio-fs share too few descriptors to serve.
+    #[error("RLIMIT_NOFILE leaves the virtio-fs share {have} descriptors (at least {need})")]
+    Descriptors {
+        /// What it was given.
+        have: u64,
+        /// The fewest it serves with.
+        need: u64,
+    },
     /// A virtio-fs session a snapshot kept that the share no longer matches.
     #[error("restoring the virtio-fs session")]
     Session(#[source] vm_virtiofs::fs::RestoreError),
@@ -199,9 +207,14 @@ pub(crate) trait VirtioDevice: Send {
     }
     /// Opens the host files the device serves (called once the VM process is jailed, before
     /// any vCPU runs: a file server opens its share inside the jail, through its read-only
-    /// bind).
-    fn open_host_files(&mut self) -> Result<(), VirtioError> {
+    /// bind), holding at most `descriptors` of them open (its share of the process's
+    /// `RLIMIT_NOFILE`: [`fs::descriptors_per_share`]).
+    fn open_host_files(&mut self, _descriptors: u64) -> Result<(), VirtioError> {
         Ok(())
+    }
+    /// Whether the device serves host files ([`VirtioDevice::open_host_files`] opens some).
+    fn serves_host_files(&self) -> bool {
+        false
     }
     /// The file system session a snapshot keeps (virtio-fs), if any.
     fn save_session(&self) -> Option<vm_virtiofs::SessionState> {

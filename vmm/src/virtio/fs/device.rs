@@ -31,6 +31,10 @@ pub(crate) const QUEUE_SIZES: &[u16] = &[256, 256];
 pub const SHM_CACHE: u32 = 0;
 /// The longest tag (`struct virtio_fs_config`).
 pub const MAX_TAG: usize = 36;
+/// Descriptors a share's server keeps beyond its inodes' (the share's root, a spare).
+const OWN_FDS: u64 = 16;
+/// The fewest inodes a share is served with.
+const MIN_INODES: u64 = 16;
 
 /// A DAX window: where the guest sees it, and its host mapping.
 #[derive(Debug, Clone)]
@@ -148,10 +152,25 @@ impl VirtioDevice for FsDevice {
         Some((w.guest_base, w.mapping.len()))
     }
 
-    fn open_host_files(&mut self) -> Result<(), VirtioError> {
+    fn serves_host_files(&self) -> bool {
+        true
+    }
+
+    fn open_host_files(&mut self, descriptors: u64) -> Result<(), VirtioError> {
         let mut server = lock(&self.server);
         if server.is_none() {
-            let fs = Fs::open(&self.share, self.limits).map_err(VirtioError::Share)?;
+            let fits = descriptors.saturating_sub(OWN_FDS);
+            if fits < MIN_INODES {
+                return Err(VirtioError::Descriptors {
+                    have: descriptors,
+                    need: OWN_FDS + MIN_INODES,
+                });
+            }
+            let limits = Limits {
+                max_inodes: self.limits.max_inodes.min(fits as usize),
+                ..self.limits
+            };
+            let fs = Fs::open(&self.share, limits).map_err(VirtioError::Share)?;
             let dax = self
                 .window
                 .as_ref()

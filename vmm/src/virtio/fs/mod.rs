@@ -23,6 +23,27 @@ use vm_virtiofs::{MAX_REQUEST_BYTES, Outcome, Server};
 use super::GuestMemoryMmap;
 use super::queue::{self, Buf};
 
+/// The descriptors each of `shares` file servers in this process may hold: the soft
+/// `RLIMIT_NOFILE` is raised to the hard one (always allowed), the VMM keeps
+/// [`vm_jail::NOFILE_LIMIT`] for itself (half the limit when that is lower: a process not
+/// sized by the jail), and the shares split the rest. Each server caps its inodes to fit, so
+/// a guest that looks up more names gets `ENFILE` from the server, never a VMM out of
+/// descriptors (a jailed VMM's limit is sized for [`vm_virtiofs::fs::DEFAULT_MAX_INODES`]
+/// a share by its driver).
+pub fn descriptors_per_share(shares: u64) -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
+    };
+    let limit = if hard > soft && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    let own = vm_jail::NOFILE_LIMIT.min(limit / 2);
+    limit.saturating_sub(own) / shares.max(1)
+}
+
 /// The virtio device id of a file system device.
 pub const VIRTIO_ID_FS: u32 = 26;
 /// The high-priority queue and one request queue.
