@@ -90,12 +90,15 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     }
 }
 
-/// What a file's content is, cheaply for a sparse one: sha256 over its size and each data
-/// extent's offset, length and bytes (`SEEK_DATA`/`SEEK_HOLE`; holes read as zeros, so two
-/// files with equal fingerprints hold equal bytes).
+/// What a file's content is, cheaply for a sparse one: sha256 over its size and the offset
+/// and bytes of each 4 KiB block that is not all zeros, found through the data extents
+/// (`SEEK_DATA`/`SEEK_HOLE`). Holes and zero blocks read the same, so the fingerprint is the
+/// bytes', not the allocation's: a hole filled with zero pages (a read fault through a shared
+/// mapping of a tmpfs file allocates one) leaves it unchanged; any byte that changes, changes it.
 pub fn content_fingerprint(path: &Path) -> std::io::Result<String> {
     use nix::unistd::{Whence, lseek};
     use std::io::{Seek, SeekFrom};
+    const BLOCK: usize = 4096;
     let mut f = std::fs::File::open(path)?;
     let size = f.metadata()?.len();
     let mut h = Sha256::new();
@@ -108,20 +111,26 @@ pub fn content_fingerprint(path: &Path) -> std::io::Result<String> {
             Err(nix::errno::Errno::ENXIO) => break,
             Err(e) => return Err(e.into()),
         };
+        // Whole blocks: an extent starts and ends on a block boundary but for the file's end.
+        let data = data - data % BLOCK as u64;
         let hole = lseek(&f, data as i64, Whence::SeekHole)? as u64;
-        h.update(data.to_le_bytes());
-        h.update((hole - data).to_le_bytes());
         f.seek(SeekFrom::Start(data))?;
-        let mut left = hole - data;
-        while left > 0 {
-            let n = f.read(&mut buf[..left.min(1 << 20) as usize])?;
+        let mut pos = data;
+        while pos < hole {
+            let want = (hole - pos).min(buf.len() as u64) as usize;
+            let n = f.read(&mut buf[..want])?;
             if n == 0 {
                 break;
             }
-            h.update(&buf[..n]);
-            left -= n as u64;
+            for (i, block) in buf[..n].chunks(BLOCK).enumerate() {
+                if block.iter().any(|&b| b != 0) {
+                    h.update((pos + (i * BLOCK) as u64).to_le_bytes());
+                    h.update(block);
+                }
+            }
+            pos += n as u64;
         }
-        at = hole;
+        at = hole.max(pos);
     }
     Ok(hex::encode(h.finalize()))
 }
@@ -240,6 +249,33 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The nested kvm run's case: a guest read of a sparse tmpfs file through DAX fills its
+    /// holes with zero pages; its bytes, and so its fingerprint, are unchanged.
+    #[test]
+    fn a_fingerprint_follows_the_bytes_not_the_allocation() {
+        use std::io::{Seek, SeekFrom, Write};
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sparse");
+        let mut f = std::fs::File::create(&p).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.seek(SeekFrom::Start(8 << 20)).unwrap();
+        f.write_all(b"weights").unwrap();
+        let before = content_fingerprint(&p).unwrap();
+        f.write_all_at(&vec![0u8; 1 << 20], 32 << 20).unwrap();
+        assert_eq!(
+            content_fingerprint(&p).unwrap(),
+            before,
+            "a hole filled with zeros"
+        );
+        f.write_all_at(b"W", 8 << 20).unwrap();
+        assert_ne!(content_fingerprint(&p).unwrap(), before, "a byte changed");
+        f.write_all_at(b"w", 8 << 20).unwrap();
+        assert_eq!(content_fingerprint(&p).unwrap(), before);
+        f.write_all_at(b"x", (64 << 20) - 1).unwrap();
+        assert_ne!(content_fingerprint(&p).unwrap(), before, "the last byte");
+    }
 
     #[test]
     fn banner_release_is_found() {

@@ -369,7 +369,19 @@ fn mounts() {
 
         c.run("host_unchanged", async {
             let after = manifest(&h.tree).ctx("the tree's manifest again")?;
-            ensure!(after == before, "the host tree changed");
+            let changed: Vec<String> = before
+                .iter()
+                .filter(|(k, v)| after.get(*k) != Some(*v))
+                .map(|(k, v)| format!("{}: {v} -> {:?}", k.display(), after.get(k)))
+                .chain(
+                    after
+                        .keys()
+                        .filter(|k| !before.contains_key(*k))
+                        .map(|k| format!("{}: new", k.display())),
+                )
+                .take(8)
+                .collect();
+            ensure!(changed.is_empty(), "the host tree changed: {changed:?}");
             let small_after = content_fingerprint(&h.small).ctx("small.bin")?;
             ensure!(small_after == small_before, "the host file changed");
             Ok(())
