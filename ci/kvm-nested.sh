@@ -28,8 +28,9 @@
 #                images/llama-server.sh's image; the lines land in OUT/llama.txt)
 #   --only NAME  (debugging a scenario) run.sh runs only the e2e tests whose name holds NAME
 #   --kernel-arg ARG  (debugging the runner) one more word for the L1 kernel's command line
-#   --qemu PATH  another qemu-system-x86_64 for the L1 (e.g. QEMU 10 extracted from
-#                bookworm-backports into its own prefix; its firmware from PREFIX/share/qemu)
+#   --qemu PATH  another qemu-system-x86_64 for the L1 (default: QEMU 10 from bookworm-backports,
+#                images/qemu-l1.sh, in a prefix of its own; its firmware from PREFIX/share/qemu;
+#                `--qemu qemu-system-x86_64` is the system's 7.2, which stalls, for comparisons)
 #   --smp N      L1 vCPUs (default 1; see below)
 #
 # Exit: 0 every case passed; 1 a case failed, the L1 failed, stalled three times or the run timed
@@ -54,7 +55,7 @@ modules=(virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio virtio_p
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/vm/kvm-nested
 l1_mem=6G
 
-only= pack= out= full=0 llama=0 timeout= stall_after= mode=run append_extra= qemu=qemu-system-x86_64 smp=1
+only= pack= out= full=0 llama=0 timeout= stall_after= mode=run append_extra= qemu= smp=1
 while (($#)); do
     case $1 in
     --pack) pack=${2:?--pack DIR}; shift ;;
@@ -259,6 +260,10 @@ l1=$(build_l1)
 if [[ $mode == print ]]; then
     echo "$l1"
     exit 0
+fi
+if [[ -z $qemu ]]; then
+    qemu=$("$repo/images/qemu-l1.sh" --print-path) ||
+        die "the L1's QEMU 10 is not fetched (images/qemu-l1.sh; ci/setup-tests.sh fetches it)"
 fi
 command -v "$qemu" >/dev/null || die "$qemu not found (apt-get install qemu-system-x86)"
 [[ $smp =~ ^[1-9]$ ]] || die "--smp: 1 to 9 vCPUs, not $smp"

@@ -99,6 +99,9 @@ build_cached() {
 # benchmark push to a registry on 127.0.0.1.
 ci_timed "setup-tests: images/rootfs-debian.sh" build_cached rootfs-debian.sh "Debian rootfs"
 ci_timed "setup-tests: images/oci-debian.sh" build_cached oci-debian.sh "Debian OCI image"
+# The nested kvm road's L1 runs under QEMU 10 from bookworm-backports (7.2 stalls it), extracted
+# apart from the system's QEMU (seconds; cached).
+ci_timed "setup-tests: images/qemu-l1.sh" build_cached qemu-l1.sh "the L1's QEMU"
 
 # The model-server test (cli/tests/model_server.rs): onnxruntime on the host, the same version as
 # the image's, to compute the answers the guest must match; and the image itself.
