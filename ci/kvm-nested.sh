@@ -13,7 +13,7 @@
 #                    run's results are never read as this one's)
 #                    (default: a temporary directory, removed on success)
 #       --full       the full benchmark plan (20 boots at once, ...) instead of --quick
-#       --timeout S  bound on the whole L1 run (default 1200; --full 2400)
+#       --timeout S  bound on the whole L1 run (default 1800; --full 3600: QEMU 10, the L1's, runs the quick plan in about 800 s)
 #       --stall-after S  an L1 whose heartbeat (a file its init rewrites every 5 s) is silent
 #                    for S seconds has stalled (default 120): diagnosed, and run once more;
 #                    silent for 15 s it is first sent an NMI (a lost timer wake-up: see watch_l1)
@@ -318,9 +318,9 @@ if ((llama)); then
         cp -a "$llama_dir/oci" "$llama_dir/models" "$inputs/llama/"
 fi
 if ((full)); then
-    timeout=${timeout:-2400}
+    timeout=${timeout:-3600}
 else
-    timeout=${timeout:-1200}
+    timeout=${timeout:-1800}
     append+=" l1.proof=--quick"
 fi
 if [[ -n $only ]]; then
