@@ -62,9 +62,16 @@ apt_opts=(-o "Dir::Etc::sourcelist=$tmp/none.list" -o "Dir::Etc::sourceparts=$tm
 say "apt-get update (own state) and download qemu-system-x86 $version"
 apt-get -q "${apt_opts[@]}" update >"$tmp/apt.log" 2>&1 || { cat "$tmp/apt.log" >&2; die "apt-get update failed"; }
 # --download-only resolves against the installed system: what the newer QEMU needs beyond it.
-apt-get -q -y "${apt_opts[@]}" install --download-only --no-install-recommends -t bookworm-backports \
-    "qemu-system-x86=$version" >>"$tmp/apt.log" 2>&1 ||
-    { tail -n 20 "$tmp/apt.log" >&2; die "apt-get install --download-only qemu-system-x86=$version failed"; }
+# Backports keeps only its newest build: once $version is gone, the newest is taken, said loudly.
+fetch() {
+    apt-get -q -y "${apt_opts[@]}" install --download-only --no-install-recommends \
+        -t bookworm-backports "$1" >>"$tmp/apt.log" 2>&1
+}
+if ! fetch "qemu-system-x86=$version"; then
+    say "WARNING: qemu-system-x86 $version is no longer in bookworm-backports; taking its newest"
+    fetch qemu-system-x86 ||
+        { tail -n 20 "$tmp/apt.log" >&2; die "apt-get install --download-only qemu-system-x86 failed"; }
+fi
 for deb in "$tmp"/debs/*.deb; do
     dpkg-deb -x "$deb" "$tmp/root" || die "dpkg-deb -x $deb failed"
 done
