@@ -23,8 +23,8 @@ fn child_gets(drop_resource: bool, expect: u64) -> Option<i32> {
         file_size: 0,
         open_files: WANT,
     };
-    // SAFETY: the child makes a few system calls and leaves with `_exit`; nothing it calls
-    // takes a lock another thread of the test process could hold.
+    // The child makes a few system calls and leaves with `_exit`.
+    // SAFETY: nothing the child calls takes a lock another test thread could hold.
     match unsafe { fork() }.unwrap() {
         ForkResult::Child => {
             if setrlimit(Resource::RLIMIT_NOFILE, INIT_HARD, INIT_HARD).is_err() {

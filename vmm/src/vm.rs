@@ -436,17 +436,19 @@ impl Vm {
     /// Open the devices' host files (a virtio-fs device's share: inside the jail when there is
     /// one), then spawn the device control thread, then the vCPU threads.
     pub fn start(mut self) -> Result<RunningVm, VmmError> {
-        fn lock(d: &SharedMmio) -> std::sync::MutexGuard<'_, MmioDevice> {
-            d.lock().unwrap_or_else(|p| p.into_inner())
-        }
         let shares = self
             .virtio
             .iter()
-            .filter(|d| lock(d).serves_host_files())
+            .filter(|d| {
+                d.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .serves_host_files()
+            })
             .count();
         let descriptors = crate::virtio::fs::descriptors_per_share(shares as u64);
         for (index, dev) in self.virtio.iter().enumerate() {
-            lock(dev)
+            dev.lock()
+                .unwrap_or_else(|p| p.into_inner())
                 .open_host_files(descriptors)
                 .map_err(|source| VmmError::Virtio { index, source })?;
         }

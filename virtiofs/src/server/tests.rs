@@ -156,6 +156,29 @@ impl Guest {
         names
     }
 
+    /// Every entry of directory handle `fh` through `READDIRPLUS` batches of `size` bytes, each
+    /// answered and within `size`: its node id (0: not looked up) and name.
+    pub fn list_plus(&mut self, fh: u64, size: u32) -> Vec<(u64, String)> {
+        let (mut offset, mut entries) = (0u64, Vec::new());
+        loop {
+            let a = self.readdir(opcode::READDIRPLUS, fh, offset, size);
+            assert_eq!(a.errno, 0, "a batch after {} entries", entries.len());
+            assert!(a.body.len() <= size as usize);
+            if a.body.is_empty() {
+                break;
+            }
+            let mut at = 0;
+            while at < a.body.len() {
+                let len = a.u32_at(at + ENTRY_OUT_LEN + 16) as usize;
+                offset = a.u64_at(at + ENTRY_OUT_LEN + 8);
+                let name = &a.body[at + ENTRY_OUT_LEN + 24..at + ENTRY_OUT_LEN + 24 + len];
+                entries.push((a.u64_at(at), String::from_utf8(name.to_vec()).unwrap()));
+                at += ENTRY_OUT_LEN + abi::dirent_size(len);
+            }
+        }
+        entries
+    }
+
     /// The whole of a file through READs of `chunk` bytes.
     pub fn read_all(&mut self, node: u64, chunk: u32) -> Vec<u8> {
         let fh = self.open(node, libc::O_RDONLY).u64_at(0);
@@ -412,24 +435,13 @@ fn a_directory_past_the_inode_cap_still_lists_every_name() {
     };
     let mut g = Guest::with(d.path(), limits, None);
     let fh = g.call(opcode::OPENDIR, ROOT_ID, &[0u8; 8]).u64_at(0);
-    let (mut offset, mut names, mut linked) = (0u64, Vec::new(), 0);
-    loop {
-        let a = g.readdir(opcode::READDIRPLUS, fh, offset, 1024);
-        assert_eq!(a.errno, 0, "a batch after {} names", names.len());
-        if a.body.is_empty() {
-            break;
-        }
-        let mut at = 0;
-        while at < a.body.len() {
-            linked += usize::from(a.u64_at(at) != 0);
-            let len = a.u32_at(at + ENTRY_OUT_LEN + 16) as usize;
-            offset = a.u64_at(at + ENTRY_OUT_LEN + 8);
-            let name = &a.body[at + ENTRY_OUT_LEN + 24..at + ENTRY_OUT_LEN + 24 + len];
-            names.push(String::from_utf8(name.to_vec()).unwrap());
-            at += ENTRY_OUT_LEN + abi::dirent_size(len);
-        }
-    }
-    assert_eq!(names.len(), 52, "every name, . and .. included: {names:?}");
+    let entries = g.list_plus(fh, 1024);
+    assert_eq!(
+        entries.len(),
+        52,
+        "every name, . and .. included: {entries:?}"
+    );
+    let linked = entries.iter().filter(|(node, _)| *node != 0).count();
     assert_eq!(linked, 9, "the cap (the root holds one)");
     assert_eq!(g.lookup(ROOT_ID, "f49").errno, libc::ENFILE);
 }
@@ -459,23 +471,7 @@ fn large_directories_list_in_bounded_batches() {
     assert_eq!(names.last().unwrap(), "ünïcödé ✓");
     // READDIRPLUS: each entry is a lookup, counted; batches never exceed the size asked.
     let fh = g.call(opcode::OPENDIR, ROOT_ID, &[0u8; 8]).u64_at(0);
-    let (mut offset, mut seen) = (0u64, 0usize);
-    loop {
-        let a = g.readdir(opcode::READDIRPLUS, fh, offset, 4096);
-        assert_eq!(a.errno, 0);
-        assert!(a.body.len() <= 4096);
-        if a.body.is_empty() {
-            break;
-        }
-        let mut at = 0;
-        while at < a.body.len() {
-            let len = a.u32_at(at + ENTRY_OUT_LEN + 16) as usize;
-            offset = a.u64_at(at + ENTRY_OUT_LEN + 8);
-            at += ENTRY_OUT_LEN + abi::dirent_size(len);
-            seen += 1;
-        }
-    }
-    assert_eq!(seen, 3003);
+    assert_eq!(g.list_plus(fh, 4096).len(), 3003);
     assert_eq!(
         g.server.fs().usage().0,
         3002,
@@ -665,8 +661,8 @@ impl DaxWindow for ReadingWindow {
         foffset: u64,
     ) -> Result<(), Errno> {
         use std::os::fd::AsRawFd;
-        // SAFETY: a fresh mapping chosen by the kernel, read below within `len` bytes and
-        // unmapped before returning; nothing else refers to it.
+        // The mapping is read within `len` bytes below and unmapped before returning.
+        // SAFETY: a fresh mapping at an address the kernel picks; nothing else refers to it.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
