@@ -337,6 +337,12 @@ fn mounts() {
         let h = populate(tmp.path()).ctx("populating the host tree")?;
         let before = manifest(&h.tree).ctx("the tree's manifest")?;
         let small_before = content_fingerprint(&h.small).ctx("small.bin")?;
+        let sparse_blocks = || {
+            std::fs::metadata(h.tree.join("sparse"))
+                .map(|m| std::os::unix::fs::MetadataExt::blocks(&m))
+                .ctx("the sparse file's allocation")
+        };
+        let sparse_before = sparse_blocks()?;
 
         let mut g = GuestSpec::new("mounts");
         g.mounts = vec![
@@ -384,6 +390,14 @@ fn mounts() {
             ensure!(changed.is_empty(), "the host tree changed: {changed:?}");
             let small_after = content_fingerprint(&h.small).ctx("small.bin")?;
             ensure!(small_after == small_before, "the host file changed");
+            // A DAX read of a hole maps it; on tmpfs (the nested L1's) a shared mapping's
+            // fault would allocate it for the host's file.
+            let sparse_after = sparse_blocks()?;
+            ensure!(
+                sparse_after == sparse_before,
+                "the guest's reads allocated the sparse file's holes: {sparse_before} -> \
+                 {sparse_after} blocks"
+            );
             Ok(())
         })
         .await;
