@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use nix::errno::Errno;
-use vm_virtiofs::dax::{DAX_ALIGN, DaxWindow};
+use vm_virtiofs::dax::{DAX_ALIGN, DaxWindow, Extent};
 use vm_virtiofs::{Fs, Limits, MAX_REQUEST_BYTES, Outcome, Server};
 
 const WINDOW: u64 = 64 << 20;
@@ -39,6 +39,19 @@ impl DaxWindow for CheckedWindow {
     fn unmap(&mut self, moffset: u64, len: u64) -> Result<(), Errno> {
         assert!(moffset.is_multiple_of(DAX_ALIGN) && len.is_multiple_of(DAX_ALIGN));
         assert!(moffset + len <= WINDOW);
+        Ok(())
+    }
+    fn copy(
+        &mut self,
+        moffset: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+        foffset: u64,
+        extents: &[Extent],
+    ) -> Result<(), Errno> {
+        self.map(moffset, len, fd, foffset)?;
+        assert!(extents.is_sorted_by_key(|e| e.at));
+        assert!(extents.iter().all(|e| e.at >= foffset && e.at + e.len <= foffset + len));
         Ok(())
     }
 }

@@ -10,12 +10,20 @@
 //! file); the range must lie inside the window; `foffset` must be page-aligned. The part of
 //! the range past the file's end (rounded up to a page) is left as zero pages, so no guest
 //! access can reach past a file's end on the host.
+//!
+//! A file is mapped shared (one copy in the host's page cache for every VM) unless it lives on
+//! tmpfs and the chunk has a hole: a read fault through a shared mapping of a tmpfs hole
+//! allocates a page that stays with the host's file (an 8 GiB sparse file read whole would
+//! become 8 GiB of host memory, reclaimable only by swap). Such a chunk is copied instead
+//! ([`place`]): its data extents only, into private pages; its holes stay zero pages.
 
 use std::os::fd::BorrowedFd;
 
 use nix::errno::Errno;
+use nix::unistd::Whence;
 
 use crate::abi::SETUPMAPPING_FLAG_WRITE;
+use crate::sys;
 
 /// Alignment of a window range (Linux's `FUSE_DAX_SZ`).
 pub const DAX_ALIGN: u64 = 2 << 20;
@@ -39,6 +47,79 @@ pub trait DaxWindow: Send + Sync {
     ) -> Result<(), Errno>;
     /// Puts zero pages back over `len` bytes at `moffset` (checked and aligned).
     fn unmap(&mut self, moffset: u64, len: u64) -> Result<(), Errno>;
+    /// Fills `len` bytes at `moffset` with private, read-only pages holding `fd`'s data
+    /// `extents` (each inside `[foffset, foffset + len)`, placed at its distance from
+    /// `foffset`) and zero pages elsewhere: a copy, for a file whose holes a shared mapping
+    /// would allocate (checked and aligned as for [`DaxWindow::map`]).
+    fn copy(
+        &mut self,
+        moffset: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+        foffset: u64,
+        extents: &[Extent],
+    ) -> Result<(), Errno>;
+}
+
+/// A run of file data: `len` bytes from file offset `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// File offset.
+    pub at: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// Puts `file_len` bytes of `fd` from `foffset` at window offset `moffset` (one chunk, checked
+/// by [`check_setup`]): mapped shared, or copied when `fd` is on tmpfs and the range has a
+/// hole (see the module docs). What a guest reads there is the file's bytes either way.
+pub fn place(
+    window: &mut dyn DaxWindow,
+    moffset: u64,
+    file_len: u64,
+    fd: BorrowedFd<'_>,
+    foffset: u64,
+) -> Result<(), Errno> {
+    if sys::faults_allocate(fd)? {
+        let end = foffset.checked_add(file_len).ok_or(Errno::EINVAL)?;
+        let extents = data_extents(fd, foffset, end)?;
+        // One extent from the start to the file's end (inside the range's last page) or past.
+        let whole =
+            matches!(extents.as_slice(), [e] if e.at == foffset && e.at + e.len + PAGE > end);
+        if !whole {
+            return window.copy(moffset, file_len, fd, foffset, &extents);
+        }
+    }
+    window.map(moffset, file_len, fd, foffset)
+}
+
+/// The data extents of `fd` inside `[start, end)` in order, holes left out (`SEEK_DATA`,
+/// `SEEK_HOLE`). Each answer must move forward, and there can be at most one extent a page
+/// (and one more for an unaligned end): anything else is `EIO`, so no answer loops here.
+pub fn data_extents(fd: BorrowedFd<'_>, start: u64, end: u64) -> Result<Vec<Extent>, Errno> {
+    let max = usize::try_from(end.saturating_sub(start) / PAGE + 1).unwrap_or(usize::MAX);
+    let mut out = Vec::new();
+    let mut at = start;
+    while at < end {
+        let data = match sys::seek(fd, at, Whence::SeekData) {
+            Ok(d) => d,
+            Err(Errno::ENXIO) => break,
+            Err(e) => return Err(e),
+        };
+        if data >= end {
+            break;
+        }
+        let hole = sys::seek(fd, data, Whence::SeekHole)?.min(end);
+        if data < at || hole <= data || out.len() == max {
+            return Err(Errno::EIO);
+        }
+        out.push(Extent {
+            at: data,
+            len: hole - data,
+        });
+        at = hole;
+    }
+    Ok(out)
 }
 
 /// A checked `SETUPMAPPING`: the window range, and how much of it is file.
@@ -94,6 +175,95 @@ pub fn check_setup(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    /// What a window was asked: `(copied, moffset, foffset, extents)`.
+    #[derive(Default)]
+    struct Record(Vec<(bool, u64, u64, Vec<Extent>)>);
+
+    impl DaxWindow for Record {
+        fn size(&self) -> u64 {
+            64 << 20
+        }
+        fn map(&mut self, m: u64, _: u64, _: BorrowedFd<'_>, f: u64) -> Result<(), Errno> {
+            self.0.push((false, m, f, Vec::new()));
+            Ok(())
+        }
+        fn unmap(&mut self, _: u64, _: u64) -> Result<(), Errno> {
+            Ok(())
+        }
+        fn copy(
+            &mut self,
+            m: u64,
+            _: u64,
+            _: BorrowedFd<'_>,
+            f: u64,
+            extents: &[Extent],
+        ) -> Result<(), Errno> {
+            self.0.push((true, m, f, extents.to_vec()));
+            Ok(())
+        }
+    }
+
+    /// A file on tmpfs (`/dev/shm`, which these tests need).
+    fn shm_file() -> (tempfile::TempDir, std::fs::File) {
+        let d = tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm");
+        let f = std::fs::File::create(d.path().join("sparse")).unwrap();
+        assert!(
+            sys::faults_allocate(f.as_fd()).unwrap(),
+            "/dev/shm is not tmpfs here"
+        );
+        (d, f)
+    }
+
+    #[test]
+    fn a_tmpfs_chunk_with_holes_is_copied_by_its_data_extents() {
+        let (_d, f) = shm_file();
+        let mib = 1u64 << 20;
+        f.set_len(8 * mib + 100).unwrap();
+        f.write_all_at(&vec![1u8; 2 << 20], 0).unwrap();
+        f.write_all_at(&[2u8; 4096], 2 * mib + 8192).unwrap();
+        f.write_all_at(&[3u8; 4096], 3 * mib).unwrap();
+        f.write_all_at(&[4u8; 100], 8 * mib).unwrap();
+        let blocks = f.metadata().unwrap().blocks();
+        let mut w = Record::default();
+        let chunk = DAX_ALIGN;
+        place(&mut w, 0, chunk, f.as_fd(), 0).unwrap();
+        place(&mut w, chunk, chunk, f.as_fd(), 2 * mib).unwrap();
+        place(&mut w, 2 * chunk, chunk, f.as_fd(), 4 * mib).unwrap();
+        place(&mut w, 3 * chunk, PAGE, f.as_fd(), 8 * mib).unwrap();
+        let extent = |at, len| Extent { at, len };
+        assert_eq!(
+            w.0,
+            [
+                (false, 0, 0, vec![]),
+                (
+                    true,
+                    chunk,
+                    2 * mib,
+                    vec![extent(2 * mib + 8192, 4096), extent(3 * mib, 4096)]
+                ),
+                (true, 2 * chunk, 4 * mib, vec![]),
+                (false, 3 * chunk, 8 * mib, vec![]),
+            ],
+            "all data: mapped; holes: copied; the last page, data to the file's end: mapped"
+        );
+        assert_eq!(f.metadata().unwrap().blocks(), blocks);
+        // Data, then a hole: copied too.
+        w.0.clear();
+        place(&mut w, 0, chunk, f.as_fd(), mib).unwrap();
+        assert_eq!(w.0[0].3, [extent(mib, mib), extent(2 * mib + 8192, 4096)]);
+        assert_eq!(
+            data_extents(f.as_fd(), 0, 8 * mib + 100).unwrap(),
+            [
+                extent(0, 2 * mib),
+                extent(2 * mib + 8192, 4096),
+                extent(3 * mib, 4096),
+                extent(8 * mib, 100)
+            ]
+        );
+    }
 
     const W: u64 = 64 << 20;
 

@@ -345,9 +345,6 @@ impl Server {
         let end = m.moffset + m.len;
         self.mappings.retain(|&at, _| at < m.moffset || at >= end);
         dax.unmap(m.moffset, m.len)?;
-        if m.file_len > 0 {
-            dax.map(m.moffset, m.file_len, fd.as_fd(), m.foffset)?;
-        }
         let mut at = 0;
         while at < m.file_len {
             let chunk = ChunkMapping {
@@ -356,6 +353,19 @@ impl Server {
                 foffset: m.foffset + at,
                 file_len: (m.file_len - at).min(dax::DAX_ALIGN),
             };
+            let placed = dax::place(
+                dax.as_mut(),
+                chunk.moffset,
+                chunk.file_len,
+                fd.as_fd(),
+                chunk.foffset,
+            );
+            if let Err(e) = placed {
+                // What was placed goes back to zero pages, so the table stays the window.
+                self.mappings.retain(|&at, _| at < m.moffset || at >= end);
+                dax.unmap(m.moffset, m.len)?;
+                return Err(e);
+            }
             self.mappings.insert(chunk.moffset, chunk);
             at += dax::DAX_ALIGN;
         }

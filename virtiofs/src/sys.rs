@@ -62,6 +62,14 @@ pub fn seek(fd: BorrowedFd<'_>, offset: u64, whence: nix::unistd::Whence) -> Res
     nix::unistd::lseek(fd, off, whence).map(|o| o as u64)
 }
 
+/// Whether `fd`'s file lives in memory that a shared mapping's read fault allocates: tmpfs
+/// (shmem). A read fault on a hole of such a file allocates a page that stays with the file;
+/// `pread` of a hole, and a fault on a disk file system's hole (reclaimable page cache), do not.
+pub fn faults_allocate(fd: BorrowedFd<'_>) -> Result<bool, Errno> {
+    let fs = nix::sys::statfs::fstatfs(fd)?;
+    Ok(fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
 /// Reads directory entries of `fd` into `buf` (`getdents64`); 0 at the end.
 pub fn getdents(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
     // SAFETY: `buf` is valid for `buf.len()` bytes; the kernel writes at most that many.

@@ -4,7 +4,8 @@
 //! through the request queue; the DAX window (a shared-memory region of the transport) shows
 //! the file's pages after `SETUPMAPPING` and zero pages after `REMOVEMAPPING`; a range
 //! outside the window, a writable mapping and a mapping past the file's end are refused or
-//! bounded; every write-like opcode is `EROFS`; the host file is unchanged.
+//! bounded; every write-like opcode is `EROFS`; the host file is unchanged. A sparse 8 GiB
+//! file on tmpfs read whole through the window reads true and allocates none of its holes.
 
 use std::time::Duration;
 
@@ -40,7 +41,11 @@ fn tree() -> tempfile::TempDir {
 
 impl Guest {
     fn new(dax_window: u64) -> Guest {
-        let t = tree();
+        Guest::on(tree(), dax_window)
+    }
+
+    /// A guest of the share `t`.
+    fn on(t: tempfile::TempDir, dax_window: u64) -> Guest {
         let cfg = DeviceConfig::Fs {
             tag: "fs0".into(),
             share: t.path().to_path_buf(),
@@ -256,4 +261,47 @@ fn a_window_must_be_whole_chunks_within_the_stride() {
         dax_window: 0,
     };
     assert!(Driver::new(&long).is_err());
+}
+
+/// A guest reads a sparse 8 GiB file on the host's tmpfs whole through the DAX window, each
+/// 2 MiB chunk as Linux maps it. Mapping a tmpfs hole shared and reading it allocates the page
+/// for the host's file (8 GiB of host memory, not reclaimable without swap); the file's
+/// allocation must stay as it was, and every byte the guest sees must be the file's.
+#[test]
+fn a_sparse_tmpfs_file_read_whole_through_dax_allocates_none_of_its_holes() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    const SIZE: u64 = 8 << 30;
+    let mib2 = 2u64 << 20;
+    let t = tempfile::tempdir_in("/dev/shm").expect("a directory on /dev/shm (tmpfs)");
+    let p = t.path().join("sparse");
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&p)
+        .unwrap();
+    f.set_len(SIZE).unwrap();
+    for (at, len) in [
+        (0, 1 << 20),
+        ((4 << 30) + 4096, 64 << 10),
+        (SIZE - (1 << 20), 1 << 20),
+    ] {
+        f.write_all_at(&file_bytes(at, len as usize), at).unwrap();
+    }
+    let blocks = f.metadata().unwrap().blocks();
+    let mut g = Guest::on(t, WINDOW);
+    let (node, _) = g.lookup_open("sparse");
+    let mut want = vec![0u8; mib2 as usize];
+    for chunk in 0..SIZE / mib2 {
+        let at = chunk % (WINDOW / mib2) * mib2;
+        assert_eq!(g.setup(node, NO_FH, chunk * mib2, mib2, 0, at), 0);
+        f.read_exact_at(&mut want, chunk * mib2).unwrap();
+        assert!(g.window(at, mib2 as usize) == want, "chunk {chunk}");
+    }
+    assert_eq!(
+        f.metadata().unwrap().blocks(),
+        blocks,
+        "the guest's reads allocated the file's holes"
+    );
+    assert_eq!(g.d.metrics().errors, 0);
 }

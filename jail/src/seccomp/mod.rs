@@ -414,7 +414,10 @@ pub(crate) const FILE_SERVER: &[Entry] = &[
     (libc::SYS_readlinkat, "READLINK of a symlink held O_PATH"),
     (libc::SYS_fgetxattr, "GETXATTR (user.* only)"),
     (libc::SYS_flistxattr, "LISTXATTR"),
-    (libc::SYS_fstatfs, "STATFS of the share (fstatvfs)"),
+    (
+        libc::SYS_fstatfs,
+        "STATFS of the share (fstatvfs); SETUPMAPPING: is the file on tmpfs",
+    ),
 ];
 
 /// A virtio-fs worker of `vm-vmm`: the file server of one host mount ([`FILE_SERVER`]) and its
@@ -436,10 +439,13 @@ const FS_DEVICE: &[Entry] = &[
         libc::SYS_statx,
         "GETATTR, LOOKUP: fstat through statx (newer C libraries)",
     ),
-    (libc::SYS_pread64, "READ"),
+    (
+        libc::SYS_pread64,
+        "READ; SETUPMAPPING's copy of a tmpfs chunk",
+    ),
     (
         libc::SYS_lseek,
-        "READDIR from the guest's cookie; LSEEK SEEK_DATA/SEEK_HOLE",
+        "READDIR from the guest's cookie; SEEK_DATA/SEEK_HOLE for LSEEK and SETUPMAPPING",
     ),
     (
         libc::SYS_close,

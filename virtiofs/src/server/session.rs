@@ -79,9 +79,14 @@ impl Server {
                 errno,
             };
             window.unmap(m.moffset, dax::DAX_ALIGN).map_err(map_err)?;
-            window
-                .map(m.moffset, m.file_len, fd.as_fd(), m.foffset)
-                .map_err(map_err)?;
+            dax::place(
+                window.as_mut(),
+                m.moffset,
+                m.file_len,
+                fd.as_fd(),
+                m.foffset,
+            )
+            .map_err(map_err)?;
             self.mappings.insert(m.moffset, *m);
         }
         Ok(())

@@ -131,6 +131,60 @@ impl DaxMapping {
         Ok(())
     }
 
+    /// Fills `len` bytes at `offset` with private pages holding `fd`'s data `extents` (each
+    /// inside `[foffset, foffset + len)`, at its distance from `foffset`), zero pages
+    /// elsewhere, then makes them read-only. The pages are fresh and anonymous: only the
+    /// extents' bytes use memory, and it goes with the range's next `zero` or `map_file`.
+    /// On an error the range is zero pages again.
+    pub fn copy_file(
+        &self,
+        offset: u64,
+        len: u64,
+        fd: BorrowedFd<'_>,
+        foffset: u64,
+        extents: &[vm_virtiofs::dax::Extent],
+    ) -> Result<(), Errno> {
+        let at = self.range(offset, len)?;
+        let fend = foffset.checked_add(len).ok_or(Errno::EINVAL)?;
+        let inside = extents
+            .iter()
+            .all(|e| e.at >= foffset && e.at.checked_add(e.len).is_some_and(|end| end <= fend));
+        if !inside {
+            return Err(Errno::EINVAL);
+        }
+        // SAFETY: as in `map_file`: only pages of this reservation are replaced. They are
+        // writable until the `mprotect` below; KVM maps the window read-only, so only the
+        // `pread`s here write them.
+        let p = unsafe {
+            libc::mmap(
+                at,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        let filled = extents.iter().try_for_each(|e| {
+            // In the range: `e` lies inside `[foffset, foffset + len)` (checked above).
+            let dst = at.wrapping_byte_add((e.at - foffset) as usize);
+            read_at(fd, dst.cast(), e.len as usize, e.at)
+        });
+        // SAFETY: the range mapped just above, inside this reservation.
+        let sealed = match unsafe { libc::mprotect(at, len as usize, libc::PROT_READ) } {
+            0 => Ok(()),
+            _ => Err(Errno::last()),
+        };
+        if let Err(e) = filled.and(sealed) {
+            self.zero(offset, len)?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Copies `out.len()` bytes at `offset` out of the window (what the guest would read).
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), Errno> {
         offset
@@ -147,6 +201,32 @@ impl DaxMapping {
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         Ok(())
     }
+}
+
+/// `pread`s `len` bytes of `fd` from `offset` into `dst`, retried on `EINTR` and short reads;
+/// a file that ends sooner leaves the rest as it was (zero pages).
+fn read_at(fd: BorrowedFd<'_>, dst: *mut u8, len: usize, offset: u64) -> Result<(), Errno> {
+    let mut done = 0usize;
+    while done < len {
+        let off = i64::try_from(offset + done as u64).map_err(|_| Errno::EINVAL)?;
+        // SAFETY: `dst..dst + len` is writable memory of the window that `copy_file` mapped
+        // and owns (checked inside the reservation); no Rust reference covers it.
+        let n = unsafe {
+            libc::pread64(
+                fd.as_raw_fd(),
+                dst.wrapping_add(done).cast(),
+                len - done,
+                off,
+            )
+        };
+        match n {
+            0 => return Ok(()),
+            n if n > 0 => done += n as usize,
+            _ if Errno::last() == Errno::EINTR => {}
+            _ => return Err(Errno::last()),
+        }
+    }
+    Ok(())
 }
 
 impl Drop for DaxMapping {
@@ -181,5 +261,36 @@ mod tests {
         assert_eq!(w.zero(u64::MAX - 4095, 4096), Err(Errno::EINVAL));
         assert_eq!(w.read(4 << 20, &mut b), Err(Errno::EINVAL));
         assert!(DaxMapping::reserve(0).is_err() && DaxMapping::reserve(100).is_err());
+    }
+
+    #[test]
+    fn a_copy_holds_its_extents_read_only_and_zero_pages_elsewhere() {
+        use vm_virtiofs::dax::Extent;
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &[9u8; 16384]).unwrap();
+        let w = DaxMapping::reserve(4 << 20).unwrap();
+        w.map_file(0, 16384, f.as_fd(), 0).unwrap();
+        let one = [Extent {
+            at: 8192,
+            len: 4096,
+        }];
+        w.copy_file(0, 16384, f.as_fd(), 4096, &one).unwrap();
+        let mut b = vec![1u8; 16384];
+        w.read(0, &mut b).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 0));
+        assert!(b[4096..8192].iter().all(|&x| x == 9));
+        assert!(b[8192..].iter().all(|&x| x == 0));
+        let start = format!("{:x}-", w.host_addr());
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps.lines().find(|l| l.starts_with(&start)).unwrap();
+        assert!(line.contains(" r--p "), "{line}");
+        // An extent outside the range: refused, and the range is as it was.
+        let out = [Extent { at: 0, len: 4096 }];
+        assert_eq!(
+            w.copy_file(0, 16384, f.as_fd(), 4096, &out),
+            Err(Errno::EINVAL)
+        );
+        w.read(4096, &mut b[..4096]).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 9));
     }
 }

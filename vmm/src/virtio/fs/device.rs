@@ -9,14 +9,16 @@
 //! The DAX window ([`Window`]) is a virtio-mmio shared-memory region (id 0, the cache): a
 //! range of guest physical addresses above RAM backed by a [`DaxMapping`] that KVM maps
 //! read-only. `SETUPMAPPING` maps file pages into it (`PROT_READ`, `MAP_SHARED`: the host's
-//! page cache, one copy for every VM reading the file), `REMOVEMAPPING` puts zero pages back;
-//! a guest store into it exits to the VMM and changes nothing.
+//! page cache, one copy for every VM reading the file; a tmpfs chunk with holes is copied
+//! instead, see `vm_virtiofs::dax`), `REMOVEMAPPING` puts zero pages back; a guest store into
+//! it exits to the VMM and changes nothing.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nix::errno::Errno;
 use vm_jail::seccomp::ThreadKind;
+use vm_virtiofs::dax::Extent;
 use vm_virtiofs::{DaxWindow, Fs, Limits, Server};
 
 use super::{NUM_QUEUES, Scratch, VIRTIO_ID_FS, serve_chain};
@@ -65,6 +67,17 @@ impl DaxWindow for WindowHandle {
 
     fn unmap(&mut self, moffset: u64, len: u64) -> Result<(), Errno> {
         self.0.zero(moffset, len)
+    }
+
+    fn copy(
+        &mut self,
+        moffset: u64,
+        len: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+        foffset: u64,
+        extents: &[Extent],
+    ) -> Result<(), Errno> {
+        self.0.copy_file(moffset, len, fd, foffset, extents)
     }
 }
 
