@@ -14,7 +14,7 @@ mod common;
 use std::time::Instant;
 
 use common::Env;
-use common::llama::{self, Artifacts};
+use common::llama;
 use vm_test_support::no_guest_driver;
 
 const TEST: &str = "llama_server_answers_the_openai_client";
@@ -73,7 +73,7 @@ fn llama_server_answers_the_openai_client() {
         "{health:?}"
     );
 
-    let reply = openai_client(&art, addr);
+    let reply = llama::openai_client(&art, addr, MAX_TOKENS);
     let chat = &reply["chat"];
     assert_eq!(chat["object"], "chat.completion", "{reply}");
     assert_eq!(chat["role"], "assistant", "{reply}");
@@ -110,37 +110,15 @@ fn llama_server_answers_the_openai_client() {
     );
 }
 
-/// Runs the `openai` client script; its JSON reply.
-fn openai_client(art: &Artifacts, addr: std::net::SocketAddr) -> serde_json::Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/llama/openai_client.py");
-    let out = std::process::Command::new(&art.python)
-        .arg(script)
-        .arg(format!("http://{addr}"))
-        .arg(MAX_TOKENS.to_string())
-        .output()
-        .expect("running the openai client");
-    assert!(
-        out.status.success(),
-        "openai client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "client output ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
 /// Through `vm exec NAME` and `vm cp`: llama-server's uids are 1000, and the model cannot be
 /// written (the read-only mount), as root through the agent or as the server's user.
 fn check_beside_the_server(env: &Env, probe: &std::path::Path) {
-    let pid = busybox(env, &["pidof", "llama-server"]);
+    let pid = llama::busybox(env, NAME, &["pidof", "llama-server"]);
     let pid: u32 = pid
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("pidof: {pid:?}"));
-    let status = busybox(env, &["cat", &format!("/proc/{pid}/status")]);
+    let status = llama::busybox(env, NAME, &["cat", &format!("/proc/{pid}/status")]);
     let uids: Vec<&str> = status
         .lines()
         .find(|l| l.starts_with("Uid:"))
@@ -167,13 +145,4 @@ fn check_beside_the_server(env: &Env, probe: &std::path::Path) {
         "{}",
         out.stderr
     );
-}
-
-/// `vm exec NAME -- /probe/busybox ARGS…`; its stdout (it must succeed).
-fn busybox(env: &Env, args: &[&str]) -> String {
-    let mut argv = vec!["exec", NAME, "--", "/probe/busybox"];
-    argv.extend_from_slice(args);
-    let out = env.run(&argv);
-    assert_eq!(out.code, 0, "{argv:?}: {}", out.stderr);
-    out.stdout
 }

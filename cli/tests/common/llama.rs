@@ -28,6 +28,8 @@ pub struct Artifacts {
     pub server: PathBuf,
     /// The model's sha256 as built.
     pub model_sha256: String,
+    /// The vocabulary GGUF the models' tokenizer comes from (in the llama.cpp build).
+    pub vocabulary: PathBuf,
 }
 
 /// The built artefacts, or `Err(reason)` when `images/llama-server.sh` has not built them on
@@ -52,21 +54,31 @@ pub fn artifacts() -> Result<Artifacts, String> {
     )
     .map_err(|e| format!("manifest.json: {e}"))?;
     let field = |v: &serde_json::Value| v.as_str().map(str::to_string).ok_or("manifest field");
+    let server = PathBuf::from(field(&manifest["server"])?);
+    // The build's layout: <build>/bin/llama-server and <build>/models/<vocabulary>.
+    let build = server
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("the server's path")?;
     Ok(Artifacts {
         oci: dir.join("oci"),
         models: dir.join("models"),
         python: dir.join("python"),
-        server: PathBuf::from(field(&manifest["server"])?),
+        vocabulary: build
+            .join("models")
+            .join(field(&manifest["model"]["vocabulary"])?),
+        server,
         model_sha256: field(&manifest["model"]["sha256"])?,
     })
 }
 
-/// sha256 of a file, hex.
+/// sha256 of a file, hex (streamed: a model may be larger than memory would like).
 pub fn sha256_file(path: &Path) -> String {
     use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(
-        std::fs::read(path).expect("reading the model"),
-    ))
+    let mut f = std::fs::File::open(path).expect("opening the model");
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut f, &mut h).expect("reading the model");
+    hex::encode(h.finalize())
 }
 
 /// A `vm` command in the test's environment with its own OCI store.
@@ -176,4 +188,38 @@ pub fn completion_body(max_tokens: u32) -> String {
         "temperature": 0
     })
     .to_string()
+}
+
+/// Runs the `openai` client script (tests/llama/openai_client.py: a chat completion, a
+/// streamed completion and the same completion unstreamed, greedy) against `addr`; its JSON
+/// reply.
+pub fn openai_client(art: &Artifacts, addr: SocketAddr, max_tokens: u32) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/llama/openai_client.py");
+    let out = Command::new(&art.python)
+        .arg(script)
+        .arg(format!("http://{addr}"))
+        .arg(max_tokens.to_string())
+        .output()
+        .expect("running the openai client");
+    assert!(
+        out.status.success(),
+        "openai client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "client output ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// `vm exec NAME -- /probe/busybox ARGS…` (a static busybox the test mounted at /probe: the
+/// image has no tools of its own); its stdout (it must succeed).
+pub fn busybox(env: &Env, name: &str, args: &[&str]) -> String {
+    let mut argv = vec!["exec", name, "--", "/probe/busybox"];
+    argv.extend_from_slice(args);
+    let out = env.run(&argv);
+    assert_eq!(out.code, 0, "{argv:?}: {}", out.stderr);
+    out.stdout
 }
