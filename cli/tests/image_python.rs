@@ -4,7 +4,8 @@
 //! `vm images pull`, and booted with `--image` under tcg: the image's `Cmd` prints numpy's
 //! `arange(6).sum()`, commands run as the image's `User` in its `WorkingDir`, the root is
 //! read-only to that user, a root write lands in the tmpfs upper and is gone in the next VM,
-//! and the cached erofs is byte-for-byte unchanged.
+//! Python's `madvise`, `posix_fadvise`, `membarrier` and glibc's rseq work in the guest, and
+//! the cached erofs is byte-for-byte unchanged.
 
 mod common;
 #[path = "../../oci/tests/common/mod.rs"]
@@ -106,6 +107,24 @@ fn python_image_pulled_from_a_registry_boots() {
         boot(Some("0"), Some(check)),
         "gone\n",
         "the write outlived its VM"
+    );
+
+    // The guest kernel's system calls a real userland uses: madvise and fadvise (allocators,
+    // loaders), membarrier, and glibc's rseq registration (`__rseq_size` is 0 when it failed).
+    let syscalls = "import ctypes, mmap, os
+m = mmap.mmap(-1, 1 << 20)
+m.madvise(mmap.MADV_DONTNEED)
+fd = os.open('/etc/passwd', os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+libc = ctypes.CDLL(None, use_errno=True)
+query = libc.syscall(324, 0, 0, 0)
+print('madvise fadvise', 'membarrier' if query >= 0 else os.strerror(ctypes.get_errno()),
+      'rseq' if ctypes.c_uint.in_dll(libc, '__rseq_size').value else 'no-rseq')";
+    let script = format!("python3 -c \"{syscalls}\"");
+    assert_eq!(
+        boot(None, Some(&script)),
+        "madvise fadvise membarrier rseq\n",
+        "a system call missing from the guest kernel"
     );
 
     assert_eq!(sha256_file(&erofs), before, "the image's erofs changed");
