@@ -115,6 +115,11 @@ stage2() {
         llama_warm_start >/out/llama.txt 2>&1
         $bb cat /out/llama.txt >>$log
     fi
+    if $bb grep -q 'l1\.weights=1' /proc/cmdline; then
+        say "the weights benchmark"
+        weights_bench >/out/weights.txt 2>&1
+        $bb cat /out/weights.txt >>$log
+    fi
     $bb dmesg >/out/dmesg.txt
     echo "$rc" >/out/rc
     $bb sync
@@ -276,6 +281,70 @@ llama_warm_start() {
         first_completion "warm $round" "$t0" /tmp/llama-warm
     done
     $vm snapshot rm llama >/dev/null 2>&1
+}
+
+# The weights benchmark (ci/kvm-nested.sh --weights; issue 40): a 1 GiB file of random bytes on
+# the L1's tmpfs, read whole (`cat` to /dev/null) in each of 4 VMs (`vm run -d`, 1536 MiB each),
+# first through the read-only virtio-fs share (DAX: the L1's pages mapped into each guest), then
+# through the erofs copy (`:ro,erofs`: each guest's own page cache). Per path: the L1's memory in
+# use (MemTotal - MemAvailable) before the VMs start, once they have booted and once the four
+# have read, and the first VM's read alone. Then the mount's cost: `vm exec -- true` with a 16 GiB directory (sparse files)
+# mounted vs none, 5 runs each alternating. `bench weights: ...` lines, `FAIL weights: ...` on error.
+weights_bench() {
+    export VM_RUNTIME_DIR=/tmp/weights-rt
+    d=/tmp/weights big=/tmp/weights-16g
+    $bb mkdir -p $d $big $VM_RUNTIME_DIR
+    $bb head -c 1073741824 /dev/urandom >$d/model.bin
+    for i in $($bb seq 1 16); do $bb truncate -s 1G $big/part$i; done
+    used_mib() { $bb awk '/^MemTotal/ {t = $2} /^MemAvailable/ {a = $2} END {print int((t - a) / 1024)}' /proc/meminfo; }
+    for path in virtiofs erofs; do
+        opt=ro
+        if [ $path = erofs ]; then
+            opt=ro,erofs
+            # The erofs image is made once, at the first use: not counted below.
+            $vm exec -v $d:/m:$opt -- true </dev/null >/tmp/weights-warm.out 2>&1 ||
+                { echo "FAIL weights: erofs image: $($bb tail -c 400 /tmp/weights-warm.out)"; return; }
+        fi
+        before=$(used_mib)
+        for i in 1 2 3 4; do
+            if ! $vm run -d --name w$i --memory 1536M -v $d:/m:$opt </dev/null >/tmp/weights-run.out 2>&1; then
+                echo "FAIL weights: $path: vm run w$i: $($bb tail -c 400 /tmp/weights-run.out)"
+                return
+            fi
+        done
+        booted=$(used_mib)
+        # What one booted VM's VMM holds (guest RAM, the window's mapped pages, its own).
+        for pid in $($bb pidof vm-vmm); do
+            [ "$($bb awk '/^VmRSS/ {print $2}' /proc/$pid/status 2>/dev/null)" -gt 65536 ] 2>/dev/null || continue
+            rss=$($bb awk '/^Rss(Anon|File|Shmem)/ {printf "%s %d MiB ", $1, $2 / 1024}' /proc/$pid/status)
+            echo "bench weights: $path: a booted VM's VMM: $rss"
+        done | $bb head -n 1
+        t0=$(uptime_s)
+        if ! $vm exec w1 -- sh -c 'cat /m/model.bin >/dev/null' </dev/null >/tmp/weights-read.out 2>&1; then
+            echo "FAIL weights: $path: read: $($bb tail -c 400 /tmp/weights-read.out)"
+            return
+        fi
+        alone=$(since "$t0")
+        readers=
+        for i in 2 3 4; do
+            $vm exec w$i -- sh -c 'cat /m/model.bin >/dev/null' </dev/null >/dev/null 2>&1 &
+            readers="$readers $!"
+        done
+        # Only the readers: a bare `wait` would wait for the heartbeat loop too.
+        # shellcheck disable=SC2086 # the pids are words
+        wait $readers
+        after=$(used_mib)
+        echo "bench weights: $path: 4 VMs booted: L1 memory in use +$((booted - before)) MiB; one VM reads 1 GiB in $alone s; all 4 having read it: +$((after - booted)) MiB more"
+        for i in 1 2 3 4; do $vm rm -f w$i >/dev/null 2>&1; done
+    done
+    for round in 1 2 3 4 5; do
+        t0=$(uptime_s)
+        $vm exec -- true </dev/null >/dev/null 2>&1 || echo "FAIL weights: exec with no mount"
+        none=$(since "$t0")
+        t0=$(uptime_s)
+        $vm exec -v $big:/m:ro -- true </dev/null >/dev/null 2>&1 || echo "FAIL weights: exec with 16 GiB"
+        echo "bench weights: vm exec -- true, round $round: no mount $none s, 16 GiB directory mounted $(since "$t0") s"
+    done
 }
 
 uptime_s() { $bb cut -d' ' -f1 /proc/uptime; }

@@ -26,6 +26,10 @@
 #   --llama      after the CLI checks, the llama.cpp server's warm-start benchmark: cold
 #                `vm serve` vs `vm serve --from` a snapshot, start → first completion (needs
 #                images/llama-server.sh's image; the lines land in OUT/llama.txt)
+#   --weights    after the CLI checks, the weights benchmark (issue 40): a 1 GiB file read whole
+#                in each of 4 VMs at once, through the virtio-fs share (DAX) and through the erofs
+#                copy: the L1's memory growth and one VM's read time each; `vm exec -- true` with
+#                a 16 GiB directory mounted vs none (OUT/weights.txt; the L1 gets 12 GiB)
 #   --only NAME  (debugging a scenario) run.sh runs only the e2e tests whose name holds NAME
 #   --kernel-arg ARG  (debugging the runner) one more word for the L1 kernel's command line
 #   --qemu PATH  another qemu-system-x86_64 for the L1 (default: QEMU 10 from bookworm-backports,
@@ -66,6 +70,7 @@ while (($#)); do
     --self-test-stall) mode=stall ;;
     --cli-only) append_extra+=" l1.cli-only=1" ;;
     --llama) append_extra+=" l1.llama=1" llama=1 ;;
+    --weights) append_extra+=" l1.weights=1" l1_mem=12G ;;
     --only) only=${2:?--only NAME}; shift ;;
     --kernel-arg) append_extra+=" ${2:?--kernel-arg ARG}"; shift ;;
     --qemu) qemu=${2:?--qemu PATH}; shift ;;
