@@ -67,6 +67,26 @@ impl Default for Limits {
     }
 }
 
+/// The fewest inodes a share is served with.
+pub const MIN_INODES: u64 = 16;
+
+impl Limits {
+    /// These limits with the inodes capped to the `descriptors` a server may use, less the
+    /// `reserved` ones its process keeps for itself: a guest looking up more names gets
+    /// `ENFILE` from the server, never a process out of descriptors. `None` when fewer than
+    /// [`MIN_INODES`] fit. One rule for both transports: the VMM's device (its share of the
+    /// VMM's descriptors) and `vm-virtiofs` (its own process's).
+    pub fn fit(self, descriptors: u64, reserved: u64) -> Option<Limits> {
+        let fits = descriptors.saturating_sub(reserved);
+        (fits >= MIN_INODES).then(|| Limits {
+            max_inodes: self
+                .max_inodes
+                .min(usize::try_from(fits).unwrap_or(usize::MAX)),
+            ..self
+        })
+    }
+}
+
 /// Why a share's root could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {

@@ -73,3 +73,14 @@ fn the_root_must_be_a_directory_or_a_regular_file() {
         assert!(Fs::open(&p, Limits::default()).is_err(), "{}", p.display());
     }
 }
+
+#[test]
+fn limits_fit_the_descriptors_left_or_refuse_below_the_minimum() {
+    let l = Limits::default();
+    assert_eq!(l.fit(1_000_000, 16), Some(l), "room for the default");
+    assert_eq!(l.fit(1000, 64).map(|f| f.max_inodes), Some(936));
+    assert_eq!(l.fit(1000, 64).map(|f| f.max_handles), Some(l.max_handles));
+    assert_eq!(l.fit(16 + MIN_INODES, 16).map(|f| f.max_inodes), Some(16));
+    assert_eq!(l.fit(16 + MIN_INODES - 1, 16), None);
+    assert_eq!(l.fit(0, 16), None);
+}

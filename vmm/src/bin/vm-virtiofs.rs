@@ -15,6 +15,7 @@ use std::process::ExitCode;
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use vm_virtiofs::Limits;
+use vm_virtiofs::fs::MIN_INODES;
 use vmm::virtio::fs::vhost_user::{self, BackendConfig};
 
 const USAGE: &str = "usage: vm-virtiofs --socket VHOST_USER_SOCKET --share PATH [--max-inodes N]";
@@ -37,8 +38,8 @@ fn parse(args: Vec<OsString>) -> Result<BackendConfig, String> {
             Some("--max-inodes") => {
                 let v = value.to_str().and_then(|v| v.parse::<usize>().ok());
                 limits.max_inodes = v
-                    .filter(|n| *n >= 16)
-                    .ok_or("--max-inodes: a number, at least 16")?;
+                    .filter(|n| *n as u64 >= MIN_INODES)
+                    .ok_or(format!("--max-inodes: a number, at least {MIN_INODES}"))?;
             }
             _ => return Err(format!("unknown argument {}", flag.to_string_lossy())),
         }
@@ -63,13 +64,9 @@ fn fit_descriptors(limits: &mut Limits) -> Result<(), String> {
         setrlimit(Resource::RLIMIT_NOFILE, want, hard)
             .map_err(|e| format!("setrlimit(NOFILE, {want}): {e}"))?;
     }
-    let fits = want.max(soft).saturating_sub(OWN_FDS);
-    if fits < 16 {
-        return Err(format!(
-            "RLIMIT_NOFILE {soft}/{hard} leaves no room for inodes"
-        ));
-    }
-    limits.max_inodes = limits.max_inodes.min(fits as usize);
+    *limits = limits
+        .fit(want.max(soft), OWN_FDS)
+        .ok_or_else(|| format!("RLIMIT_NOFILE {soft}/{hard} leaves no room for inodes"))?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use nix::errno::Errno;
 use vm_jail::seccomp::ThreadKind;
 use vm_virtiofs::dax::Extent;
+use vm_virtiofs::fs::MIN_INODES;
 use vm_virtiofs::{DaxWindow, Fs, Limits, Server};
 
 use super::{NUM_QUEUES, Scratch, VIRTIO_ID_FS, serve_chain};
@@ -29,14 +30,12 @@ use crate::virtio::{VirtioDevice, VirtioError, read_config_bytes};
 
 /// Each queue's largest size (the high-priority queue, the request queue).
 pub(crate) const QUEUE_SIZES: &[u16] = &[256, 256];
+/// Descriptors a share's server keeps beyond its inodes' (the share's root, a spare).
+const OWN_FDS: u64 = 16;
 /// `VIRTIO_FS_SHMCAP_ID_CACHE`: the DAX window's shared-memory region id.
 pub const SHM_CACHE: u32 = 0;
 /// The longest tag (`struct virtio_fs_config`).
 pub const MAX_TAG: usize = 36;
-/// Descriptors a share's server keeps beyond its inodes' (the share's root, a spare).
-const OWN_FDS: u64 = 16;
-/// The fewest inodes a share is served with.
-const MIN_INODES: u64 = 16;
 
 /// A DAX window: where the guest sees it, and its host mapping.
 #[derive(Debug, Clone)]
@@ -172,17 +171,13 @@ impl VirtioDevice for FsDevice {
     fn open_host_files(&mut self, descriptors: u64) -> Result<(), VirtioError> {
         let mut server = lock(&self.server);
         if server.is_none() {
-            let fits = descriptors.saturating_sub(OWN_FDS);
-            if fits < MIN_INODES {
-                return Err(VirtioError::Descriptors {
+            let limits = self
+                .limits
+                .fit(descriptors, OWN_FDS)
+                .ok_or(VirtioError::Descriptors {
                     have: descriptors,
                     need: OWN_FDS + MIN_INODES,
-                });
-            }
-            let limits = Limits {
-                max_inodes: self.limits.max_inodes.min(fits as usize),
-                ..self.limits
-            };
+                })?;
             let fs = Fs::open(&self.share, limits).map_err(VirtioError::Share)?;
             let dax = self
                 .window
