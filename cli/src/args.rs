@@ -95,6 +95,12 @@ pub struct VmOpts {
     /// an erofs image instead (no file server on the host side)
     #[arg(short = 'v', long = "volume", value_name = "HOST:GUEST[:ro[,erofs]]", value_parser = parse::volume)]
     pub volumes: Vec<VolumeArg>,
+    /// Each read-only mount's DAX window on kvm, through which the guest maps the host's page
+    /// cache (one copy for every VM): K/M/G suffix, MiB when bare, a multiple of 2M; 0 for
+    /// none (the guest reads into its own page cache). Refused on a driver without DAX (tcg)
+    /// [default: 1G, or 4 times the memory when that is less]
+    #[arg(long = "dax-window", value_name = "SIZE", value_parser = parse::mem_mib)]
+    pub dax_window: Option<i64>,
     /// Mount this host path even though it is or holds credentials (~/.ssh, ~/.aws, …)
     #[arg(long = "allow-mount-secret", value_name = "PATH")]
     pub allow_mount_secret: Vec<PathBuf>,
@@ -126,6 +132,15 @@ pub struct VmOpts {
     /// capabilities, seccomp) when this host cannot build it, e.g. when not root
     #[arg(long)]
     pub allow_weaker_jail: bool,
+}
+
+impl VmOpts {
+    /// `--dax-window` in MiB, as [`vm_sandbox::Options::dax_window_mib`] takes it (a size past
+    /// `u32` MiB stays too large, for the driver to refuse by name).
+    pub fn dax_window_mib(&self) -> Option<u32> {
+        self.dax_window
+            .map(|m| u32::try_from(m).unwrap_or(u32::MAX))
+    }
 }
 
 /// Options for the command run in the guest.

@@ -194,6 +194,7 @@ async fn supervise(rt: &Runtime, record: &mut Record, signals: &mut Signals) -> 
         name: record.name.clone(),
         boot_timeout: BOOT_TIMEOUT,
         run_dir_parent: Some(dir.clone()),
+        dax_window_mib: req.dax_window_mib,
         ..Options::default()
     };
     let start = async {

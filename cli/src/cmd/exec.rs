@@ -184,6 +184,7 @@ async fn boot_and_exec(a: ExecArgs) -> anyhow::Result<u8> {
         driver: a.vm.driver.clone(),
         name: format!("exec-{}", std::process::id()),
         run_dir_parent: Some(crate::state::Runtime::from_env()?.ephemeral_parent()),
+        dax_window_mib: a.vm.dax_window_mib(),
         ..Options::default()
     };
     let vm = tokio::select! {

@@ -65,6 +65,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         trust,
         policy,
         driver: a.vm.driver.clone(),
+        dax_window_mib: a.vm.dax_window_mib(),
         ..Options::default()
     };
     vm_sandbox::preflight(&spec, &options)?;
@@ -77,6 +78,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         driver: a.vm.driver.clone(),
         workdir: a.cmd.workdir.clone(),
         from,
+        dax_window_mib: a.vm.dax_window_mib(),
     };
     match start_detached(&rt, &a.name, &request, &[], signals.recv()).await? {
         Started::Running => {

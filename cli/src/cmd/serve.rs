@@ -72,6 +72,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         trust,
         policy,
         driver: a.vm.driver.clone(),
+        dax_window_mib: a.vm.dax_window_mib(),
         ..Options::default()
     };
     vm_sandbox::preflight(&spec, &options)?;
@@ -89,6 +90,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<u8> {
         driver: a.vm.driver.clone(),
         workdir: None,
         from: from.as_ref().map(|(path, _)| path.clone()),
+        dax_window_mib: a.vm.dax_window_mib(),
     };
     let mut record = Record::starting(
         &name,

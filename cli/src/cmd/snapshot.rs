@@ -57,6 +57,7 @@ async fn create(store: &SnapshotStore, a: &SnapshotCreateArgs) -> anyhow::Result
         name: format!("snapshot-{name}"),
         run_dir_parent: Some(crate::state::Runtime::from_env()?.ephemeral_parent()),
         snapshots: Some(store.dir().to_path_buf()),
+        dax_window_mib: vm.dax_window_mib(),
         ..Options::default()
     };
     let booted = tokio::select! {

@@ -90,12 +90,16 @@ pub(crate) fn vm_config(
 const SHARE_OWN_FDS: u64 = 16;
 
 /// The size of each share's DAX window for `plan`, in MiB: what it asks for, else
-/// [`super::default_dax_window_mib`]; always a multiple of 2 MiB (DAX maps 2 MiB ranges).
+/// [`super::default_dax_window_mib`] (a multiple of 2 MiB: DAX maps 2 MiB ranges; [`start`]
+/// refuses any other size asked for).
 pub(crate) fn dax_window_mib(plan: &BootPlan) -> u32 {
     let mib = plan
         .dax_window_mib
         .unwrap_or_else(|| super::default_dax_window_mib(plan.mem_mib));
-    mib & !1
+    match plan.dax_window_mib {
+        Some(_) => mib,
+        None => mib & !1,
+    }
 }
 
 /// The jail of a VM: its root tmpfs on `<run_dir>/root`, the run dir (sockets) bound inside,
@@ -166,6 +170,25 @@ pub(super) fn restore(plan: BootPlan, from: &RestoreFrom) -> Result<Machine, Dri
     start(plan, Some(from))
 }
 
+/// A window asked for must fit the stride between windows and be whole 2 MiB ranges (what
+/// the guest maps): refused by name, never rounded.
+fn check_dax_window(plan: &BootPlan) -> Result<(), DriverError> {
+    let mib = dax_window_mib(plan);
+    let why = if mib > super::MAX_DAX_WINDOW_MIB {
+        format!(
+            "is over the {} MiB a window may have",
+            super::MAX_DAX_WINDOW_MIB
+        )
+    } else if !mib.is_multiple_of(2) {
+        "is not a multiple of 2 MiB (the guest maps 2 MiB ranges)".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(DriverError::InvalidPlan {
+        reason: format!("dax_window_mib: {mib} MiB {why}"),
+    })
+}
+
 /// Boots `plan` (`from` = `None`) or restores it from a snapshot: the same run directory,
 /// jail, filters and supervision either way. A restore boots no kernel (so no boot initrd
 /// carries a token: the snapshot's agent has one) and re-keys the agent once it answers.
@@ -173,15 +196,7 @@ fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverEr
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     boot::check_device_count(&plan, super::MAX_DEVICES)?;
-    if dax_window_mib(&plan) > super::MAX_DAX_WINDOW_MIB {
-        return Err(DriverError::InvalidPlan {
-            reason: format!(
-                "dax_window_mib: {} is over the {} MiB a window may have",
-                dax_window_mib(&plan),
-                super::MAX_DAX_WINDOW_MIB
-            ),
-        });
-    }
+    check_dax_window(&plan)?;
     let dax = !plan.shares.is_empty() && dax_window_mib(&plan) > 0;
     let cmdline = boot::agent_cmdline(&plan, dax)?;
     let mut files = vec![VSOCK_SOCKET, VMM_LOG];
@@ -375,6 +390,28 @@ mod tests {
     use super::*;
     use crate::test_support::dummy_plan;
     use crate::{DiskFs, DiskPlan, RootfsPlan};
+
+    #[test]
+    fn a_dax_window_is_whole_2_mib_ranges_within_the_stride_or_refused() {
+        let mut plan = dummy_plan();
+        plan.mem_mib = 128;
+        let check = |mib: Option<u32>| {
+            let mut p = plan.clone();
+            p.dax_window_mib = mib;
+            check_dax_window(&p).map_err(|e| e.to_string())
+        };
+        assert_eq!(check(None), Ok(()), "the default, 4 x 128 MiB");
+        assert_eq!(check(Some(0)), Ok(()));
+        assert_eq!(check(Some(64)), Ok(()));
+        assert_eq!(check(Some(super::super::MAX_DAX_WINDOW_MIB)), Ok(()));
+        let odd = check(Some(3)).unwrap_err();
+        assert!(
+            odd.contains("dax_window_mib: 3 MiB is not a multiple of 2 MiB"),
+            "{odd}"
+        );
+        let over = check(Some(super::super::MAX_DAX_WINDOW_MIB + 2)).unwrap_err();
+        assert!(over.contains("is over the"), "{over}");
+    }
 
     #[test]
     fn config_has_read_only_disks_vsock_and_rng() {

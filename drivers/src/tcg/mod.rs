@@ -143,6 +143,9 @@ impl TcgDriver {
     }
 }
 
+/// Why a DAX window cannot be had on tcg.
+pub const NO_DAX: &str = "tcg has no DAX window (QEMU 7.2's vhost-user-fs device has no shared-memory region); leave it unset or 0: the guest reads host mounts into its own page cache";
+
 /// Why the tcg road has no snapshots (shown by `vm drivers`, the error of every restore).
 /// QEMU's migration stream would carry the CPU, RAM and emulated devices, but QEMU 7.2 marks a
 /// `vhost-user-vsock` device unmigratable and refuses to save a VM that has one; the
@@ -192,6 +195,12 @@ impl Driver for TcgDriver {
             reason,
         })?;
         boot::check_plan(&plan)?;
+        if let Some(mib @ 1..) = plan.dax_window_mib {
+            return Err(DriverError::Unsupported {
+                driver: "tcg",
+                reason: format!("dax_window_mib: {mib} MiB asked for, and {NO_DAX}"),
+            });
+        }
         boot::require_file("images.bz_image", &plan.images.bz_image)?;
         boot::check_device_count(&plan, self.max_disks())?;
         let virtiofs_bin = match plan.shares.is_empty() {

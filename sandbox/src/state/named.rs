@@ -35,6 +35,9 @@ pub struct StartRequest {
     /// then the snapshot's own, recorded with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<std::path::PathBuf>,
+    /// Each host mount's DAX window in MiB ([`crate::Options::dax_window_mib`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dax_window_mib: Option<u32>,
 }
 
 /// Errors of attaching to a named VM and of pausing it.

@@ -198,6 +198,7 @@ impl Calls {
             driver: a.options.driver,
             workdir: self.host.workdir(),
             from: None,
+            dax_window_mib: a.options.dax_window_mib,
         };
         let interrupted = async {
             ct.cancelled().await;
