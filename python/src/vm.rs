@@ -67,7 +67,7 @@ pub(crate) fn secs(field: &str, s: Option<f64>) -> Result<Option<Duration>, Fail
     env=vec![], env_allow=vec![], mount_secret_allow=vec![], kernel=None, initrd=None,
     rootfs=None, image=None, user=None, trust="untrusted", allow_emulation=false,
     allow_weaker_jail=false, driver=None, name=None, run_dir=None, boot_timeout=300.0,
-    snapshots=None))]
+    snapshots=None, dax_window_mib=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn boot(
     py: Python<'_>,
@@ -92,7 +92,14 @@ pub fn boot(
     run_dir: Option<PathBuf>,
     boot_timeout: f64,
     snapshots: Option<PathBuf>,
+    dax_window_mib: Option<i64>,
 ) -> PyResult<Vm> {
+    let dax_window_mib = dax_window_mib
+        .map(|m| {
+            u32::try_from(m)
+                .map_err(|_| Failure::refused("dax_window", format!("{m} MiB is not a size")))
+        })
+        .transpose()?;
     let request = Request {
         memory_mib,
         cpus,
@@ -119,6 +126,7 @@ pub fn boot(
         boot_timeout: secs("boot_timeout", Some(boot_timeout))?.unwrap_or_default(),
         run_dir_parent: run_dir,
         snapshots,
+        dax_window_mib,
         ..Options::default()
     };
     blocking(py, move || {

@@ -19,6 +19,7 @@ def _hardware_virt():
 
 REFUSALS = [
     (dict(mounts={"/tmp": "/data:rw"}, allow_emulation=True), "read_only"),
+    (dict(dax_window=-2, allow_emulation=True), "dax_window"),
     (dict(env={"API_TOKEN": "x"}, allow_emulation=True), "guarantees.env"),
     (dict(memory="12X", allow_emulation=True), "memory"),
     (dict(memory=0, allow_emulation=True), "mem_mib"),
@@ -38,6 +39,24 @@ def test_refused_spec_boots_nothing(kwargs, field, tmp_path):
     assert field in str(e.value)
     assert not runs.exists(), "a refused spec creates no run directory"
     assert descendants() - before == set(), "a refused spec starts no process"
+
+
+def test_a_dax_window_where_there_is_none_is_refused_and_none_reads_the_mount(tmp_path, guest_host):
+    share = tmp_path / "share"
+    share.mkdir()
+    (share / "w").write_bytes(b"weights\n")
+    mounts = {str(share): "/m"}
+    if _hardware_virt():
+        with boot(mounts=mounts, dax_window="64M") as sb:
+            assert sb.exec(["cat", "/m/w"]).stdout == b"weights\n"
+        return
+    before = descendants()
+    with pytest.raises(vm_sandbox.BootFailed) as e:
+        boot(mounts=mounts, dax_window="64M", run_dir=str(tmp_path / "runs"))
+    assert "dax_window_mib: 64 MiB asked for" in str(e.value) and "no DAX window" in str(e.value)
+    assert descendants() - before == set()
+    with boot(mounts=mounts, dax_window=0) as sb:
+        assert sb.exec(["cat", "/m/w"]).stdout == b"weights\n"
 
 
 def test_untrusted_work_needs_allow_emulation_without_hardware_virt(tmp_path):

@@ -88,6 +88,7 @@ def boot(
     run_dir: Optional[_Path] = None,
     boot_timeout: float = 300.0,
     snapshots: Optional[_Path] = None,
+    dax_window_mib: Optional[int] = None,
 ) -> Vm: ...
 def attach(name: str) -> Vm: ...
 def restore(

@@ -248,7 +248,9 @@ class Sandbox:
     ``rootfs``, ``user``, ``trust`` and ``allow_emulation`` (accept QEMU emulation — a
     weaker boundary — on a host without hardware virtualization). ``snapshots`` (a
     directory) allows ``snapshot()``, which saves the VM for ``Sandbox.restore`` (kvm only: on
-    another driver the sandbox is refused with the reason). A refusal raises
+    another driver the sandbox is refused with the reason). ``dax_window`` ("256M", or MiB;
+    0 for none) sizes each mount's DAX window on kvm and is refused where there is none
+    (tcg), as ``--dax-window`` is. A refusal raises
     ``SpecRefused`` naming the field; nothing has booted then.
 
     >>> with Sandbox(memory="256M", allow_emulation=True) as sb:   # doctest: +SKIP
@@ -281,6 +283,7 @@ class Sandbox:
         run_dir: Optional[str] = None,
         boot_timeout: Union[int, float, str] = 300,
         snapshots: Optional[str] = None,
+        dax_window: Union[int, str, None] = None,
     ) -> None:
         self._vm = _native.boot(
             memory_mib=_size(memory, "memory"),
@@ -304,6 +307,7 @@ class Sandbox:
             run_dir=run_dir,
             boot_timeout=_seconds(boot_timeout, "boot_timeout"),
             snapshots=None if snapshots is None else os.fspath(snapshots),
+            dax_window_mib=_size(dax_window, "dax_window"),
         )
         self._workdir = workdir
         self.files = Files(self._vm)
