@@ -43,9 +43,7 @@ fn a_gguf_over_1_gib_mounted_as_one_file_answers_the_openai_client() {
     let sha = llama::sha256_file(&model);
     eprintln!("{TEST}: {size} bytes written in {:?}", started.elapsed());
     llama::import(&env, &art);
-    let probe = env.dir.path().join("probe");
-    std::fs::create_dir(&probe).unwrap();
-    std::fs::copy("/bin/busybox", probe.join("busybox")).expect("/bin/busybox (busybox-static)");
+    let probe = llama::probe_dir(&env);
     let _cleanup = common::VmGuard {
         env: &env,
         name: NAME,

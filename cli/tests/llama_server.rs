@@ -42,9 +42,7 @@ fn llama_server_answers_the_openai_client() {
     llama::import(&env, &art);
     // A static busybox on a second read-only mount: the image has no tools of its own, and
     // the test looks beside the server through it.
-    let probe = env.dir.path().join("probe");
-    std::fs::create_dir(&probe).unwrap();
-    std::fs::copy("/bin/busybox", probe.join("busybox")).expect("/bin/busybox (busybox-static)");
+    let probe = llama::probe_dir(&env);
     let _cleanup = common::VmGuard {
         env: &env,
         name: NAME,

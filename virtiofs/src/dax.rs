@@ -84,8 +84,8 @@ pub fn place(
         let end = foffset.checked_add(file_len).ok_or(Errno::EINVAL)?;
         let extents = data_extents(fd, foffset, end)?;
         // One extent from the start to the file's end (inside the range's last page) or past.
-        let whole =
-            matches!(extents.as_slice(), [e] if e.at == foffset && e.at + e.len + PAGE > end);
+        let whole = matches!(extents.as_slice(),
+            [e] if e.at == foffset && e.at + e.len > end.saturating_sub(PAGE));
         if !whole {
             return window.copy(moffset, file_len, fd, foffset, &extents);
         }

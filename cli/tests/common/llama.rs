@@ -214,6 +214,15 @@ pub fn openai_client(art: &Artifacts, addr: SocketAddr, max_tokens: u32) -> serd
     })
 }
 
+/// A directory holding a static busybox, for a test to mount read-only at /probe beside the
+/// image (which has no tools of its own) and look beside the server through [`busybox`].
+pub fn probe_dir(env: &Env) -> PathBuf {
+    let probe = env.dir.path().join("probe");
+    std::fs::create_dir(&probe).unwrap();
+    std::fs::copy("/bin/busybox", probe.join("busybox")).expect("/bin/busybox (busybox-static)");
+    probe
+}
+
 /// `vm exec NAME -- /probe/busybox ARGS…` (a static busybox the test mounted at /probe: the
 /// image has no tools of its own); its stdout (it must succeed).
 pub fn busybox(env: &Env, name: &str, args: &[&str]) -> String {

@@ -93,13 +93,8 @@ const SHARE_OWN_FDS: u64 = 16;
 /// [`super::default_dax_window_mib`] (a multiple of 2 MiB: DAX maps 2 MiB ranges; [`start`]
 /// refuses any other size asked for).
 pub(crate) fn dax_window_mib(plan: &BootPlan) -> u32 {
-    let mib = plan
-        .dax_window_mib
-        .unwrap_or_else(|| super::default_dax_window_mib(plan.mem_mib));
-    match plan.dax_window_mib {
-        Some(_) => mib,
-        None => mib & !1,
-    }
+    plan.dax_window_mib
+        .unwrap_or_else(|| super::default_dax_window_mib(plan.mem_mib))
 }
 
 /// The jail of a VM: its root tmpfs on `<run_dir>/root`, the run dir (sockets) bound inside,

@@ -152,9 +152,9 @@ impl DaxMapping {
         if !inside {
             return Err(Errno::EINVAL);
         }
-        // SAFETY: as in `map_file`: only pages of this reservation are replaced. They are
-        // writable until the `mprotect` below; KVM maps the window read-only, so only the
-        // `pread`s here write them.
+        // The pages are writable until the `mprotect` below; KVM maps the window read-only, so
+        // only the `pread`s here write them.
+        // SAFETY: as in `map_file`: only pages of this reservation are replaced.
         let p = unsafe {
             libc::mmap(
                 at,
@@ -209,8 +209,8 @@ fn read_at(fd: BorrowedFd<'_>, dst: *mut u8, len: usize, offset: u64) -> Result<
     let mut done = 0usize;
     while done < len {
         let off = i64::try_from(offset + done as u64).map_err(|_| Errno::EINVAL)?;
-        // SAFETY: `dst..dst + len` is writable memory of the window that `copy_file` mapped
-        // and owns (checked inside the reservation); no Rust reference covers it.
+        // `dst..dst + len` lies inside the reservation (checked by `copy_file`).
+        // SAFETY: writable window memory `copy_file` mapped; no Rust reference covers it.
         let n = unsafe {
             libc::pread64(
                 fd.as_raw_fd(),
