@@ -148,17 +148,29 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-/// Open fds of `vm serve` and of every process under it (the VM's QEMU and vsock backend).
-fn tree_fds(pid: u32) -> usize {
-    fd_count(pid)
-        + common::descendants(pid)
-            .into_iter()
-            .map(fd_count)
-            .sum::<usize>()
+/// Open fds of `vm serve` and of every process under it (the VM's QEMU and vsock backend),
+/// each as "COMM PID fd N -> TARGET", so that a leak names what leaked.
+fn tree_fds(pid: u32) -> std::collections::BTreeSet<String> {
+    let mut pids = common::descendants(pid);
+    pids.push(pid);
+    let mut fds = std::collections::BTreeSet::new();
+    for p in pids {
+        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{p}/fd")) else {
+            continue;
+        };
+        for fd in dir.flatten() {
+            let target = std::fs::read_link(fd.path()).unwrap_or_default();
+            let n = fd.file_name();
+            fds.insert(format!(
+                "{} {p} fd {} -> {}",
+                comm.trim(),
+                n.to_string_lossy(),
+                target.display()
+            ));
+        }
+    }
+    fds
 }
 
 /// 100 clients that go away mid-request, three ways: half a body, a whole request closed
@@ -324,16 +336,19 @@ fn onnx_model_server_in_a_guest() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let fds1 = loop {
         let n = tree_fds(vm_pid);
-        if n <= fds0 || Instant::now() > deadline {
+        if n.len() <= fds0.len() || Instant::now() > deadline {
             break n;
         }
         std::thread::sleep(Duration::from_millis(500));
     };
     let rss1 = status_kib(vm_pid, "VmRSS:");
-    eprintln!("fds {fds0} -> {fds1}; vm serve RSS {rss0} KiB -> {rss1} KiB");
+    let (n0, n1) = (fds0.len(), fds1.len());
+    eprintln!("fds {n0} -> {n1}; vm serve RSS {rss0} KiB -> {rss1} KiB");
     assert!(
-        fds1 <= fds0,
-        "fds of vm serve and its VM: {fds0} before, {fds1} after"
+        n1 <= n0,
+        "fds of vm serve and its VM: {n0} before, {n1} after; new: {:#?}; gone: {:#?}",
+        fds1.difference(&fds0).collect::<Vec<_>>(),
+        fds0.difference(&fds1).collect::<Vec<_>>()
     );
     assert!(
         rss1 <= rss0 + RSS_MARGIN_KIB,
