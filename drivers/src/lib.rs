@@ -137,6 +137,15 @@ pub trait Driver: Send + Sync {
     fn max_disks(&self) -> usize {
         0
     }
+    /// The DAX window, in MiB, each read-only share of a VM with `mem_mib` of memory gets
+    /// when `asked` (`None`: the driver's default; `Some(0)`: none), or why `asked` cannot be
+    /// had here. The admission check before anything is created, and `boot`'s own first
+    /// check: a window asked for is never dropped. Without one, a share is read into the
+    /// guest's own page cache.
+    fn dax_window_mib(&self, asked: Option<u32>, mem_mib: u32) -> Result<u32, DriverError> {
+        let _ = mem_mib;
+        no_dax_window(self.name(), asked, "it has no DAX window")
+    }
     /// Whether this driver can snapshot its VMs and restore them here, and why not.
     fn snapshots(&self) -> Availability {
         Availability::no("this driver has no snapshots")
@@ -151,6 +160,22 @@ pub trait Driver: Send + Sync {
             driver: self.name(),
             reason: self.snapshots().detail,
         })
+    }
+}
+
+/// [`Driver::dax_window_mib`] of a driver without DAX: none, and a window asked for is
+/// refused, saying `why` there is none.
+pub fn no_dax_window(
+    driver: &'static str,
+    asked: Option<u32>,
+    why: &str,
+) -> Result<u32, DriverError> {
+    match asked {
+        None | Some(0) => Ok(0),
+        Some(mib) => Err(DriverError::Unsupported {
+            driver,
+            reason: format!("dax_window_mib: {mib} MiB asked for, and {why}"),
+        }),
     }
 }
 

@@ -51,10 +51,13 @@ def test_a_dax_window_where_there_is_none_is_refused_and_none_reads_the_mount(tm
             assert sb.exec(["cat", "/m/w"]).stdout == b"weights\n"
         return
     before = descendants()
-    with pytest.raises(vm_sandbox.BootFailed) as e:
-        boot(mounts=mounts, dax_window="64M", run_dir=str(tmp_path / "runs"))
+    runs = tmp_path / "runs"
+    with pytest.raises(vm_sandbox.VmError) as e:
+        boot(mounts=mounts, dax_window="64M", run_dir=str(runs))
+    assert not isinstance(e.value, vm_sandbox.BootFailed), "refused before a boot is tried"
     assert "dax_window_mib: 64 MiB asked for" in str(e.value) and "no DAX window" in str(e.value)
     assert descendants() - before == set()
+    assert not runs.exists(), "a refused window creates no run directory"
     with boot(mounts=mounts, dax_window=0) as sb:
         assert sb.exec(["cat", "/m/w"]).stdout == b"weights\n"
 

@@ -14,7 +14,7 @@
 
 use std::error::Error;
 
-use vm_drivers::{MachineError, NoDriverError};
+use vm_drivers::{DriverError, MachineError, NoDriverError};
 use vm_spec::{AdmitError, SpecError};
 
 use crate::SandboxError;
@@ -284,6 +284,10 @@ fn sandbox(e: &SandboxError) -> Option<Classified> {
         SandboxError::NoCommand => Classified::field(Class::Usage, "argv"),
         SandboxError::Unsupported(_) => Classified::new(Class::Unsupported),
         SandboxError::Boot { .. } | SandboxError::Root(_) => Classified::new(Class::BootFailed),
+        SandboxError::DaxWindow { source, .. } => match source {
+            DriverError::InvalidPlan { .. } => Classified::field(Class::Refused, "dax_window_mib"),
+            _ => Classified::new(Class::Unsupported),
+        },
         SandboxError::Copy(_) => Classified::new(Class::GuestError),
         SandboxError::Snapshot(s) => return snapshot(s),
         _ => return None,

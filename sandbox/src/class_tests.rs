@@ -137,6 +137,23 @@ fn refusals_name_their_field_through_wrappers() {
     assert_eq!(field(Class::Forbidden).as_deref(), Some("allow_emulation"));
     assert_eq!(field(Class::Path), None);
 
+    // A DAX window: a size no window can have is the caller's to change; none on the
+    // driver is what it does not do.
+    let window = |source| SandboxError::DaxWindow {
+        driver: "kvm",
+        source,
+    };
+    let odd = window(DriverError::InvalidPlan {
+        reason: "dax_window_mib: 3 MiB is not a multiple of 2 MiB".into(),
+    });
+    assert_eq!(odd.class().class, Class::Refused);
+    assert_eq!(odd.class().field.as_deref(), Some("dax_window_mib"));
+    let none = window(DriverError::Unsupported {
+        driver: "tcg",
+        reason: "no window".into(),
+    });
+    assert_eq!(none.class().class, Class::Unsupported);
+
     // Attaching is decided by its cause: here, an agent that found no such command.
     let attach = NamedError::Attach {
         name: "box".into(),

@@ -38,6 +38,14 @@ pub enum SandboxError {
     /// cause names the file.
     #[error("attaching to a running VM")]
     Attach(#[source] DriverError),
+    /// The DAX window asked for cannot be had on the selected driver (the cause says why);
+    /// refused before anything is created.
+    #[error("the DAX window on {driver}")]
+    DaxWindow {
+        driver: &'static str,
+        #[source]
+        source: DriverError,
+    },
     #[error("boot on {driver} failed")]
     Boot {
         driver: &'static str,

@@ -93,13 +93,41 @@ impl Default for Options {
 /// boots later or elsewhere (`vm run -d` refuses before it starts its supervisor).
 pub fn preflight(spec: &Spec, options: &Options) -> Result<ValidSpec, SandboxError> {
     let valid = spec.validate()?;
-    select(
-        &Registry::with_defaults(),
+    let registry = Registry::with_defaults();
+    let driver = select(
+        &registry,
         options.driver.as_deref(),
         options.trust,
         &options.policy,
     )?;
+    check_options(driver, &valid, options)?;
     Ok(valid)
+}
+
+/// What `options` ask of `driver` beyond containment, refused before anything is created:
+/// snapshots where it has none, a DAX window it cannot give.
+fn check_options(
+    driver: &dyn Driver,
+    spec: &ValidSpec,
+    options: &Options,
+) -> Result<(), SandboxError> {
+    if options.snapshots.is_some() {
+        let can = driver.snapshots();
+        if !can.ok {
+            return Err(crate::snapshots::SnapshotError::Unsupported {
+                driver: driver.name(),
+                reason: can.detail,
+            }
+            .into());
+        }
+    }
+    driver
+        .dax_window_mib(options.dax_window_mib, spec.limits().mem_mib)
+        .map_err(|source| SandboxError::DaxWindow {
+            driver: driver.name(),
+            source,
+        })?;
+    Ok(())
 }
 
 /// Most disks (the root included) a VM booted with `options` can have: the limit of the
@@ -179,16 +207,7 @@ impl MicroVm {
         source: Spec,
         options: &Options,
     ) -> Result<MicroVm, SandboxError> {
-        if options.snapshots.is_some() {
-            let can = driver.snapshots();
-            if !can.ok {
-                return Err(crate::snapshots::SnapshotError::Unsupported {
-                    driver: driver.name(),
-                    reason: can.detail,
-                }
-                .into());
-            }
-        }
+        check_options(driver, &spec, options)?;
         let prepared = Prepared::new(&spec, options)?;
         let name = driver.name();
         let machine = driver

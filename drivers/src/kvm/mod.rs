@@ -37,6 +37,22 @@ pub fn default_dax_window_mib(mem_mib: u32) -> u32 {
     1024.min(mem_mib.saturating_mul(4))
 }
 
+/// The window `asked` for (else [`default_dax_window_mib`]), when it fits the stride between
+/// windows and is whole 2 MiB ranges (what the guest maps): refused by name, never rounded.
+pub(crate) fn dax_window(asked: Option<u32>, mem_mib: u32) -> Result<u32, DriverError> {
+    let mib = asked.unwrap_or_else(|| default_dax_window_mib(mem_mib));
+    let why = if mib > MAX_DAX_WINDOW_MIB {
+        format!("is over the {MAX_DAX_WINDOW_MIB} MiB a window may have")
+    } else if !mib.is_multiple_of(2) {
+        "is not a multiple of 2 MiB (the guest maps 2 MiB ranges)".to_string()
+    } else {
+        return Ok(mib);
+    };
+    Err(DriverError::InvalidPlan {
+        reason: format!("dax_window_mib: {mib} MiB {why}"),
+    })
+}
+
 use crate::{Availability, BootPlan, Driver, DriverError, Machine};
 
 /// The KVM driver.
@@ -74,6 +90,10 @@ impl Driver for KvmDriver {
     /// Every virtio-mmio device but the vsock and the rng.
     fn max_disks(&self) -> usize {
         MAX_DEVICES
+    }
+
+    fn dax_window_mib(&self, asked: Option<u32>, mem_mib: u32) -> Result<u32, DriverError> {
+        dax_window(asked, mem_mib)
     }
 
     fn snapshots(&self) -> Availability {

@@ -90,7 +90,7 @@ pub(crate) fn vm_config(
 const SHARE_OWN_FDS: u64 = 16;
 
 /// The size of each share's DAX window for `plan`, in MiB: what it asks for, else
-/// [`super::default_dax_window_mib`] (a multiple of 2 MiB: DAX maps 2 MiB ranges; [`start`]
+/// [`super::default_dax_window_mib`] (a multiple of 2 MiB: DAX maps 2 MiB ranges; [`super::dax_window`]
 /// refuses any other size asked for).
 pub(crate) fn dax_window_mib(plan: &BootPlan) -> u32 {
     plan.dax_window_mib
@@ -165,25 +165,6 @@ pub(super) fn restore(plan: BootPlan, from: &RestoreFrom) -> Result<Machine, Dri
     start(plan, Some(from))
 }
 
-/// A window asked for must fit the stride between windows and be whole 2 MiB ranges (what
-/// the guest maps): refused by name, never rounded.
-fn check_dax_window(plan: &BootPlan) -> Result<(), DriverError> {
-    let mib = dax_window_mib(plan);
-    let why = if mib > super::MAX_DAX_WINDOW_MIB {
-        format!(
-            "is over the {} MiB a window may have",
-            super::MAX_DAX_WINDOW_MIB
-        )
-    } else if !mib.is_multiple_of(2) {
-        "is not a multiple of 2 MiB (the guest maps 2 MiB ranges)".to_string()
-    } else {
-        return Ok(());
-    };
-    Err(DriverError::InvalidPlan {
-        reason: format!("dax_window_mib: {mib} MiB {why}"),
-    })
-}
-
 /// Boots `plan` (`from` = `None`) or restores it from a snapshot: the same run directory,
 /// jail, filters and supervision either way. A restore boots no kernel (so no boot initrd
 /// carries a token: the snapshot's agent has one) and re-keys the agent once it answers.
@@ -191,8 +172,7 @@ fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverEr
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
     boot::check_device_count(&plan, super::MAX_DEVICES)?;
-    check_dax_window(&plan)?;
-    let dax = !plan.shares.is_empty() && dax_window_mib(&plan) > 0;
+    let dax = !plan.shares.is_empty() && super::dax_window(plan.dax_window_mib, plan.mem_mib)? > 0;
     let cmdline = boot::agent_cmdline(&plan, dax)?;
     let mut files = vec![VSOCK_SOCKET, VMM_LOG];
     files.extend(boot::RUN_FILES);
@@ -393,12 +373,13 @@ mod tests {
         let check = |mib: Option<u32>| {
             let mut p = plan.clone();
             p.dax_window_mib = mib;
-            check_dax_window(&p).map_err(|e| e.to_string())
+            super::super::dax_window(p.dax_window_mib, p.mem_mib).map_err(|e| e.to_string())
         };
-        assert_eq!(check(None), Ok(()), "the default, 4 x 128 MiB");
-        assert_eq!(check(Some(0)), Ok(()));
-        assert_eq!(check(Some(64)), Ok(()));
-        assert_eq!(check(Some(super::super::MAX_DAX_WINDOW_MIB)), Ok(()));
+        assert_eq!(check(None), Ok(512), "the default, 4 x 128 MiB");
+        assert_eq!(check(Some(0)), Ok(0));
+        assert_eq!(check(Some(64)), Ok(64));
+        let max = super::super::MAX_DAX_WINDOW_MIB;
+        assert_eq!(check(Some(max)), Ok(max));
         let odd = check(Some(3)).unwrap_err();
         assert!(
             odd.contains("dax_window_mib: 3 MiB is not a multiple of 2 MiB"),

@@ -185,6 +185,10 @@ impl Driver for TcgDriver {
         7
     }
 
+    fn dax_window_mib(&self, asked: Option<u32>, _mem_mib: u32) -> Result<u32, DriverError> {
+        crate::no_dax_window("tcg", asked, NO_DAX)
+    }
+
     fn snapshots(&self) -> Availability {
         Availability::no(SNAPSHOTS_UNSUPPORTED)
     }
@@ -195,12 +199,7 @@ impl Driver for TcgDriver {
             reason,
         })?;
         boot::check_plan(&plan)?;
-        if let Some(mib @ 1..) = plan.dax_window_mib {
-            return Err(DriverError::Unsupported {
-                driver: "tcg",
-                reason: format!("dax_window_mib: {mib} MiB asked for, and {NO_DAX}"),
-            });
-        }
+        self.dax_window_mib(plan.dax_window_mib, plan.mem_mib)?;
         boot::require_file("images.bz_image", &plan.images.bz_image)?;
         boot::check_device_count(&plan, self.max_disks())?;
         let virtiofs_bin = match plan.shares.is_empty() {
