@@ -239,7 +239,8 @@ pub enum Request {
     /// Reply: `ServeState` with the final status.
     ServeStop(ServeId),
     /// Reply: `ForwardOk`, then raw bytes both ways to `127.0.0.1:port` in the guest; host EOF
-    /// half-closes the guest TCP connection, guest EOF closes the whole connection.
+    /// half-closes the guest TCP connection, guest EOF closes the whole connection. The host
+    /// sends nothing before `ForwardOk`: a close (or a byte) before it abandons the connect.
     Forward { port: u16 },
     /// Reply: `Ok`, then the agent syncs and reboots (`RB_AUTOBOOT`, which ends the VM) when
     /// PID 1.

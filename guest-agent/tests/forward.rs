@@ -110,3 +110,55 @@ async fn guest_side_close_ends_the_host_stream() {
         .await
         .expect("agent half-closed the stream instead of closing it");
 }
+
+/// Sockets of this network namespace in `SYN_SENT` to 127.0.0.1:`port` (`/proc/net/tcp`).
+fn syn_sent_to(port: u16) -> usize {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let remote = format!("0100007F:{port:04X}");
+    tcp.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&remote.as_str()) && f.get(3) == Some(&"02")
+        })
+        .count()
+}
+
+/// A guest server whose accept queue is full (Python's `http.server` listens with a backlog of
+/// 5): the agent's connect for a Forward hangs in `SYN_SENT`, retransmitting. A host client that
+/// gives up meanwhile (`vm serve`'s client went away) closes its stream: the agent abandons the
+/// connect then, instead of holding it, its slot and the host's stream until its 30 s I/O
+/// timeout (before: after the 100 abandoning clients of cli/tests/model_server.rs, the tcg
+/// backend still held their streams 30 s later).
+#[tokio::test]
+async fn a_host_that_gives_up_during_the_connect_ends_it() {
+    let a = TestAgent::start();
+    let listener = tokio::net::TcpSocket::new_v4().unwrap();
+    listener.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let _listener = listener.listen(0).unwrap();
+    // Fill the accept queue: connects complete until one hangs (never accepted).
+    let mut queued = Vec::new();
+    loop {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300)) {
+            Ok(s) => queued.push(s),
+            Err(_) => break,
+        }
+        assert!(queued.len() < 64, "the accept queue never filled");
+    }
+    assert_eq!(syn_sent_to(port), 0);
+    let c = a.client();
+    let gave_up = tokio::time::timeout(std::time::Duration::from_secs(1), c.forward(port)).await;
+    assert!(gave_up.is_err(), "the forward did not hang: {gave_up:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while syn_sent_to(port) > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        syn_sent_to(port),
+        0,
+        "the agent still connects for a host that is gone"
+    );
+    a.client().ping().await.unwrap();
+}

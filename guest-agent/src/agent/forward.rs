@@ -34,7 +34,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use tokio::io::{AsyncWriteExt, split};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, split};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::conn::{send, send_error};
@@ -54,10 +54,21 @@ async fn connect(port: u16) -> std::io::Result<TcpStream> {
         .await
 }
 
-/// Handle a `Forward{port}` request: connect, answer `ForwardOk`, splice until done.
+/// Handle a `Forward{port}` request: connect, answer `ForwardOk`, splice until done. A host
+/// that closes or sends anything before `ForwardOk` has given up (it sends nothing before):
+/// the connect is abandoned then, not held until [`Agent::io_timeout`].
 pub(super) async fn run<S: Stream>(agent: &Agent, mut s: S, port: u16) -> Result<(), FrameError> {
     let t = agent.io_timeout();
-    let tcp = match tokio::time::timeout(t, connect(port)).await {
+    let mut early = [0u8; 1];
+    let connected = tokio::select! {
+        c = tokio::time::timeout(t, connect(port)) => c,
+        // Cancel-safe: nothing is lost if the connect wins.
+        _ = s.read(&mut early) => {
+            tracing::debug!(port, "forward: the host went away before the connect ended");
+            return Ok(());
+        }
+    };
+    let tcp = match connected {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             let msg = format!("connect 127.0.0.1:{port}: {e}");
