@@ -470,8 +470,13 @@ fi
 ((nudges == 0)) || echo "kvm-nested: nudged a silent L1 with an NMI $nudges times"
 ((stalls == 0)) || echo "kvm-nested: retried after an L1 stall: $digest"
 if [[ $mode == stall ]]; then
-    ((stalls == 1)) || die "self-test: the L1 was meant to stall once, it stalled $stalls times"
-    echo "kvm-nested: self-test: a stalled L1 was cut off after ${stall_after}s of silence, diagnosed (RIP $rip) and run once more: $passed/$total CLI checks passed"
+    # Attempt 1 stalls on purpose. A later stall is the real lost wake-up, retried as in a
+    # normal run (CI's run of 2026-12-07 met one on attempt 2, in the L1's boot); it is said,
+    # and counted in docs/testing.md, not taken for a fault of the retry path.
+    ((stalls >= 1)) || die "self-test: the L1 was meant to stall on its first attempt; it ran through"
+    besides=
+    ((stalls == 1)) || besides="; $((stalls - 1)) real stall(s) besides, retried"
+    echo "kvm-nested: self-test: a stalled L1 was cut off after ${stall_after}s of silence, diagnosed (RIP $rip) and run once more: $passed/$total CLI checks passed$besides"
     exit 0
 fi
 echo "kvm-nested: $passed/$total cases passed"
