@@ -201,6 +201,7 @@ snapshot_checks() {
     else
         echo "FAIL cli/run_d_from_a_snapshot: got '$out'; $($bb tail -c 400 /tmp/cli-rund.out)"
     fi
+    vmm_reports warmd
     $vm rm -f warmd >/dev/null 2>&1
     $vm serve --from warm -p 0:8000 -- httpd -f -p 8000 -h /work </dev/null >/tmp/cli-serve.out 2>/tmp/cli-serve.err &
     serve=$!
@@ -218,6 +219,24 @@ snapshot_checks() {
     serve=$!
     served_page serve_from_a_serving_snapshot served-file /tmp/cli-serveweb
     $vm snapshot rm web >/dev/null 2>&1
+}
+
+# vmm_reports NAME: a running kvm VM has its VMM's device counters in `vm stats --json` (its
+# supervisor refreshes them every second: 10 s at most) and its VMM's log in `vm logs --vmm`.
+vmm_reports() {
+    i=0 stats=
+    while [ $i -lt 10 ]; do
+        stats=$($vm stats --json "$1" </dev/null 2>&1)
+        echo "$stats" | $bb grep -q '"virtio-' && break
+        $bb sleep 1
+        i=$((i + 1))
+    done
+    log=$($vm logs --vmm "$1" </dev/null 2>&1) && log_rc=0 || log_rc=$?
+    if echo "$stats" | $bb grep -q '"virtio-' && [ $log_rc = 0 ] && [ -n "$log" ]; then
+        echo "ok cli/stats_and_logs_vmm_on_kvm"
+    else
+        echo "FAIL cli/stats_and_logs_vmm_on_kvm: stats said $(echo "$stats" | $bb tail -c 300); logs --vmm exit $log_rc: $(echo "$log" | $bb tail -c 300)"
+    fi
 }
 
 # wait_url FILE SECONDS: sets url to FILE's first line, the URL the `vm serve` in $serve prints

@@ -100,6 +100,9 @@ pub fn mark_running(
     record.started_unix = Some(now_unix());
     record.driver = Some(vm.driver().to_string());
     record.containment = Some(vm.containment().to_string());
+    let reports = vm.machine().reports();
+    record.vmm_log = reports.vmm_log;
+    record.device_metrics = reports.device_metrics;
     record.agent_socket = Some(vm.agent_socket().to_path_buf());
     record.host_pids = vm
         .machine()

@@ -84,7 +84,7 @@ pub use hvf::HvfDriver;
 pub use hyperv::HypervDriver;
 pub use jail::JailReport;
 pub use kvm::KvmDriver;
-pub use machine::{Machine, MachineError, MachineInfo, VmHandle};
+pub use machine::{Machine, MachineError, MachineInfo, Reports, VmHandle};
 pub use registry::{NoDriverError, Registry};
 pub use snapshot::{RestoreFrom, Snapshotted};
 pub use tcg::TcgDriver;

@@ -29,6 +29,16 @@ use vm_spec::Containment;
 use crate::DriverError;
 use crate::snapshot::{BackendSnapshot, SNAPSHOT_TIMEOUT, SnapshotError, Snapshotted};
 
+/// What a backend's handle reports about its VM beyond the console, fixed for the VM's life:
+/// front ends ask this, never the driver's name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reports {
+    /// [`VmHandle::vmm_log_tail`] gives the log of a VMM of ours.
+    pub vmm_log: bool,
+    /// [`VmHandle::device_metrics`] gives per-device counters (when the VMM answers).
+    pub device_metrics: bool,
+}
+
 /// A backend's handle on one running VM. Implemented by the drivers (child processes for
 /// `tcg`, the `vm-vmm` process for `kvm`); public so test doubles can build a [`Machine`].
 /// Every method may be called from several threads at once.
@@ -49,6 +59,10 @@ pub trait VmHandle: Send + Sync {
     /// there is nothing to add to the console tail.
     fn stop_detail(&self) -> String {
         String::new()
+    }
+    /// What this handle reports beyond the console (none by default).
+    fn reports(&self) -> Reports {
+        Reports::default()
     }
     /// The tail of the VMM's own log (bounded): `None` where the driver runs no VMM of ours
     /// (tcg: QEMU's output is its console tail).
@@ -299,6 +313,11 @@ impl Machine {
     /// The tail of the guest console (bounded).
     pub fn console_tail(&self) -> String {
         self.shared.handle.console_tail()
+    }
+
+    /// What this machine's backend reports beyond the console.
+    pub fn reports(&self) -> Reports {
+        self.shared.handle.reports()
     }
 
     /// The tail of the VMM's own log (kvm: `vm-vmm`'s); `None` on drivers without one.

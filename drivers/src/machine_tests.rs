@@ -39,6 +39,12 @@ impl VmHandle for FakeHandle {
     fn host_pids(&self) -> Vec<u32> {
         vec![4242]
     }
+    fn reports(&self) -> Reports {
+        Reports {
+            vmm_log: false,
+            device_metrics: true,
+        }
+    }
     fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
         self.0.metrics_queries.fetch_add(1, Ordering::SeqCst);
         Some(vmm::metrics::MetricsReport::collect([]))
@@ -135,6 +141,15 @@ fn device_metrics_are_asked_only_while_the_machine_runs() {
     assert!(m.device_metrics().is_some());
     assert_eq!(state.metrics_queries.load(Ordering::SeqCst), 1);
     assert_eq!(m.vmm_log_tail(), None, "the fake has no VMM log");
+    let says = Reports {
+        vmm_log: false,
+        device_metrics: true,
+    };
+    assert_eq!(
+        m.reports(),
+        says,
+        "the machine passes on its handle's reports"
+    );
     m.close_now();
     assert_eq!(m.device_metrics(), None);
     assert_eq!(state.metrics_queries.load(Ordering::SeqCst), 1);

@@ -150,20 +150,21 @@ pub async fn rm(a: RmArgs) -> anyhow::Result<u8> {
 /// `vm logs [-f] [--console|--vmm] NAME`: the VM's console (a bounded tail the supervisor
 /// refreshes every second in `console.log`), or for a `vm serve` VM its server's output
 /// (`server.log`, the same way) unless `--console`, or with `--vmm` its VMM's log
-/// (`vmm.log`, kvm only). With `-f`, new output is printed until the VM exits.
+/// (`vmm.log`, where its backend keeps one: kvm). With `-f`, new output is printed until the VM exits.
 pub async fn logs(a: LogsArgs) -> anyhow::Result<u8> {
     let rt = Runtime::from_env()?;
     let record = rt.load(&a.name)?;
     let file = if a.vmm {
         match record.driver.as_deref() {
-            Some("kvm") | None => crate::supervisor::VMM_LOG,
-            Some(other) => {
+            Some(other) if !record.vmm_log => {
                 return Err(exit::failed(format!(
                     "VM {} runs on the {other} driver, which has no VMM log of ours \
                      (its emulator's output is in `vm logs --console`)",
                     a.name
                 )));
             }
+            // Its backend keeps one, or (still starting) may: the file appears if it does.
+            _ => crate::supervisor::VMM_LOG,
         }
     } else if record.labels.contains_key(labels::SERVE) && !a.console {
         crate::supervisor::SERVER_LOG

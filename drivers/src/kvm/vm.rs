@@ -16,7 +16,7 @@ use vmm::virtio::DeviceConfig;
 use vmm::{ConsoleConfig, CpuProfile, KernelFormat, VmConfig};
 
 use crate::boot::{self, GUEST_CID, RunDir, VSOCK_SOCKET};
-use crate::machine::{MachineInfo, VmHandle};
+use crate::machine::{MachineInfo, Reports, VmHandle};
 use crate::process::{Supervised, spawn_supervised};
 use crate::snapshot::{BackendSnapshot, RestoreFrom, SnapshotError};
 use crate::{BootPlan, DriverError, Machine};
@@ -305,6 +305,13 @@ impl VmHandle for KvmHandle {
         with_log_lines(ended, &self.log.tail(true))
     }
 
+    fn reports(&self) -> Reports {
+        Reports {
+            vmm_log: true,
+            device_metrics: true,
+        }
+    }
+
     fn vmm_log_tail(&self) -> Option<String> {
         Some(self.log.tail(!self.child.is_running()))
     }
@@ -500,6 +507,15 @@ mod tests {
         assert_eq!(report.devices.len(), 1, "{report:?}");
         assert_eq!(report.devices[0].name, "virtio-rng");
         assert_eq!(report.devices[0].errors, 0);
+        // It says it reports what it just gave.
+        assert!(handle.vmm_log_tail().is_some());
+        assert_eq!(
+            handle.reports(),
+            Reports {
+                vmm_log: true,
+                device_metrics: true
+            }
+        );
         handle
             .child
             .with_stdin(vmm::process::send_stop)

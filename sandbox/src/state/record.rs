@@ -141,6 +141,13 @@ pub struct Record {
     /// supervisor; a `vm serve` once its server is ready).
     #[serde(default)]
     pub pausable: bool,
+    /// The VM's backend keeps a VMM log of ours (`vm logs --vmm`), from its handle's
+    /// `Reports` once running.
+    #[serde(default)]
+    pub vmm_log: bool,
+    /// The VM's backend has per-device counters (`vm stats --json`'s `vmm_devices`).
+    #[serde(default)]
+    pub device_metrics: bool,
 }
 
 impl Record {
@@ -178,6 +185,8 @@ impl Record {
             request,
             labels: base,
             pausable: false,
+            vmm_log: false,
+            device_metrics: false,
         }
     }
 
