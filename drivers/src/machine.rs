@@ -25,6 +25,7 @@ use guest_agent::client::{AgentClient, ClientError, ClientLimits};
 use thiserror::Error;
 use tokio::sync::watch;
 use vm_spec::Containment;
+use vm_sync::{Lock, Wait};
 
 use crate::DriverError;
 use crate::snapshot::{BackendSnapshot, SNAPSHOT_TIMEOUT, SnapshotError, Snapshotted};
@@ -171,7 +172,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Moves `Running` to `to`; returns false if the machine had already left `Running`.
@@ -191,7 +192,7 @@ impl Shared {
     }
 
     fn paused(&self) -> MutexGuard<'_, bool> {
-        self.paused.lock().unwrap_or_else(|p| p.into_inner())
+        self.paused.locked()
     }
 
     /// Lets the VM's processes run again if they were paused.
@@ -566,11 +567,7 @@ fn watchdog(shared: &Shared, name: &str, wall: Duration) {
         if now >= deadline {
             break;
         }
-        st = shared
-            .cv
-            .wait_timeout(st, deadline - now)
-            .map(|(g, _)| g)
-            .unwrap_or_else(|p| p.into_inner().0);
+        st = shared.cv.wait_timeout_locked(st, deadline - now);
     }
     drop(st);
     if shared.leave_running(State::WallExpired) {

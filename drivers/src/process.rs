@@ -23,6 +23,8 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use vm_sync::Lock;
+
 use crate::ring::SharedRing;
 use crate::sys::{self, Signal};
 
@@ -34,7 +36,7 @@ static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
 
 fn spawner() -> io::Result<mpsc::Sender<SpawnJob>> {
     if let Some(tx) = SPAWNER.get() {
-        return Ok(lock(tx).clone());
+        return Ok(tx.locked().clone());
     }
     let (tx, rx) = mpsc::channel::<SpawnJob>();
     // The thread only exits if every sender is dropped, which cannot happen: one lives in SPAWNER.
@@ -47,11 +49,7 @@ fn spawner() -> io::Result<mpsc::Sender<SpawnJob>> {
         })?;
     // If another thread won the race, its spawner is used and ours idles harmlessly.
     let stored = SPAWNER.get_or_init(|| Mutex::new(tx));
-    Ok(lock(stored).clone())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    Ok(stored.locked().clone())
 }
 
 /// Arms `cmd` with its own process group and a parent-death `SIGKILL`.
@@ -208,7 +206,7 @@ impl Supervised {
 
     /// Runs `f` on the child's stdin; `None` when it was not piped or has been closed.
     pub(crate) fn with_stdin<T>(&self, f: impl FnOnce(&mut ChildStdin) -> T) -> Option<T> {
-        lock(&self.stdin).as_mut().map(f)
+        self.stdin.locked().as_mut().map(f)
     }
 
     /// True while the child has not exited. Never reaps (see the module docs).
@@ -226,7 +224,7 @@ impl Supervised {
     }
 
     fn peek(&self) -> Peek {
-        let st = lock(&self.state);
+        let st = self.state.locked();
         if let Some(status) = st.status {
             return Peek::Exited(status);
         }
@@ -255,8 +253,8 @@ impl Supervised {
 
     /// Kills the whole process group with SIGKILL and reaps the leader. Idempotent.
     pub(crate) fn kill_and_reap(&self) -> Option<ExitStatus> {
-        lock(&self.stdin).take();
-        let mut st = lock(&self.state);
+        self.stdin.locked().take();
+        let mut st = self.state.locked();
         if let Some(status) = st.status {
             return Some(status);
         }

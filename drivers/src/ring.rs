@@ -9,6 +9,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use vm_sync::{Lock, Wait};
+
 #[derive(Debug)]
 struct Ring {
     buf: VecDeque<u8>,
@@ -56,7 +58,7 @@ impl SharedRing {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
-        self.0.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.0.locked()
     }
 
     /// A counted writer: [`SharedRing::wait_writers_done`] waits for it to be dropped.
@@ -74,12 +76,7 @@ impl SharedRing {
             if now >= deadline {
                 return false;
             }
-            r = self
-                .0
-                .1
-                .wait_timeout(r, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            r = self.0.1.wait_timeout_locked(r, deadline - now);
         }
         true
     }

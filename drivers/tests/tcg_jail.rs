@@ -14,6 +14,7 @@ use guest_agent::protocol::ExecRequest;
 use tcg_common::*;
 use vm_drivers::Driver;
 use vm_drivers::tcg::{QEMU, VM_VSOCK, find_program, find_vsock_backend};
+use vm_sync::Lock;
 use vm_test_support::procfs::{
     children, namespace, root_entries, status_field, thread_status_files,
 };
@@ -179,7 +180,7 @@ fn every_thread_of_a_tcg_vm_is_jailed() {
 /// tests as threads of one process (nextest, which CI uses, runs each in its own).
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    SERIAL.locked()
 }
 
 /// A vsock backend whose filter lacks `accept4` (test hook `TEST_DENY`, feature `test-hooks`)

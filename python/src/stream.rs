@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use vm_sandbox::agent::{ExecEvent, ExecStream, ExitStatus};
 use vm_sandbox::{Guest, Run};
+use vm_sync::Lock;
 
 use crate::failure::{Failure, command_not_run};
 use crate::{blocking, runtime};
@@ -78,7 +79,7 @@ impl Stream {
     fn next<'py>(&self, py: Python<'py>, wait: f64) -> PyResult<(&'static str, Py<PyAny>)> {
         let wait = Duration::try_from_secs_f64(wait).unwrap_or(Duration::from_millis(200));
         let next = blocking(py, || {
-            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = self.state.locked();
             let next = match &mut *state {
                 State::Done => Next::End,
                 State::Made(events) => events.pop_front().map_or(Next::End, Next::Event),
@@ -134,7 +135,7 @@ impl Stream {
     /// connection is dropped then, which kills the tree from the agent's side).
     fn cancel(&self, py: Python<'_>) -> Option<(Option<i32>, Option<i32>, bool)> {
         py.detach(|| {
-            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = self.state.locked();
             let State::Live(s) = std::mem::replace(&mut *state, State::Done) else {
                 return None;
             };

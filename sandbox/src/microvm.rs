@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use vm_drivers::{BootPlan, DiskFs, DiskPlan, Driver, ImagePaths, Machine, Registry, RootfsPlan};
 use vm_spec::{Containment, Policy, RootfsFormat, Spec, Trust, ValidImage, ValidSpec};
+use vm_sync::Lock;
 
 use crate::error::SandboxError;
 use crate::guest::{Confinement, Guest, ProcessDefaults};
@@ -337,11 +338,7 @@ impl MicroVm {
     }
 
     pub(crate) fn remove_run_dir(&self) {
-        let dir = self
-            .run_dir
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let dir = self.run_dir.locked().take();
         if let Some(dir) = dir {
             let path = dir.path().to_path_buf();
             if let Err(e) = dir.close() {

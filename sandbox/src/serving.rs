@@ -37,6 +37,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use vm_drivers::MachineError;
+use vm_sync::Lock;
 
 use crate::link::Link;
 use crate::publish::PublishSpec;
@@ -338,7 +339,7 @@ impl Serving {
     }
 
     fn take_tasks(&self) -> Option<Tasks> {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.tasks.locked().take()
     }
 }
 
@@ -388,7 +389,7 @@ struct Throttle(Mutex<Option<Instant>>);
 
 impl Throttle {
     fn ready(&self) -> bool {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.0.locked();
         match *last {
             Some(t) if t.elapsed() < WARN_EVERY => false,
             _ => {

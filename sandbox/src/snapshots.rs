@@ -25,6 +25,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use vm_drivers::{BlockDevice, Registry, RestoreFrom, ShareKind, SharePlan};
 use vm_spec::{Spec, ValidSpec};
+use vm_sync::Lock;
 
 use guest_agent::token::TokenError;
 
@@ -384,8 +385,7 @@ impl MicroVm {
     ) -> Result<SnapshotRecord, SandboxError> {
         let staging = self
             .staging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .as_ref()
             .map(|d| d.path().to_path_buf())
             .ok_or(SnapshotError::NotEnabled)?;
@@ -439,12 +439,7 @@ impl MicroVm {
             to: path.to_path_buf(),
             source,
         })?;
-        if let Some(dir) = self
-            .staging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(dir) = self.staging.locked().take() {
             // Renamed away: nothing is left to remove.
             let _ = dir.keep();
         }

@@ -6,6 +6,7 @@ use common::{FakeDriver, registry, spec_in};
 use vm_drivers::{Containment, ShareKind};
 use vm_sandbox::{MicroVm, Options, SandboxError, SelectError, select_driver, select_named};
 use vm_spec::{Policy, Trust};
+use vm_sync::Lock;
 
 const STRICT: Policy = Policy {
     allow_emulation: false,
@@ -138,7 +139,7 @@ fn create_refuses_a_bad_spec_before_booting() {
     let err = MicroVm::create_with(&r, &spec, &Options::default()).unwrap_err();
     assert!(matches!(err, SandboxError::Spec(_)), "{err}");
     assert!(
-        plans.lock().unwrap().is_empty(),
+        plans.locked().is_empty(),
         "nothing may be booted for a refused spec"
     );
 }
@@ -160,7 +161,7 @@ fn create_refuses_without_downgrade() {
         .expect("the cause is the SelectError");
     assert!(matches!(select, SelectError::NoDriver { .. }), "{select:?}");
     assert!(cause.to_string().contains("--allow-emulation"), "{cause}");
-    assert!(plans.lock().unwrap().is_empty());
+    assert!(plans.locked().is_empty());
     // With the explicit policy the emulated driver is used (the fake then refuses to boot).
     let lax = Options {
         policy: LAX,
@@ -172,7 +173,7 @@ fn create_refuses_without_downgrade() {
         matches!(err, SandboxError::Boot { driver: "tcg", .. }),
         "{err}"
     );
-    assert_eq!(plans.lock().unwrap().len(), 1);
+    assert_eq!(plans.locked().len(), 1);
 }
 
 #[test]
@@ -200,7 +201,7 @@ fn create_builds_the_boot_plan_and_cleans_up_on_failure() {
         "{err}"
     );
 
-    let plans = plans.lock().unwrap();
+    let plans = plans.locked();
     let plan = &plans[0];
     assert_eq!(
         (plan.vcpus, plan.mem_mib, plan.pids_max),

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use vm_sandbox::agent::container::{Confine, ContainerInit, SeccompProfile};
 use vm_sandbox::{MicroVm, Options, SnapshotRoots};
 use vm_spec::{Guarantees, Limits, Spec};
+use vm_sync::Lock;
 
 use crate::bundle::kubelet;
 use crate::bundle::pod::PodRole;
@@ -136,10 +137,6 @@ pub struct Container {
     _discovery: Discovery,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The VM spec for a container: the image set, the root (`None` while only checking), the
 /// process defaults and the bundle's limits, mounts and environment.
 fn vm_spec(c: &ContainerSpec, root: Option<&Root>, config: &ShimConfig) -> Result<Spec, ShimError> {
@@ -231,7 +228,7 @@ async fn boot(
     let placed = match set_up_guest(&vm, spec).await {
         Ok(()) => match disks {
             Some(disks) => Pod::new(vm.clone(), disks, &pod_options).map(|pod| {
-                lock(pods).insert(id.clone(), Arc::new(pod));
+                pods.locked().insert(id.clone(), Arc::new(pod));
                 Place::Sandbox { pods: pods.clone() }
             }),
             None => Ok(Place::Own),
@@ -243,7 +240,7 @@ async fn boot(
         Ok((place, forwards)) => Ok((vm, place, forwards)),
         Err(e) => {
             if pod_dir.is_some() {
-                lock(pods).remove(id);
+                pods.locked().remove(id);
             }
             vm.close().await;
             Err(e)
@@ -272,7 +269,7 @@ fn spare_disks(spec: &Spec, options: &Options) -> Result<usize, ShimError> {
 
 /// The pod an app container of sandbox `sandbox` joins.
 fn pod_of(pods: &PodTable, sandbox: &str) -> Result<Arc<Pod>, ShimError> {
-    lock(pods).get(sandbox).cloned().ok_or_else(|| {
+    pods.locked().get(sandbox).cloned().ok_or_else(|| {
         ShimError::Refused(format!(
             "annotations.{:?}: no pod sandbox {sandbox:?} runs in this shim",
             bundle::pod::SANDBOX_ID
@@ -426,7 +423,8 @@ impl Container {
         if exec_id.is_empty() {
             return Ok(self.init.clone());
         }
-        lock(&self.execs)
+        self.execs
+            .locked()
             .get(exec_id)
             .cloned()
             .ok_or_else(|| ShimError::NotFound(format!("exec {exec_id:?}")))
@@ -453,7 +451,7 @@ impl Container {
         stdio: Stdio,
         spec: ProcessSpec,
     ) -> Result<(), ShimError> {
-        let mut execs = lock(&self.execs);
+        let mut execs = self.execs.locked();
         if exec_id.is_empty() || execs.contains_key(exec_id) {
             return Err(ShimError::State(format!("exec id {exec_id:?} is in use")));
         }
@@ -467,7 +465,7 @@ impl Container {
     /// After the init process ended: every exec ends with it, and the container's own VM
     /// is torn down (a pod's VM stays for its other containers until the sandbox goes).
     pub async fn init_ended(&self) {
-        for p in lock(&self.execs).values() {
+        for p in self.execs.locked().values() {
             p.kill();
         }
         if let Some(log) = &self.termination_log
@@ -478,7 +476,7 @@ impl Container {
         if !matches!(self.place, Place::Member { .. }) {
             self.vm.close().await;
         }
-        for p in lock(&self.execs).values() {
+        for p in self.execs.locked().values() {
             p.set_exited(crate::process::KILLED);
         }
     }
@@ -504,7 +502,7 @@ impl Container {
             if p.status() == crate::process::Status::Running {
                 return Err(ShimError::State(format!("exec {exec_id:?} is running")));
             }
-            lock(&self.execs).remove(exec_id);
+            self.execs.locked().remove(exec_id);
             return Ok(p);
         }
         if self.init.status() == crate::process::Status::Running {
@@ -514,7 +512,7 @@ impl Container {
         match &self.place {
             Place::Member { pod, member } => pod.remove(member).await,
             Place::Sandbox { pods, .. } => {
-                lock(pods).remove(&self.id);
+                pods.locked().remove(&self.id);
                 self.vm.close().await;
             }
             Place::Own => self.vm.close().await,

@@ -25,6 +25,7 @@ use vm_sandbox::agent::{PodMount, pod_member_cgroup};
 use vm_sandbox::sys::Usage;
 use vm_sandbox::{Guest, MemberRoot, MicroVm, MountCache, Options, RawDisk};
 use vm_spec::Mount;
+use vm_sync::Lock;
 
 use crate::bundle::ContainerSpec;
 use crate::error::ShimError;
@@ -49,10 +50,6 @@ const GUEST_SHARED: &str = "/run/vm-pod/shared";
 
 /// The pods this shim serves, by sandbox id.
 pub type PodTable = Arc<Mutex<HashMap<String, Arc<Pod>>>>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The guest path of spare disk `i`.
 fn guest_disk(i: usize) -> String {
@@ -118,7 +115,7 @@ impl PodDisks {
                 image.display()
             )));
         }
-        let i = lock(&self.free).pop().ok_or_else(|| {
+        let i = self.free.locked().pop().ok_or_else(|| {
             ShimError::Refused(format!(
                 "the pod's {} disks are all in use (a container's root and each of its \
                  read-only volumes take one)",
@@ -139,14 +136,14 @@ impl PodDisks {
         match copied {
             Ok(()) => Ok(i),
             Err(e) => {
-                lock(&self.free).push(i);
+                self.free.locked().push(i);
                 Err(ShimError::io(format!("filling {}", path.display()))(e))
             }
         }
     }
 
     fn give_back(&self, disks: &[usize]) {
-        lock(&self.free).extend_from_slice(disks);
+        self.free.locked().extend_from_slice(disks);
     }
 }
 
@@ -313,7 +310,7 @@ impl Pod {
         root_image: &Path,
     ) -> Result<(), ShimError> {
         let i = self.fill(root_image.to_path_buf()).await?;
-        lock(&m.disks).push(i);
+        m.disks.locked().push(i);
         self.mount(PodMount::Root {
             device: guest_disk(i),
             dir: m.dir.clone(),
@@ -374,7 +371,7 @@ impl Pod {
             .await
             .map_err(|e| ShimError::State(format!("building a volume: {e}")))??;
         let i = self.fill(image.erofs).await?;
-        lock(&m.disks).push(i);
+        m.disks.locked().push(i);
         let device = guest_disk(i);
         match image.file_name {
             None => {
@@ -414,7 +411,9 @@ impl Pod {
     pub async fn remove(&self, m: &Member) {
         let path = m.dir.clone();
         match self.vm.pod_mount(PodMount::Unmount { path }).await {
-            Ok(()) => self.disks.give_back(&std::mem::take(&mut *lock(&m.disks))),
+            Ok(()) => self
+                .disks
+                .give_back(&std::mem::take(&mut *m.disks.locked())),
             Err(e) => tracing::warn!(
                 dir = m.dir,
                 error = %vm_error_chain::error_chain(&e),

@@ -25,6 +25,7 @@ use vm_sandbox::agent::{
     Command, ExecEvent, ExitStatus, Interactive, InteractiveInput, InteractiveOutput, TtySize,
 };
 use vm_sandbox::{Guest, Run};
+use vm_sync::Lock;
 
 use crate::bundle::ProcessSpec;
 use crate::error::ShimError;
@@ -92,10 +93,6 @@ pub fn exit_code(s: &ExitStatus) -> u32 {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Process {
     pub fn new(exec_id: String, stdio: Stdio, spec: ProcessSpec) -> Arc<Process> {
         let (exit_tx, _) = watch::channel(None);
@@ -113,7 +110,7 @@ impl Process {
     }
 
     pub fn status(&self) -> Status {
-        *lock(&self.status)
+        *self.status.locked()
     }
 
     pub fn exit(&self) -> Option<Exit> {
@@ -148,8 +145,8 @@ impl Process {
 
     /// Records the end (the first one wins).
     pub fn set_exited(&self, code: u32) {
-        *lock(&self.status) = Status::Stopped;
-        *lock(&self.control) = None;
+        *self.status.locked() = Status::Stopped;
+        *self.control.locked() = None;
         self.exit_tx.send_if_modified(|e| match e {
             Some(_) => false,
             None => {
@@ -203,15 +200,16 @@ impl Process {
             .await
             .map_err(ShimError::sandbox("starting the process"))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        *lock(&self.control) = Some(tx);
-        *lock(&self.status) = Status::Running;
+        *self.control.locked() = Some(tx);
+        *self.status.locked() = Status::Running;
         tokio::spawn(input_task(self.clone(), input, rx));
         tokio::spawn(output_task(self.clone(), output, out, err));
         Ok(())
     }
 
     fn send(&self, c: Control) -> bool {
-        lock(&self.control)
+        self.control
+            .locked()
             .as_ref()
             .is_some_and(|tx| tx.send(c).is_ok())
     }

@@ -21,6 +21,7 @@ use containerd_shim::protos::topics;
 use containerd_shim::protos::ttrpc::context::Context;
 use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{Config, Flags, StartOpts, Task, TtrpcContext, TtrpcResult};
+use vm_sync::Lock;
 
 use crate::container::{Container, CreateRequest, HostState};
 use crate::error::ShimError;
@@ -165,13 +166,10 @@ pub struct TaskService {
     pods: PodTable,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl TaskService {
     fn container(&self, id: &str) -> Result<Arc<Container>, ShimError> {
-        lock(&self.containers)
+        self.containers
+            .locked()
             .get(id)
             .cloned()
             .ok_or_else(|| ShimError::NotFound(format!("container {id:?}")))
@@ -262,7 +260,7 @@ impl TaskService {
         .await?;
         let pid = c.pid;
         let c = Arc::new(c);
-        lock(&self.containers).insert(req.id.clone(), c.clone());
+        self.containers.locked().insert(req.id.clone(), c.clone());
         self.watch_exit(c.clone(), c.init.clone());
         let ev = TaskCreate {
             container_id: req.id.clone(),
@@ -365,7 +363,7 @@ impl TaskService {
         let p = c.delete(&req.exec_id).await?;
         let exit = p.exit();
         if req.exec_id.is_empty() {
-            lock(&self.containers).remove(&req.id);
+            self.containers.locked().remove(&req.id);
             let ev = TaskDelete {
                 container_id: c.id.clone(),
                 id: c.id.clone(),
@@ -593,7 +591,7 @@ impl Task for TaskService {
         _ctx: &TtrpcContext,
         _req: api::ShutdownRequest,
     ) -> TtrpcResult<api::Empty> {
-        if lock(&self.containers).is_empty() {
+        if self.containers.locked().is_empty() {
             self.shim.exit.signal();
         }
         Ok(api::Empty::default())

@@ -4,6 +4,8 @@
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
+use vm_sync::Lock;
+
 /// A cloneable byte buffer: every clone writes to and reads from the same bytes.
 #[derive(Debug, Clone, Default)]
 pub struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -11,16 +13,13 @@ pub struct Captured(Arc<Mutex<Vec<u8>>>);
 impl Captured {
     /// Everything written so far, as text (lossy).
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+        String::from_utf8_lossy(&self.0.locked()).into_owned()
     }
 }
 
 impl Write for Captured {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(b);
+        self.0.locked().extend_from_slice(b);
         Ok(b.len())
     }
 

@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use vm_sync::Lock;
+
 /// A device reachable through port I/O or MMIO.
 ///
 /// Implementations must tolerate any offset and access width the guest chooses: an access they do
@@ -93,7 +95,7 @@ impl Bus {
             Some((dev, offset)) => {
                 // A poisoned lock means a device thread panicked; keep serving the guest with
                 // the device's last state rather than propagating the panic into the vCPU.
-                let mut dev = dev.lock().unwrap_or_else(|p| p.into_inner());
+                let mut dev = dev.locked();
                 dev.read(offset, data);
                 true
             }
@@ -105,7 +107,7 @@ impl Bus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.resolve(addr) {
             Some((dev, offset)) => {
-                let mut dev = dev.lock().unwrap_or_else(|p| p.into_inner());
+                let mut dev = dev.locked();
                 dev.write(offset, data);
                 true
             }

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use vm_sync::{Lock, Wait};
+
 use crate::exit::{FaultKind, VmExit};
 use crate::snapshot::VcpuState;
 use crate::snapshot::vcpu::{SavePlan, VcpuStateError};
@@ -136,7 +138,7 @@ impl Control {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Whether the VM is stopping.
@@ -203,11 +205,7 @@ impl Control {
             // either in KVM_RUN (the kick makes it return) or about to check the flag.
             self.threads.kick_all();
             let slice = (deadline - now).min(Duration::from_millis(20));
-            st = self
-                .parking
-                .wait_timeout(st, slice)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.parking.wait_timeout_locked(st, slice);
         }
     }
 
@@ -256,11 +254,7 @@ impl Control {
                     waited: timeout,
                 });
             }
-            st = self
-                .parking
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.parking.wait_timeout_locked(st, deadline - now);
         }
     }
 
@@ -289,7 +283,7 @@ impl Control {
                 }
                 continue;
             }
-            st = self.parking.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.parking.wait_locked(st);
         }
         st.parked -= 1;
         drop(st);
@@ -349,11 +343,7 @@ impl Control {
                 self.threads.kick_all();
             }
             let slice = (deadline - now).min(Duration::from_millis(20));
-            st = self
-                .finished
-                .wait_timeout(st, slice)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.finished.wait_timeout_locked(st, slice);
         }
     }
 }

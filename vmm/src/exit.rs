@@ -203,6 +203,7 @@ mod tests {
     use super::*;
     use crate::bus::BusDevice;
     use std::sync::{Arc, Mutex};
+    use vm_sync::Lock;
 
     #[derive(Default)]
     struct Recorder(Vec<(u64, Vec<u8>)>);
@@ -270,10 +271,7 @@ mod tests {
             &mut ctx,
         );
         assert_eq!(m, [0xff; 4]);
-        assert_eq!(
-            rec.lock().unwrap().0,
-            vec![(1, vec![7]), (0x10, vec![1, 2, 3, 4])]
-        );
+        assert_eq!(rec.locked().0, vec![(1, vec![7]), (0x10, vec![1, 2, 3, 4])]);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use vm_sync::Lock;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::bus::BusDevice;
@@ -144,10 +145,7 @@ impl Serial {
     }
 
     fn emit(&mut self, b: u8) {
-        self.console
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(b);
+        self.console.locked().push(b);
         if self.sink.is_some() {
             self.pending.push(b);
             if b == b'\n' || self.pending.len() >= SINK_FLUSH_BYTES {
@@ -256,7 +254,7 @@ mod tests {
         for b in b"0123456789abcdef" {
             s.write(DATA, &[*b]);
         }
-        let ring = c.lock().unwrap();
+        let ring = c.locked();
         assert_eq!(ring.snapshot(), "89abcdef");
         assert_eq!(ring.len(), 8);
         assert_eq!(ring.total(), 16);
@@ -268,7 +266,7 @@ mod tests {
         struct Sink(Arc<Mutex<Vec<u8>>>);
         impl Write for Sink {
             fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
+                self.0.locked().extend_from_slice(b);
                 Ok(b.len())
             }
             fn flush(&mut self) -> std::io::Result<()> {
@@ -281,9 +279,9 @@ mod tests {
         for b in b"hello\nwor" {
             s.write(DATA, &[*b]);
         }
-        assert_eq!(&*sink.0.lock().unwrap(), b"hello\n");
+        assert_eq!(&*sink.0.locked(), b"hello\n");
         drop(s);
-        assert_eq!(&*sink.0.lock().unwrap(), b"hello\nwor");
+        assert_eq!(&*sink.0.locked(), b"hello\nwor");
     }
 
     #[test]
@@ -305,7 +303,7 @@ mod tests {
         assert_eq!(b[0] & 0xf0, 0x90);
         s.write(DATA, b"x");
         assert!(
-            c.lock().unwrap().is_empty(),
+            c.locked().is_empty(),
             "loopback output is not console output"
         );
         s.write(MCR, &[0]);
@@ -323,6 +321,6 @@ mod tests {
         s.write(DATA, &[1]);
         s.read(DATA, &mut b);
         assert_eq!(b[0], 1);
-        assert_eq!(c.lock().unwrap().snapshot(), "y");
+        assert_eq!(c.locked().snapshot(), "y");
     }
 }

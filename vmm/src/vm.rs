@@ -15,6 +15,7 @@ use std::time::Duration;
 use kvm_bindings::{CpuId, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config};
 use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
+use vm_sync::Lock;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::boot::{self, BootInput};
@@ -278,10 +279,7 @@ pub(crate) fn assemble(
     let pio = legacy_devices(guest.vm(), &control, &console, cfg, &mut irq_events)?;
     let starter = Starter::new().map_err(VmmError::DeviceControl)?;
     let (mmio, virtio) = virtio_devices(&kvm, &mut guest, cfg, &starter, &mut irq_events)?;
-    let metrics = virtio
-        .iter()
-        .map(|d| d.lock().unwrap_or_else(|p| p.into_inner()).metrics())
-        .collect();
+    let metrics = virtio.iter().map(|d| d.locked().metrics()).collect();
     Ok(Vm {
         seq: VM_SEQ.fetch_add(1, Ordering::Relaxed),
         vcpus: Vec::new(),
@@ -413,10 +411,7 @@ impl Vm {
     /// its guest physical base through a read-only memory slot.
     pub fn dax_window(&self, index: usize) -> Option<crate::virtio::fs::Window> {
         let dev = self.virtio.get(index)?;
-        dev.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .window()
-            .cloned()
+        dev.locked().window().cloned()
     }
 
     /// The full kernel command line passed to the guest.
@@ -439,16 +434,11 @@ impl Vm {
         let shares = self
             .virtio
             .iter()
-            .filter(|d| {
-                d.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .serves_host_files()
-            })
+            .filter(|d| d.locked().serves_host_files())
             .count();
         let descriptors = crate::virtio::fs::descriptors_per_share(shares as u64);
         for (index, dev) in self.virtio.iter().enumerate() {
-            dev.lock()
-                .unwrap_or_else(|p| p.into_inner())
+            dev.locked()
                 .open_host_files(descriptors)
                 .map_err(|source| VmmError::Virtio { index, source })?;
         }
@@ -544,12 +534,7 @@ impl RunningVm {
     pub fn console(&self) -> String {
         self.vm
             .as_ref()
-            .map(|v| {
-                v.console
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .snapshot()
-            })
+            .map(|v| v.console.locked().snapshot())
             .unwrap_or_default()
     }
 
@@ -599,7 +584,7 @@ impl RunningVm {
         }
         if let Some(vm) = self.vm.take() {
             for dev in &vm.virtio {
-                dev.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
+                dev.locked().shutdown();
             }
             drop(vm);
         }

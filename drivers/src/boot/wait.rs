@@ -147,6 +147,7 @@ mod tests {
     use std::os::unix::net::{UnixListener, UnixStream};
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
+    use vm_sync::Lock;
 
     use guest_agent::frame::encode_frame;
     use guest_agent::protocol::{AgentFrame, AgentInfo, MAX_FRAME};
@@ -174,7 +175,7 @@ mod tests {
             !self.is_running()
         }
         fn console_tail(&self) -> String {
-            self.console.lock().unwrap().clone()
+            self.console.locked().clone()
         }
         fn host_pids(&self) -> Vec<u32> {
             Vec::new()
@@ -233,7 +234,7 @@ mod tests {
         let vm = vm.clone();
         std::thread::spawn(move || {
             std::thread::sleep(delay);
-            vm.console.lock().unwrap().push_str(
+            vm.console.locked().push_str(
                 "[    0.56] Run /init as init process\nvm-agent: ready port=1024 proto=1\n",
             );
         });
@@ -247,7 +248,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let sock = tmp.path().join("vsock.sock");
         let vm = Arc::new(FakeVm::default());
-        vm.console.lock().unwrap().push_str("Linux version 6.12\n");
+        vm.console.locked().push_str("Linux version 6.12\n");
         let seen = fake_vsock_backend(&sock, vm.clone());
         marker_after(&vm, Duration::from_millis(300));
         let client = AgentClient::hybrid_vsock(&sock, AGENT_PORT);
@@ -299,7 +300,7 @@ mod tests {
     #[test]
     fn a_stopped_vm_is_reported_with_the_agents_last_words() {
         let vm = Arc::new(FakeVm::default());
-        vm.console.lock().unwrap().push_str(
+        vm.console.locked().push_str(
             "[ 0.9] Run /init as init process\nvm-agent: fatal: image root root: mount: EINVAL\n\
              vm-agent: powering off\n[ 1.0] reboot: Restarting system\n[ 1.0] reboot: machine restart\n",
         );

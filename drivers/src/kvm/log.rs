@@ -11,6 +11,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use vm_sync::{Lock, Wait};
 use vmm::logger::parse_metrics_line;
 use vmm::metrics::MetricsReport;
 use vmm::process::snapshot::{SnapshotReply, parse_reply_line};
@@ -136,7 +137,7 @@ impl VmmLog {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Latest> {
-        self.latest.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.latest.0.locked()
     }
 
     fn store(&self, report: MetricsReport) {
@@ -177,12 +178,7 @@ impl VmmLog {
             if left.is_zero() {
                 return None;
             }
-            l = self
-                .latest
-                .1
-                .wait_timeout(l, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            l = self.latest.1.wait_timeout_locked(l, left);
         }
         pick(&l).1
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
 use vm_spec::Containment;
+use vm_sync::Lock;
 use vmm::process::{JailConfig, ProcessConfig, ProcessExit};
 use vmm::virtio::DeviceConfig;
 use vmm::{ConsoleConfig, CpuProfile, KernelFormat, VmConfig};
@@ -207,7 +208,7 @@ fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverEr
     let ready = boot::wait_for_agent(&handle, &client, plan.boot_timeout).and_then(|()| {
         tracing::debug!(name = %plan.name, "agent answered");
         if let Some(from) = from {
-            let run = handle.run.lock().unwrap_or_else(|p| p.into_inner());
+            let run = handle.run.locked();
             client = boot::rekey(&run, &client, from.generation)?;
             tracing::debug!(name = %plan.name, "agent re-keyed");
         }
@@ -281,7 +282,7 @@ impl VmHandle for KvmHandle {
         if let Some(status) = self.child.kill_and_reap() {
             tracing::info!(exit = %ProcessExit::from_status(status), "kvm vm process reaped");
         }
-        self.run.lock().unwrap_or_else(|p| p.into_inner()).cleanup();
+        self.run.locked().cleanup();
     }
 
     fn wait(&self, timeout: Duration) -> bool {

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use guest_agent::AGENT_PORT;
 use guest_agent::client::AgentClient;
 use vm_spec::Containment;
+use vm_sync::Lock;
 
 use crate::boot::{self, GUEST_CID, RunDir};
 use crate::machine::{MachineInfo, VmHandle};
@@ -454,7 +455,7 @@ impl VmHandle for TcgHandle {
         for s in &self.shares {
             s.kill_and_reap();
         }
-        self.run.lock().unwrap_or_else(|p| p.into_inner()).cleanup();
+        self.run.locked().cleanup();
     }
 
     fn wait(&self, timeout: Duration) -> bool {

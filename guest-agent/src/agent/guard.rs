@@ -19,6 +19,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use vm_sync::Lock;
+
 /// vsock CID of the host.
 pub const HOST_CID: u32 = 2;
 
@@ -54,7 +56,7 @@ impl RefusalLog {
     /// Count a refusal; true when it may be logged (within the burst of the current window).
     pub fn allow(&self, now: Instant) -> bool {
         self.total.fetch_add(1, Ordering::Relaxed);
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.locked();
         match st.0 {
             Some(start) if now.duration_since(start) < self.window => {}
             _ => *st = (Some(now), 0),

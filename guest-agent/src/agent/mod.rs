@@ -46,6 +46,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
+use vm_sync::{Lock, ReadWrite};
 
 use bounded::BoundedWrites;
 use cgroup::{CgroupLimits, Cgroups};
@@ -206,12 +207,12 @@ impl Agent {
     /// Whether `presented` is the current token (constant-time); `None` when the agent has
     /// none (the host test server without `--token-file`).
     pub(crate) fn token_matches(&self, presented: &[u8; crate::token::TOKEN_LEN]) -> Option<bool> {
-        let token = self.token.read().unwrap_or_else(|p| p.into_inner());
+        let token = self.token.read_locked();
         token.as_ref().map(|t| t.matches(presented))
     }
     /// Replaces the token every later `Hello` must carry.
     pub(crate) fn set_token(&self, token: AgentToken) {
-        *self.token.write().unwrap_or_else(|p| p.into_inner()) = Some(token);
+        *self.token.write_locked() = Some(token);
     }
     pub(crate) fn is_pid1(&self) -> bool {
         self.opts.pid1
@@ -243,11 +244,11 @@ impl Agent {
     }
     /// The cgroup group of the pod member whose root is `root`, if it has one.
     pub(crate) fn pod_group(&self, root: &str) -> Option<String> {
-        let groups = self.pod_groups.lock().unwrap_or_else(|p| p.into_inner());
+        let groups = self.pod_groups.locked();
         groups.get(root).cloned()
     }
     fn pod_groups(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
-        self.pod_groups.lock().unwrap_or_else(|p| p.into_inner())
+        self.pod_groups.locked()
     }
     /// The containers' namespaces ([`container`]).
     pub(crate) fn namespaces(&self) -> Arc<container::Namespaces> {

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
+use vm_sync::Lock;
 
 /// The pool (shared by the accept loop and the connection tasks).
 #[derive(Debug)]
@@ -70,7 +71,7 @@ impl PendingPool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// A place for a new connection; true with it when the oldest one was evicted for it.

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use vm_sync::Lock;
 
 use super::sys::proc::{self as sys, Waited};
 use crate::protocol::ExitStatus;
@@ -78,7 +79,7 @@ impl Reaper {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         // A poisoned lock only means a panic elsewhere; the table itself is still consistent.
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.locked()
     }
 
     /// Reap everything that has exited and dispatch statuses to waiters.

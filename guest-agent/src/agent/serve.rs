@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
+use vm_sync::Lock;
 
 use super::Agent;
 use super::cgroup::CgroupDir;
@@ -64,13 +65,13 @@ impl ServeError {
 
 impl Entry {
     fn kill(&self) {
-        let cg = self.cgroup.lock().unwrap_or_else(|e| e.into_inner());
+        let cg = self.cgroup.locked();
         process::kill_tree(self.pid, cg.as_ref());
     }
 
     fn status(&self) -> ServeStatus {
         let exit = *self.exit.borrow();
-        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let tail = self.tail.locked();
         ServeStatus {
             running: exit.is_none(),
             exit,
@@ -81,7 +82,7 @@ impl Entry {
 
 impl Serves {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Entry>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        self.map.locked()
     }
 
     pub fn start(
@@ -125,7 +126,7 @@ impl Serves {
                     if n == 0 {
                         break;
                     }
-                    let mut t = e.tail.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut t = e.tail.locked();
                     t.extend(&buf[..n]);
                     let excess = t.len().saturating_sub(SERVE_TAIL_BYTES);
                     t.drain(..excess);
@@ -138,7 +139,7 @@ impl Serves {
             let st = exit.await.unwrap_or_default();
             e.kill();
             let _ = tx.send(Some(st));
-            let cg = e.cgroup.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let cg = e.cgroup.locked().take();
             if let Some(cg) = cg {
                 cg.remove().await;
             }

@@ -13,6 +13,7 @@ use guest_agent::client::AgentClient;
 use vm_drivers::{
     Availability, BootPlan, Containment, Driver, DriverError, Machine, MachineInfo, VmHandle,
 };
+use vm_sync::Lock;
 
 /// The vm-agent binary: `$VM_AGENT_BIN`, else next to this test's `deps` directory.
 pub fn agent_bin() -> Option<PathBuf> {
@@ -93,10 +94,10 @@ struct ChildHandle {
 
 impl VmHandle for ChildHandle {
     fn is_running(&self) -> bool {
-        matches!(self.child.lock().unwrap().try_wait(), Ok(None))
+        matches!(self.child.locked().try_wait(), Ok(None))
     }
     fn kill(&self) {
-        let mut c = self.child.lock().unwrap();
+        let mut c = self.child.locked();
         let _ = c.kill();
         let _ = c.wait();
         let _ = std::fs::remove_file(&self.sock);
@@ -115,6 +116,6 @@ impl VmHandle for ChildHandle {
         String::new()
     }
     fn host_pids(&self) -> Vec<u32> {
-        vec![self.child.lock().unwrap().id()]
+        vec![self.child.locked().id()]
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use vm_drivers::{Availability, BootPlan, Containment, Driver, DriverError, Machine, Registry};
 use vm_spec::{Guarantees, Image, ImageDigests, Limits, Mount, Spec};
+use vm_sync::Lock;
 
 /// A driver with a fixed verdict that records the plans it is asked to boot and refuses them.
 pub struct FakeDriver {
@@ -50,7 +51,7 @@ impl Driver for FakeDriver {
             plan.run_dir.is_dir(),
             "run dir must exist when boot is called"
         );
-        self.plans.lock().unwrap().push(plan);
+        self.plans.locked().push(plan);
         Err(DriverError::Unsupported {
             driver: self.name,
             reason: "fake".into(),

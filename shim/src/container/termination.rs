@@ -1,8 +1,9 @@
 //! A container's termination message: what kubelet reports, read back from the guest's
 //! termination log (kubelet's file's destination, or `/dev/termination-log`) when the init process ends.
 
-use super::{Container, Place, lock};
+use super::{Container, Place};
 use crate::bundle::kubelet::{self, TerminationTail};
+use vm_sync::Lock;
 
 /// A container's termination message: the last [`kubelet::MAX_TERMINATION_BYTES`] of its
 /// `/dev/termination-log`.
@@ -19,7 +20,7 @@ const TERMINATION_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_
 impl Container {
     /// The termination message read back when the init process ended, if any.
     pub fn termination_message(&self) -> Option<TerminationMessage> {
-        lock(&self.termination).clone()
+        self.termination.locked().clone()
     }
 
     /// Reads the last 4 KiB of the guest's termination log `log` (bounded in size and time)
@@ -45,7 +46,7 @@ impl Container {
                         "writing the termination message for kubelet"
                     );
                 }
-                *lock(&self.termination) = Some(TerminationMessage {
+                *self.termination.locked() = Some(TerminationMessage {
                     message: tail.message(),
                     truncated: tail.truncated(),
                 });

@@ -13,6 +13,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use vm_sync::Lock;
+
 /// Lines a call site may log at once.
 pub const BURST: u32 = 10;
 /// After the burst, one more line per this interval.
@@ -72,7 +74,7 @@ impl RateLimit {
 
     /// [`Self::admit`] at time `now`.
     pub fn admit_at(&self, now: Instant) -> Option<u64> {
-        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.bucket.locked();
         let since = *b.refilled.get_or_insert(now);
         let earned = now.saturating_duration_since(since).as_nanos() / REFILL.as_nanos();
         if earned > 0 {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use nix::sys::prctl;
 use nix::sys::signal::Signal;
+use vm_sync::Lock;
 
 use super::snapshot::{self as snap, DirError};
 use super::{ExitKind, MAX_CONFIG_BYTES, METRICS, ProcessConfig, STOP};
@@ -221,7 +222,7 @@ fn run() -> Result<ExitKind, ChildError> {
             break o;
         }
     };
-    drop(replying.lock().unwrap_or_else(|p| p.into_inner()));
+    drop(replying.locked());
     Ok(classify(outcome))
 }
 
@@ -315,7 +316,7 @@ fn obey(
         } else if cmd == METRICS.as_bytes() {
             crate::logger::write_metrics(&vm.metrics());
         } else if let Some(then) = snap::parse_command(cmd).filter(|_| whole) {
-            let _replying = replying.lock().unwrap_or_else(|p| p.into_inner());
+            let _replying = replying.locked();
             let reply = snap::handle(vm, snapshot_dir, then);
             let stopped = reply.ok && then == AfterSnapshot::Stop;
             snap::write_reply(&reply);

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use kvm_ioctls::VmFd;
+use vm_sync::Lock;
 
 use super::files::SnapshotFiles;
 use super::state::{ConfigFacts, VmState, VmWideState, regions_of};
@@ -171,8 +172,7 @@ fn check_devices(snap: &[DeviceState], cfg: &Expected) -> Result<(), SnapshotErr
 /// Set every rebuilt device to its saved state (workers requested, not yet started).
 fn restore_devices(vm: &Vm, snap: &[DeviceState]) -> Result<(), SnapshotError> {
     for (index, (dev, s)) in vm.virtio.iter().zip(snap).enumerate() {
-        dev.lock()
-            .unwrap_or_else(|p| p.into_inner())
+        dev.locked()
             .restore_state(s)
             .map_err(|source| SnapshotError::Device { index, source })?;
     }

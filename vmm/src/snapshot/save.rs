@@ -8,7 +8,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{
@@ -16,13 +15,13 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vm_sync::Lock;
 
 use super::memory_file::{self, create_private};
 use super::state::{RegionState, VmState, VmWideState};
 use super::vcpu::SavePlan;
 use super::{AfterSnapshot, SnapshotError, SnapshotInfo, SnapshotPaths, format, io_err, kvm_err};
 use crate::exit::VmExit;
-use crate::virtio::MmioDevice;
 use crate::vm::{RunningVm, Vm};
 
 /// How long the vCPUs get to park, and then to hand back their state.
@@ -49,15 +48,11 @@ fn vm_wide(vm: &VmFd) -> Result<VmWideState, SnapshotError> {
     })
 }
 
-fn lock_device(dev: &Mutex<MmioDevice>) -> MutexGuard<'_, MmioDevice> {
-    dev.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Start again every worker a save stopped (the VM runs on); a device whose worker cannot
 /// start is logged and enters DEVICE_NEEDS_RESET, as at a failed DRIVER_OK.
 fn resume_devices(vm: &Vm) {
     for (index, dev) in vm.virtio.iter().enumerate() {
-        if let Err(e) = lock_device(dev).resume_after_save() {
+        if let Err(e) = dev.locked().resume_after_save() {
             tracing::error!("snapshot: virtio device {index} not restarted: {e}");
         }
     }
@@ -79,7 +74,7 @@ fn save_paused(vm: &Vm, paths: &SnapshotPaths) -> Result<(u64, u64, u64), Snapsh
         .iter()
         .enumerate()
         .map(|(index, dev)| {
-            lock_device(dev)
+            dev.locked()
                 .save_state()
                 .map_err(|source| SnapshotError::Device { index, source })
         })

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use kvm_bindings::{KVM_MEM_READONLY, kvm_userspace_memory_region};
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vm_sync::Lock;
 
 use super::kick::KickableVcpu;
 use super::window::DaxMapping;
@@ -69,7 +70,7 @@ impl GuestVm {
     ) -> Result<(Self, R), SlotError> {
         let job = std::sync::Mutex::new(Some(beside));
         let run = |vm: &VmFd| {
-            let f = job.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let f = job.locked().take();
             f.map(|f| f(vm))
         };
         let (slots, side) = std::thread::scope(|s| {

@@ -13,6 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use kvm_bindings::kvm_run;
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use vm_sync::Lock;
 
 use super::current_thread;
 use super::guest_memory::GuestMemoryMmap;
@@ -141,7 +142,7 @@ impl KickableThreads {
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<Option<libc::pthread_t>>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+        self.slots.locked()
     }
 
     /// Run `f` with the calling thread in slot `index` (out-of-range: not kickable), so that

@@ -22,10 +22,11 @@ pub use persist::PersistError;
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
+use vm_sync::Lock;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use super::queue::{clone_queue, queue_usable};
-use super::starter::{self, SharedSlot, Starter};
+use super::starter::{SharedSlot, Starter};
 use super::worker::{Interrupt, WorkerIo, WorkerSetup};
 use super::{DeviceConfig, GuestMemoryMmap, VirtioDevice, VirtioError};
 use crate::bus::BusDevice;
@@ -192,18 +193,18 @@ impl MmioDevice {
     /// Stop the worker thread, or drop the one about to start (idempotent; also done on drop).
     /// The device stops serving until the guest resets it.
     pub fn shutdown(&self) {
-        starter::lock(&self.slot).clear();
+        self.slot.locked().clear();
     }
 
     /// Whether the device is active: its worker runs, or the control thread is about to start
     /// it.
     pub fn is_active(&self) -> bool {
-        starter::lock(&self.slot).active()
+        self.slot.locked().active()
     }
 
     /// Whether the worker thread runs (the control thread has started it).
     pub fn worker_running(&self) -> bool {
-        starter::lock(&self.slot).running()
+        self.slot.locked().running()
     }
 
     /// The device status register as the guest reads it.
@@ -315,7 +316,7 @@ impl MmioDevice {
         let setup = self.prepare_worker()?;
         // The thread is named after the device type (`virtio-2`: thread names are short).
         let thread = format!("virtio-{}", self.device.device_type());
-        starter::lock(&self.slot).request(setup, thread);
+        self.slot.locked().request(setup, thread);
         self.starter.wake();
         Ok(())
     }

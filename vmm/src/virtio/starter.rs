@@ -16,9 +16,10 @@
 //! so a reset waits at most for one thread start, never for the control thread's loop.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
+use vm_sync::Lock;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::VirtioError;
@@ -84,11 +85,6 @@ impl WorkerSlot {
 /// A shared worker slot.
 pub(crate) type SharedSlot = Arc<Mutex<WorkerSlot>>;
 
-/// Locks a slot (a poisoned lock is still used: the slot's state stays consistent).
-pub(crate) fn lock(slot: &SharedSlot) -> MutexGuard<'_, WorkerSlot> {
-    slot.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 struct Shared {
     /// Written by a vCPU thread (or the owner, to stop the loop); read by the control thread.
     wake: EventFd,
@@ -124,11 +120,7 @@ impl Starter {
     /// A new slot served by this starter (at device creation, before any vCPU runs).
     pub(crate) fn slot(&self) -> SharedSlot {
         let slot = SharedSlot::default();
-        self.shared
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(&slot));
+        self.shared.slots.locked().push(Arc::downgrade(&slot));
         slot
     }
 
@@ -165,13 +157,12 @@ impl Starter {
         let slots: Vec<SharedSlot> = self
             .shared
             .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
         for slot in &slots {
-            lock(slot).start();
+            slot.locked().start();
         }
     }
 

@@ -11,6 +11,7 @@ use std::process::{Child, ChildStdin};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use vm_sync::Lock;
 use vmm::VmConfig;
 use vmm::process::{JailConfig, ProcessConfig, ProcessExit};
 use vmm::virtio::DeviceConfig;
@@ -39,7 +40,7 @@ fn collect(
             if n == 0 {
                 break;
             }
-            let mut c = into.lock().unwrap();
+            let mut c = into.locked();
             c.extend_from_slice(&buf[..n]);
             let extra = c.len().saturating_sub(KEEP);
             c.drain(..extra);
@@ -112,7 +113,7 @@ impl VmProc {
 
     /// The console so far.
     pub fn console(&self) -> String {
-        String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&self.console.locked()).into_owned()
     }
 
     /// Everything the process wrote, once it has exited: waits for the readers to reach end

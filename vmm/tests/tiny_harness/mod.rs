@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
+use vm_sync::Lock;
 use vmm::bus::BusDevice;
 use vmm::{CpuProfile, KernelFormat, RunningVm, Vm, VmConfig};
 
@@ -66,7 +67,7 @@ impl Probe {
 
     /// The recorded accesses.
     pub fn accesses(&self) -> Vec<Access> {
-        self.log.lock().unwrap().clone()
+        self.log.locked().clone()
     }
 }
 
@@ -79,7 +80,7 @@ impl BusDevice for ProbeOf {
         for (i, b) in data.iter_mut().enumerate() {
             *b = v[i % 8];
         }
-        self.0.log.lock().unwrap().push(Access {
+        self.0.log.locked().push(Access {
             offset,
             data: vec![0; data.len()],
             write: false,
@@ -87,7 +88,7 @@ impl BusDevice for ProbeOf {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        self.0.log.lock().unwrap().push(Access {
+        self.0.log.locked().push(Access {
             offset,
             data: data.to_vec(),
             write: true,

@@ -18,6 +18,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use vm_sandbox::state::named::NamedVm;
 use vm_sandbox::state::{Record, StateError, VmState};
 use vm_sandbox::{Guest, MicroVm, Serving};
+use vm_sync::Lock;
 
 use super::fault::Fault;
 use super::host::Host;
@@ -95,7 +96,7 @@ impl Session {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// A name for a sandbox created without one.
@@ -188,11 +189,7 @@ impl Session {
     /// Keeps a server started in a sandbox until the sandbox or the session ends.
     pub fn add_server(&self, target: &Target, serving: Serving) {
         match target {
-            Target::Owned(o) => o
-                .servers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(serving),
+            Target::Owned(o) => o.servers.locked().push(serving),
             Target::Kept(_) => self.lock().kept_servers.push(serving),
         }
     }
@@ -204,7 +201,7 @@ impl Session {
             .boxes
             .iter()
             .map(|(name, o)| {
-                let servers = o.servers.lock().unwrap_or_else(|p| p.into_inner());
+                let servers = o.servers.locked();
                 let urls = servers
                     .iter()
                     .filter(|s| s.running())
@@ -274,7 +271,7 @@ impl Session {
         }
         drop(kept_servers);
         for (_, o) in boxes {
-            o.servers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            o.servers.locked().clear();
             o.vm.machine().close_now();
         }
         for (_, vm) in runs {

@@ -28,6 +28,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use vm_sync::Lock;
+
 use super::Agent;
 use super::reaper::{Reaper, ReaperError};
 use super::sys::{proc as sys_proc, secure};
@@ -107,7 +109,7 @@ pub struct Namespaces(Mutex<HashMap<String, Arc<ContainerNs>>>);
 
 impl Namespaces {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ContainerNs>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.locked()
     }
 
     fn get(&self, key: &str) -> Option<Arc<ContainerNs>> {

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use seccompiler::{BpfProgram, TargetArch};
 use serde_json::{Value, json};
+use vm_sync::Lock;
 
 use crate::container::{SeccompAction, SeccompArg, SeccompOp, SeccompProfile};
 
@@ -154,7 +155,7 @@ const MAX_KNOWN_CACHE: usize = 4096;
 /// filter; the answers are kept, at most [`MAX_KNOWN_CACHE`] of them).
 fn known(name: &str) -> bool {
     static CACHE: std::sync::Mutex<BTreeMap<String, bool>> = std::sync::Mutex::new(BTreeMap::new());
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = CACHE.locked();
     if let Some(k) = cache.get(name) {
         return *k;
     }

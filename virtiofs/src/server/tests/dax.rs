@@ -1,5 +1,7 @@
 //! `SETUPMAPPING` as Linux sends it, through a window that really maps what it is given.
 
+use vm_sync::Lock;
+
 use super::super::*;
 use super::guest::Guest;
 use super::tree;
@@ -48,7 +50,7 @@ impl DaxWindow for ReadingWindow {
         let head = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) }.to_vec();
         // SAFETY: `p`/`len` is exactly the mapping made above.
         unsafe { libc::munmap(p, len as usize) };
-        self.seen.lock().unwrap().push((moffset, head));
+        self.seen.locked().push((moffset, head));
         Ok(())
     }
 
@@ -70,7 +72,7 @@ impl DaxWindow for ReadingWindow {
             crate::sys::pread(fd, &mut bytes[at..at + e.len as usize], e.at)?;
         }
         bytes.truncate(16);
-        self.seen.lock().unwrap().push((moffset, bytes));
+        self.seen.locked().push((moffset, bytes));
         Ok(())
     }
 }
@@ -109,7 +111,7 @@ fn dax_maps_the_file_linux_names_by_node_id_with_no_handle() {
         &setupmapping(chunk, 3 * chunk, READ),
     );
     assert_eq!(a.errno, 0, "a read mapping of a looked-up file");
-    let got = seen.lock().unwrap().clone();
+    let got = seen.locked().clone();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].0, 3 * chunk);
     assert_eq!(got[0].1, big[chunk as usize..chunk as usize + 16]);
@@ -120,18 +122,14 @@ fn dax_maps_the_file_linux_names_by_node_id_with_no_handle() {
         &setupmapping(2 * chunk, 0, READ),
     );
     assert_eq!(a.errno, 0);
-    assert_eq!(seen.lock().unwrap().len(), 2, "the file's last 1 MiB");
+    assert_eq!(seen.locked().len(), 2, "the file's last 1 MiB");
     let a = g.call(
         opcode::SETUPMAPPING,
         node,
         &setupmapping(6 * chunk, 0, READ),
     );
     assert_eq!(a.errno, 0);
-    assert_eq!(
-        seen.lock().unwrap().len(),
-        2,
-        "nothing of the file lies there"
-    );
+    assert_eq!(seen.locked().len(), 2, "nothing of the file lies there");
     // Not a readable regular file, or a writable mapping: refused, nothing mapped.
     let write = setupmapping(0, 0, READ | abi::SETUPMAPPING_FLAG_WRITE);
     assert_eq!(
@@ -147,5 +145,5 @@ fn dax_maps_the_file_linux_names_by_node_id_with_no_handle() {
     assert_eq!(on(&mut g, dir), libc::EISDIR);
     assert_eq!(on(&mut g, link), libc::EINVAL);
     assert_eq!(on(&mut g, 9999), libc::EBADF);
-    assert_eq!(seen.lock().unwrap().len(), 2);
+    assert_eq!(seen.locked().len(), 2);
 }

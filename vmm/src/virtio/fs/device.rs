@@ -14,10 +14,11 @@
 //! it exits to the VMM and changes nothing.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 use vm_jail::seccomp::ThreadKind;
+use vm_sync::Lock;
 use vm_virtiofs::dax::Extent;
 use vm_virtiofs::fs::MIN_INODES;
 use vm_virtiofs::{DaxWindow, Fs, Limits, Server};
@@ -82,10 +83,6 @@ impl DaxWindow for WindowHandle {
 
 /// A shared server (the device keeps it across activations; the worker borrows it).
 type SharedServer = Arc<Mutex<Option<Server>>>;
-
-fn lock(s: &SharedServer) -> MutexGuard<'_, Option<Server>> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The virtio-fs device model.
 pub struct FsDevice {
@@ -169,7 +166,7 @@ impl VirtioDevice for FsDevice {
     }
 
     fn open_host_files(&mut self, descriptors: u64) -> Result<(), VirtioError> {
-        let mut server = lock(&self.server);
+        let mut server = self.server.locked();
         if server.is_none() {
             let limits = self
                 .limits
@@ -193,7 +190,7 @@ impl VirtioDevice for FsDevice {
     }
 
     fn save_session(&self) -> Option<vm_virtiofs::SessionState> {
-        lock(&self.server).as_ref().map(Server::save)
+        self.server.locked().as_ref().map(Server::save)
     }
 
     fn restore_session(&mut self, session: &vm_virtiofs::SessionState) {
@@ -226,7 +223,7 @@ impl Handler for FsHandler {
         }
         let (server, scratch) = (&self.server, &mut self.scratch);
         ctx.serve_requests(index, "virtio-fs", |bufs, mem, _| {
-            match lock(server).as_mut() {
+            match server.locked().as_mut() {
                 Some(s) => serve_chain(s, mem, bufs, scratch).0,
                 None => 0,
             }

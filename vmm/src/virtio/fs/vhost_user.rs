@@ -22,6 +22,7 @@ use vhost_user_backend::{VhostUserBackendMut, VhostUserDaemon, VringMutex, Vring
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_sync::ReadWrite;
 use vm_virtiofs::{Fs, Limits, Outcome, Server};
 use vmm_sys_util::epoll::EventSet;
 
@@ -226,6 +227,6 @@ pub fn run(cfg: &BackendConfig) -> Result<Counters, FsBackendError> {
     )
     .map_err(daemon_err)?;
     daemon.serve(&cfg.socket).map_err(daemon_err)?;
-    let counters = backend.read().map(|b| b.counters()).unwrap_or_default();
+    let counters = backend.read_locked().counters();
     Ok(counters)
 }

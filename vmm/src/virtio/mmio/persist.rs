@@ -22,11 +22,12 @@
 //! restore would write to the same file).
 
 use virtio_queue::{Queue, QueueT};
+use vm_sync::Lock;
 
 use super::MmioDevice;
+use crate::virtio::VirtioError;
 use crate::virtio::persist::{DeviceKind, DeviceState, InvalidDevice, QueueState, TransportState};
 use crate::virtio::queue::queue_usable;
-use crate::virtio::{VirtioError, starter};
 use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_DRIVER_OK;
 
 /// Why a device cannot be saved or restored.
@@ -164,7 +165,7 @@ impl MmioDevice {
             });
         }
         let (was_active, queues) = {
-            let mut slot = starter::lock(&self.slot);
+            let mut slot = self.slot.locked();
             (slot.active(), slot.quiesce())
         };
         match queues {
