@@ -6,7 +6,8 @@
 #   build   Go 1.23 from Debian bookworm-backports (its two .debs fetched with apt-get download
 #           through an apt configuration of its own, unpacked: the machine's sources are not
 #           touched), critest built from the kit's vendored source (`go test -c`), the kit's
-#           stand-ins compiled and its test images built (mkimages.py). Each is cached under
+#           stand-ins compiled and its test images built (mkimages.py, on a copy whose /bin/sh
+#           is Debian's dynamic busybox: ci/critest-sh.py says why). Each is cached under
 #           ~/.cache/vm/critest/, keyed by its inputs; ci/setup-tests.sh runs this.
 #   run     shim/tests/critest.rs (excluded from the default test set): the node shim/tests/cri.rs
 #           makes, the images pushed to a registry in its network namespace, critest run against
@@ -83,7 +84,18 @@ build_critest() {
 # --- critest's test images (the kit's mkimages.py), built from a copy of its sources ---------
 images_key() {
     { cat "$kit"/images/mkimages.py "$kit"/images/build-stand-ins.sh "$kit"/images/src/*;
-        dpkg-query -W busybox-static 2>/dev/null; cc --version | head -1; } | hash_of
+        cat "$repo/ci/critest-sh.py"; dpkg-query -W busybox-static libc6 2>/dev/null;
+        apt-cache show --no-all-versions busybox 2>/dev/null | grep -m1 '^Version:';
+        cc --version | head -1; } | hash_of
+}
+# fetch_sh DIR: Debian's dynamically linked busybox, unpacked into DIR; prints its path. The
+# images' /bin/sh (ci/critest-sh.py says why).
+fetch_sh() {
+    (cd "$1" && { apt-get download busybox >&2 || { apt-get update >&2 && apt-get download busybox >&2; }; }) ||
+        die "apt-get download busybox (the images' /bin/sh) failed"
+    dpkg-deb -x "$1"/busybox_*.deb "$1/root" || die "dpkg-deb -x of busybox failed"
+    [[ -x $1/root/bin/busybox ]] || die "the busybox package held no bin/busybox"
+    echo "$1/root/bin/busybox"
 }
 build_images() {
     local out=$cache/images-$(images_key)
@@ -93,7 +105,11 @@ build_images() {
         tmp=$(mktemp -d "$cache/.images.XXXXXX")
         cp -r "$kit/images" "$tmp/kit"
         bash "$tmp/kit/build-stand-ins.sh" >&2 || die "compiling the kit's stand-ins failed"
+        mkdir "$tmp/sh"
+        python3 "$repo/ci/critest-sh.py" "$tmp/kit/mkimages.py" "$(fetch_sh "$tmp/sh")" >&2 ||
+            die "giving the images an exec-by-PATH /bin/sh failed"
         python3 "$tmp/kit/mkimages.py" build "$tmp/out" >&2 || die "mkimages.py build failed"
+        rm -rf "$tmp/sh"
         rm -rf "$out" && mv "$tmp" "$out"
     fi
     echo "$out"
