@@ -56,7 +56,7 @@ pub async fn run(a: ExecArgs) -> anyhow::Result<u8> {
 /// `vm exec --from SNAPSHOT -- CMD`: restore, run the command as in a named VM (`-e`, `-w`,
 /// `--user` apply to it, `--timeout` bounds it), tear the VM down.
 async fn restore_and_exec(a: ExecArgs, from: String) -> anyhow::Result<u8> {
-    crate::cmd::snapshot::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
+    crate::cmd::from::refuse_shaping_flags(&a.vm, a.dry.dry_run)?;
     if a.command.is_empty() {
         return Err(exit::usage(format!(
             "vm exec --from {from} needs a command after --"
@@ -71,7 +71,7 @@ async fn restore_and_exec(a: ExecArgs, from: String) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
     let name = format!("exec-{}", std::process::id());
     let vm = tokio::select! {
-        vm = crate::cmd::snapshot::restore(&from, &a.vm, name) => vm?,
+        vm = crate::cmd::from::restore(&from, &a.vm, name) => vm?,
         sig = signals.recv() => {
             tracing::info!("{sig} while restoring");
             return Ok(exit::INTERRUPTED);
@@ -96,7 +96,7 @@ async fn restore_and_exec(a: ExecArgs, from: String) -> anyhow::Result<u8> {
 /// shape it (as for a restore) and the ones that choose and admit its driver.
 fn boot_flags_given(a: &ExecArgs) -> Vec<&'static str> {
     let v = &a.vm;
-    let mut given = crate::cmd::snapshot::shaping_flags_given(v, a.dry.dry_run);
+    let mut given = crate::cmd::from::shaping_flags_given(v, a.dry.dry_run);
     if v.driver.is_some() {
         given.push("--driver");
     }

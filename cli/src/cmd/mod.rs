@@ -3,6 +3,7 @@
 pub mod cp;
 pub mod drivers;
 pub mod exec;
+pub mod from;
 pub mod images;
 pub mod manage;
 pub mod mcp;

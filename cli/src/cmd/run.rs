@@ -10,7 +10,7 @@ use vm_sandbox::Options;
 use vm_sandbox::sys::{self, Signal};
 
 use crate::args::RunArgs;
-use crate::cmd::snapshot::FromSnapshot;
+use crate::cmd::from::FromSnapshot;
 use crate::dryrun;
 use crate::exit;
 use crate::output::{errln, outln};

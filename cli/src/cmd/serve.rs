@@ -14,7 +14,7 @@ use vm_sandbox::{MicroVm, Options, PublishSpec, Readiness, ServeError, ServeSpec
 use vm_spec::Trust;
 
 use crate::args::ServeArgs;
-use crate::cmd::snapshot::FromSnapshot;
+use crate::cmd::from::FromSnapshot;
 use crate::dryrun;
 use crate::exit;
 use crate::output::{errln, outln};
