@@ -11,6 +11,33 @@ use std::time::Duration;
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
+/// Declares the client's requests that one frame answers, each once: its signature, the
+/// request it sends and the reply it takes (a pattern, an optional guard, the value). Each
+/// method connects, shakes hands, sends the request and matches the reply; any other frame is
+/// [`ClientError::Unexpected`] naming the method, an agent error its [`ClientError::Agent`].
+/// Requests that stream, or return the connection, are written out by hand.
+macro_rules! one_frame_requests {
+    ($(
+        $(#[$meta:meta])*
+        pub async fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $out:ty {
+            $req:expr, $reply:pat $(if $guard:expr)? => $value:expr $(,)?
+        }
+    )*) => {
+        impl AgentClient {
+            $(
+                $(#[$meta])*
+                pub async fn $name(&self $(, $arg: $ty)*) -> Result<$out, ClientError> {
+                    let (mut c, _) = self.connect().await?;
+                    match c.request($req, stringify!($name)).await? {
+                        $reply $(if $guard)? => Ok($value),
+                        f => Err(unexpected(stringify!($name), &f)),
+                    }
+                }
+            )*
+        }
+    };
+}
+
 mod dirs;
 mod files;
 mod hybrid;
@@ -408,33 +435,6 @@ impl AgentClient {
         Ok(ExecStream::new(c, deadline))
     }
 
-    /// Start a long-lived process.
-    pub async fn serve_start(&self, req: ServeRequest) -> Result<ServeId, ClientError> {
-        let (mut c, _) = self.connect().await?;
-        match c.request(Request::ServeStart(req), "serve_start").await? {
-            AgentFrame::ServeStarted(id) => Ok(id),
-            f => Err(unexpected("serve_start", &f)),
-        }
-    }
-
-    /// Running/exit state and the retained output tail of a Serve process.
-    pub async fn serve_status(&self, id: ServeId) -> Result<ServeStatus, ClientError> {
-        let (mut c, _) = self.connect().await?;
-        match c.request(Request::ServeStatus(id), "serve_status").await? {
-            AgentFrame::ServeState(s) => Ok(s),
-            f => Err(unexpected("serve_status", &f)),
-        }
-    }
-
-    /// Kill a Serve process's whole tree and forget it; returns its final status.
-    pub async fn serve_stop(&self, id: ServeId) -> Result<ServeStatus, ClientError> {
-        let (mut c, _) = self.connect().await?;
-        match c.request(Request::ServeStop(id), "serve_stop").await? {
-            AgentFrame::ServeState(s) => Ok(s),
-            f => Err(unexpected("serve_stop", &f)),
-        }
-    }
-
     /// A byte stream spliced to `127.0.0.1:port` inside the guest.
     pub async fn forward(&self, port: u16) -> Result<ForwardStream, ClientError> {
         let (mut c, _) = self.connect().await?;
@@ -456,6 +456,23 @@ impl AgentClient {
             Ok(f) => Err(unexpected("shutdown", &f)),
             Err(e) => Err(e),
         }
+    }
+}
+
+one_frame_requests! {
+    /// Start a long-lived process.
+    pub async fn serve_start(&self, req: ServeRequest) -> ServeId {
+        Request::ServeStart(req), AgentFrame::ServeStarted(id) => id
+    }
+
+    /// Running/exit state and the retained output tail of a Serve process.
+    pub async fn serve_status(&self, id: ServeId) -> ServeStatus {
+        Request::ServeStatus(id), AgentFrame::ServeState(s) => s
+    }
+
+    /// Kill a Serve process's whole tree and forget it; returns its final status.
+    pub async fn serve_stop(&self, id: ServeId) -> ServeStatus {
+        Request::ServeStop(id), AgentFrame::ServeState(s) => s
     }
 }
 
