@@ -446,6 +446,34 @@ fn a_containers_pid_namespace_is_its_own_unless_it_shares_the_pods() {
         from_shared.contains("sleep 2147483647") && !from_shared.contains("sleep 2001"),
         "the pod's namespace sees the sandbox, not a container of its own: {from_shared:?}"
     );
+
+    // What an exec starts in the background runs on in its container after the exec ends,
+    // as with runc (`kubectl exec … -- sh -c 'daemon &'`); it used to be killed with the exec.
+    for (id, n) in [(&own, 3001), (&shared, 3002)] {
+        let (_, err, code) = pod.exec(id, &["sh", "-c", &format!("sleep {n} >/dev/null 2>&1 &")]);
+        assert_eq!(code, 0, "{err}");
+        let now = seen(&mut pod, id);
+        assert!(
+            now.contains(&format!("sleep {n}")),
+            "the background sleep {n} is gone once its exec ended: {now:?}"
+        );
+    }
+    // It ends with its container: removing `shared` ends the sleep its exec left in the
+    // pod's namespace, which a container started after it would otherwise see.
+    pod.cri.stop(&shared, 10).expect("StopContainer");
+    pod.cri.remove(&shared).expect("RemoveContainer");
+    pod.containers.retain(|c| *c != shared);
+    let later = pod.container(
+        "later",
+        &["sleep", "2003"],
+        vec![],
+        pid_mode(NamespaceMode::Pod),
+    );
+    let from_later = seen(&mut pod, &later);
+    assert!(
+        from_later.contains("sleep 2147483647") && !from_later.contains("sleep 3002"),
+        "what the removed container's exec left runs on: {from_later:?}"
+    );
     pod.remove();
 }
 

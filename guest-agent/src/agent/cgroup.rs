@@ -57,6 +57,10 @@ pub struct Cgroups {
     has_kill: bool,
 }
 
+/// The most leaves of one group looked at when it is killed or removed (a container's
+/// processes cannot make more: each leaf holds a process of its `pids.max`).
+const MAX_LEAVES: usize = 4096;
+
 /// One leaf cgroup (one Exec or Serve).
 #[derive(Debug)]
 pub struct CgroupDir {
@@ -134,15 +138,34 @@ impl Cgroups {
         Ok(())
     }
 
-    /// Removes the group `work/<name>` (its leaves are removed as their processes end; a
-    /// group still busy after a few seconds is left, logged).
-    pub async fn remove_group(&self, name: &str) {
-        let dir = CgroupDir {
+    fn group(&self, name: &str) -> CgroupDir {
+        CgroupDir {
             path: self.work.join(name),
             procs: CString::default(),
             has_kill: self.has_kill,
-        };
-        dir.remove().await;
+        }
+    }
+
+    /// Kills every process of the group `work/<name>`, in all its leaves: a container's
+    /// processes, what its execs left running included, end with it.
+    pub fn kill_group(&self, name: &str) {
+        let group = self.group(name);
+        if self.has_kill && write(&group.path.join("cgroup.kill"), "1").is_ok() {
+            return;
+        }
+        for leaf in group.leaves() {
+            leaf.kill();
+        }
+    }
+
+    /// Removes the group `work/<name>` and the leaves left in it (each once its processes are
+    /// gone; one still busy after a few seconds is left, logged).
+    pub async fn remove_group(&self, name: &str) {
+        let group = self.group(name);
+        for leaf in group.leaves() {
+            leaf.remove().await;
+        }
+        group.remove().await;
     }
 
     /// Create the leaf `work/<name>`.
@@ -201,6 +224,32 @@ impl CgroupDir {
                 // A process gone meanwhile (ESRCH) is what we want anyway.
                 let _ = super::sys::proc::kill(p, libc::SIGKILL);
             }
+        }
+    }
+
+    /// The leaves of a group (its child directories), at most [`MAX_LEAVES`].
+    fn leaves(&self) -> Vec<CgroupDir> {
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .take(MAX_LEAVES)
+            .map(|e| CgroupDir {
+                procs: CString::new(e.path().join("cgroup.procs").as_os_str().as_bytes())
+                    .unwrap_or_default(),
+                path: e.path(),
+                has_kill: self.has_kill,
+            })
+            .collect()
+    }
+
+    /// Removes the leaf now if no process is in it; else leaves it to its group's removal
+    /// (or the VM's end), logged.
+    pub fn remove_if_empty(self) {
+        if let Err(e) = std::fs::remove_dir(&self.path) {
+            tracing::debug!(path = %self.path.display(), error = %e, "cgroup kept: its processes run on");
         }
     }
 

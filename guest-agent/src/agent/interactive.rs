@@ -47,6 +47,8 @@ use vm_error_chain::error_chain;
 
 const READ_BUF: usize = 64 * 1024;
 const DRAIN_IDLE: Duration = Duration::from_secs(2);
+/// The longest a drain lasts, however busy a writer left behind keeps its output.
+const DRAIN_MAX: Duration = Duration::from_secs(10);
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 /// The terminal's end-of-file character (`VEOF`, `^D`), written on `DataEnd` with a pty.
 const VEOF: u8 = 0x04;
@@ -237,6 +239,12 @@ struct Session<'a, S: Stream> {
     /// Signals that arrived while a frame was being written (at most [`MAX_PENDING_SIGNALS`];
     /// more are dropped), delivered by the session loop.
     pending_signals: Vec<(i32, bool)>,
+    /// A container's exec: what its command leaves running when it exits by itself stays in
+    /// the container (as with runc), ending with the container, not with this exec.
+    keep_leftovers: bool,
+    /// Set when the command exited by itself and, as `keep_leftovers` asks, what it left
+    /// running was not killed.
+    left_running: bool,
 }
 
 /// Bound on signals queued while a frame is written.
@@ -390,11 +398,21 @@ pub(super) async fn run<S: Stream>(
         io_timeout: t,
         cancelled: false,
         pending_signals: Vec::new(),
+        keep_leftovers: confine.is_some(),
+        left_running: false,
     };
     let result = session(&mut s, &mut p, req.exec.timeout).await;
-    p.kill_tree();
+    let leftovers = s.left_running;
+    if !leftovers {
+        p.kill_tree();
+    }
     if let Some(cg) = p.cgroup.take() {
-        tokio::spawn(cg.remove());
+        match leftovers {
+            // Its leaf goes now if nothing was left in it, else with the container's group
+            // (`PodMount::Unmount`) or the VM.
+            true => cg.remove_if_empty(),
+            false => drop(tokio::spawn(cg.remove())),
+        }
     }
     result
 }
@@ -447,7 +465,13 @@ async fn session<S: Stream>(
             },
         }
     };
-    p.kill_tree();
+    // A container's exec that ended by itself leaves what it started running, as `runc exec`
+    // does (`kubectl exec -- sh -c 'daemon &'`); any other end (a cancel, a timeout) ends the
+    // whole tree.
+    s.left_running = s.keep_leftovers && matches!(end, End::Exited(_));
+    if !s.left_running {
+        p.kill_tree();
+    }
     let mut status = match end {
         End::Exited(st) => st,
         _ => match tokio::time::timeout(EXIT_WAIT, &mut p.exit).await {
@@ -465,9 +489,12 @@ async fn session<S: Stream>(
         return send(&mut s.wr, &AgentFrame::Exit(status), t).await;
     }
     // Drain what the tree left behind; a source silent for DRAIN_IDLE (a writer that
-    // escaped the kill) ends the drain.
+    // escaped the kill, or a container's process left running) ends the drain, and so does
+    // DRAIN_MAX, however busy such a writer is.
+    let drain_end = tokio::time::Instant::now() + DRAIN_MAX;
     while out_open || err.is_some() {
-        let read = tokio::time::timeout(DRAIN_IDLE, async {
+        let idle = DRAIN_IDLE.min(drain_end.saturating_duration_since(tokio::time::Instant::now()));
+        let read = tokio::time::timeout(idle, async {
             tokio::select! {
                 r = read_out(&mut out, s.pty, out_open, &mut bo) => (r, false),
                 r = read_err(&mut err, &mut be) => (r, true),

@@ -314,7 +314,12 @@ pub async fn apply(agent: &Agent, m: &PodMount) -> Result<(), PodMountError> {
         PodMount::Volume { device, path } => erofs(device, &checked(path)?),
         PodMount::Bind { source, path } => bind(&checked(source)?, &checked(path)?, true),
         PodMount::Unmount { path } => {
-            // Its namespaces first: they would keep its mounts (and disks) in use.
+            // Its processes first (what its execs left running in a shared PID namespace
+            // included), then its namespaces: both would keep its mounts (and disks) in use.
+            let group = agent.pod_group(&format!("{path}/root"));
+            if let (Some(cgroups), Some(name)) = (agent.cgroups(), group) {
+                cgroups.kill_group(&name);
+            }
             agent.namespaces().remove(&format!("{path}/root"));
             let r = unmount(path);
             let group = agent.pod_groups().remove(&format!("{path}/root"));
