@@ -458,6 +458,19 @@ fn a_containers_pid_namespace_is_its_own_unless_it_shares_the_pods() {
             "the background sleep {n} is gone once its exec ended: {now:?}"
         );
     }
+    // One left writing to the exec's output (every second, never idle for the drain's 2 s)
+    // does not hold the exec open: its output is drained for 10 s at most.
+    let start = std::time::Instant::now();
+    let (_, err, code) = pod.exec(
+        &own,
+        &["sh", "-c", "while :; do echo busy; sleep 1; done &"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let took = start.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "an exec whose leftover keeps writing ended after {took:?}"
+    );
     // It ends with its container: removing `shared` ends the sleep its exec left in the
     // pod's namespace, which a container started after it would otherwise see.
     pod.cri.stop(&shared, 10).expect("StopContainer");
