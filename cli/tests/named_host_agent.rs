@@ -71,7 +71,7 @@ fn start_box(env: &Env) -> HostBox {
     let root = env.dir.path().join("guest-root");
     std::fs::create_dir(&root).unwrap();
     // The boot's token beside the socket, as the drivers leave it: `vm exec NAME` presents it.
-    let token = guest_agent::AgentToken::generate().unwrap();
+    let token = vm_agent_protocol::AgentToken::generate().unwrap();
     let agent = Agent::new(AgentOptions {
         root: root.clone(),
         token: Some(token.clone()),

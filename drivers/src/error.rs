@@ -4,8 +4,8 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use guest_agent::client::ClientError;
 use thiserror::Error;
+use vm_agent_client::ClientError;
 
 /// Why a boot failed. Whatever the variant, no guest and no child process is left running.
 #[derive(Debug, Error)]
@@ -44,7 +44,7 @@ pub enum DriverError {
     },
     /// The agent token could not be made, read or written.
     #[error("agent token")]
-    Token(#[source] guest_agent::token::TokenError),
+    Token(#[source] vm_agent_protocol::token::TokenError),
     /// A helper process (or thread) could not be started.
     #[error("cannot start {program}")]
     Spawn {

@@ -24,7 +24,7 @@
 //!
 //! A [`Machine`] is driver-neutral: it owns a backend handle ([`VmHandle`]: the QEMU and
 //! vm-vsock child processes for tcg, the `vm-vmm` process for kvm) and a
-//! [`guest_agent::client::AgentClient`] over the VM's hybrid-vsock Unix socket. Everything a
+//! [`vm_agent_client::AgentClient`] over the VM's hybrid-vsock Unix socket. Everything a
 //! caller does inside the guest goes through that client. The Machine enforces the wall-clock
 //! lifetime itself: a watchdog thread tears the VM down at expiry whatever is happening, and
 //! later calls fail with [`MachineError::WallExpired`]. [`Machine::close`] is idempotent and
@@ -39,7 +39,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use guest_agent::config::{DiskFs, ShareKind};
+pub use vm_agent_protocol::config::{DiskFs, ShareKind};
 pub use vm_spec::Containment;
 /// Connections a VM's vsock device holds at most (both drivers run the same device): what
 /// the guest agent's connection budget and the hosts' forwards are sized under.

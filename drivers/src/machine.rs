@@ -21,9 +21,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use guest_agent::client::{AgentClient, ClientError, ClientLimits};
 use thiserror::Error;
 use tokio::sync::watch;
+use vm_agent_client::{AgentClient, ClientError, ClientLimits};
 use vm_spec::Containment;
 use vm_sync::{Lock, Wait};
 
@@ -300,7 +300,7 @@ impl Machine {
 
     /// The host Unix socket the agent client connects to (see [`MachineInfo::agent_socket`]).
     /// Another process can reach the same agent through it, e.g. with
-    /// `AgentClient::hybrid_vsock(path, guest_agent::AGENT_PORT)` for the real drivers.
+    /// `AgentClient::hybrid_vsock(path, vm_agent_protocol::AGENT_PORT)` for the real drivers.
     pub fn agent_socket(&self) -> &Path {
         &self.info.agent_socket
     }
@@ -417,7 +417,7 @@ impl Machine {
     /// future dropped) when the machine is closed or expires meanwhile or the VM stops by
     /// itself, so nothing waits on a dead guest. Every guest operation goes through here: an
     /// agent request needs no method of its own on `Machine`. A stream the call returns
-    /// ([`guest_agent::client::ExecStream`], a forward) is not cut by a later close or expiry,
+    /// ([`vm_agent_client::ExecStream`], a forward) is not cut by a later close or expiry,
     /// but the VM behind it is, so it ends with an error.
     pub async fn call<'a, T, Fut>(
         &'a self,

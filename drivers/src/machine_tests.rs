@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use guest_agent::client::{AgentClient, ClientLimits};
-use guest_agent::protocol::ExecRequest;
+use vm_agent_client::{AgentClient, ClientLimits};
+use vm_agent_protocol::protocol::ExecRequest;
 use vm_spec::Containment;
 
 use super::*;
@@ -280,7 +280,7 @@ fn agent_socket_is_the_one_the_driver_recorded() {
 
 #[test]
 fn a_snapshot_ends_the_machine_and_carries_its_token_a_refusal_does_not() {
-    let token = guest_agent::token::AgentToken::from_bytes([9; 32]);
+    let token = vm_agent_protocol::token::AgentToken::from_bytes([9; 32]);
     let (m, state) = machine(None, nowhere().with_token(token.clone()));
     let e = m.snapshot().unwrap_err();
     assert!(
@@ -304,7 +304,7 @@ fn drivers_without_snapshots_refuse_a_restore_with_their_reason() {
     use crate::{Driver, KvmDriver, RestoreFrom, TcgDriver};
     let from = RestoreFrom {
         dir: "/nonexistent/snap".into(),
-        token: guest_agent::token::AgentToken::from_bytes([1; 32]),
+        token: vm_agent_protocol::token::AgentToken::from_bytes([1; 32]),
         generation: 1,
     };
     let tcg = TcgDriver::new();

@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use guest_agent::token::AgentToken;
+use vm_agent_protocol::token::AgentToken;
 
 use crate::MachineError;
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use guest_agent::protocol::ExecRequest;
+use vm_agent_protocol::protocol::ExecRequest;
 use vm_drivers::kvm::{HostFacts, KvmDevice};
 use vm_drivers::{BootPlan, Driver, DriverError, ImagePaths, KvmDriver, default_images_dir};
 

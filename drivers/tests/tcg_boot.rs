@@ -9,8 +9,8 @@ mod tcg_common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use guest_agent::protocol::ExecRequest;
 use tcg_common::*;
+use vm_agent_protocol::protocol::ExecRequest;
 use vm_drivers::{Driver, DriverError, ImagePaths, MachineError};
 
 /// QEMU refuses a garbage kernel and exits at once: the boot must fail (not hang for the
@@ -103,9 +103,9 @@ fn boot_exec_uname_and_close() {
     let other = vm_drivers::attach_client(machine.agent_socket()).expect("token beside socket");
     rt.block_on(other.ping())
         .expect("ping through Machine::agent_socket()");
-    let stranger = guest_agent::client::AgentClient::hybrid_vsock(
+    let stranger = vm_agent_client::AgentClient::hybrid_vsock(
         machine.agent_socket(),
-        guest_agent::AGENT_PORT,
+        vm_agent_protocol::AGENT_PORT,
     );
     let e = rt.block_on(stranger.ping()).unwrap_err();
     assert!(e.agent_kind().is_none(), "tokenless ping answered: {e}");

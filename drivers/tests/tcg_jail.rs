@@ -10,8 +10,8 @@ mod tcg_common;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use guest_agent::protocol::ExecRequest;
 use tcg_common::*;
+use vm_agent_protocol::protocol::ExecRequest;
 use vm_drivers::Driver;
 use vm_drivers::tcg::{QEMU, VM_VSOCK, find_program, find_vsock_backend};
 use vm_sync::Lock;

@@ -5,8 +5,8 @@
 #![no_main]
 
 use guest_agent::agent::guard::MAX_HELLO_FRAME;
-use guest_agent::frame::{decode_frame, encode_frame};
-use guest_agent::protocol::{ClientFrame, MAX_FRAME};
+use vm_agent_protocol::frame::{decode_frame, encode_frame};
+use vm_agent_protocol::protocol::{ClientFrame, MAX_FRAME};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,8 @@
 //! frame round-trips through the encoder.
 #![no_main]
 
-use guest_agent::frame::{decode_frame, encode_frame};
-use guest_agent::protocol::{AgentFrame, MAX_FRAME};
+use vm_agent_protocol::frame::{decode_frame, encode_frame};
+use vm_agent_protocol::protocol::{AgentFrame, MAX_FRAME};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use guest_agent::agent::cgroup::CgroupLimits;
 use guest_agent::agent::{Agent, AgentOptions, imageroot, pid1, shares};
-use guest_agent::token::{AgentToken, GUEST_TOKEN_PATH};
-use guest_agent::{AgentConfig, PROTOCOL_VERSION};
+use vm_agent_protocol::token::{AgentToken, GUEST_TOKEN_PATH};
+use vm_agent_protocol::{AgentConfig, PROTOCOL_VERSION};
 use vm_error_chain::error_chain as chain;
 
 fn init_logging(level: &str) {
@@ -28,8 +28,8 @@ pub fn main() {
         // (hardening, /proc/cmdline, the configuration) must be seen too.
         match r {
             Ok(Ok(())) => tracing::info!("shutting down"),
-            Ok(Err(e)) => pid1::console_line(&format!("{}{e}", guest_agent::FATAL_PREFIX)),
-            Err(_) => pid1::console_line(&format!("{}panic", guest_agent::FATAL_PREFIX)),
+            Ok(Err(e)) => pid1::console_line(&format!("{}{e}", vm_agent_protocol::FATAL_PREFIX)),
+            Err(_) => pid1::console_line(&format!("{}panic", vm_agent_protocol::FATAL_PREFIX)),
         }
         pid1::console_line("vm-agent: powering off");
         pid1::power_off();

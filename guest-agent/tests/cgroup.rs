@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 
 use common::TestAgent;
-use guest_agent::ExecRequest;
+use vm_agent_protocol::ExecRequest;
 
 #[tokio::test]
 async fn without_cgroup2_the_agent_runs_and_says_so() {

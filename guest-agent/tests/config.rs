@@ -1,6 +1,6 @@
 //! Kernel command-line configuration round trips and validation.
-use guest_agent::config::{ConfigError, RootDisk, ShareKind, ShareMount};
-use guest_agent::{AgentConfig, DiskFs, DiskMount};
+use vm_agent_protocol::config::{ConfigError, RootDisk, ShareKind, ShareMount};
+use vm_agent_protocol::{AgentConfig, DiskFs, DiskMount};
 
 #[test]
 fn round_trip() {
@@ -59,7 +59,7 @@ fn round_trip() {
     assert_eq!(unknown, ["vm.future=1"]);
     let (d, _) = AgentConfig::from_cmdline("console=ttyS0").unwrap();
     assert_eq!(d, AgentConfig::default());
-    assert_eq!(d.port, guest_agent::AGENT_PORT);
+    assert_eq!(d.port, vm_agent_protocol::AGENT_PORT);
 }
 
 #[test]

@@ -4,7 +4,8 @@ mod common;
 use std::time::Duration;
 
 use common::{TestAgent, wait_gone};
-use guest_agent::{ExecEvent, ExecRequest};
+use vm_agent_client::ExecEvent;
+use vm_agent_protocol::ExecRequest;
 
 #[tokio::test]
 async fn echo_and_exit_codes() {
@@ -35,7 +36,7 @@ async fn echo_and_exit_codes() {
         .unwrap_err();
     assert_eq!(
         err.agent_kind(),
-        Some(guest_agent::ErrorKind::CommandNotFound),
+        Some(vm_agent_protocol::ErrorKind::CommandNotFound),
         "{err}"
     );
 }
@@ -45,7 +46,7 @@ async fn echo_and_exit_codes() {
 /// is neither.
 #[tokio::test]
 async fn missing_and_unexecutable_programs() {
-    use guest_agent::ErrorKind;
+    use vm_agent_protocol::ErrorKind;
     let a = TestAgent::start();
     let c = a.client();
     let mut req = ExecRequest::argv(["no-such-program-here"]);
@@ -76,8 +77,8 @@ async fn missing_and_unexecutable_programs() {
         .unwrap();
     let err = stream.next().await.unwrap_err();
     assert_eq!(err.agent_kind(), Some(ErrorKind::CommandNotFound), "{err}");
-    let serve = guest_agent::ServeRequest {
-        command: guest_agent::Command::Argv(vec![path.into()]),
+    let serve = vm_agent_protocol::ServeRequest {
+        command: vm_agent_protocol::Command::Argv(vec![path.into()]),
         ..Default::default()
     };
     let err = c.serve_start(serve).await.unwrap_err();
@@ -223,7 +224,7 @@ async fn output_is_capped() {
     assert!(out.truncated);
     assert_eq!(out.status.code, Some(0));
     // The client's own cap applies even when the request asks for more.
-    let c2 = c.clone().with_limits(guest_agent::ClientLimits {
+    let c2 = c.clone().with_limits(vm_agent_client::ClientLimits {
         max_output_bytes: 1000,
         ..Default::default()
     });
@@ -364,7 +365,7 @@ async fn runs_as_the_requested_user() {
         let err = c.exec(req).await.unwrap_err();
         assert_eq!(
             err.agent_kind(),
-            Some(guest_agent::ErrorKind::BadRequest),
+            Some(vm_agent_protocol::ErrorKind::BadRequest),
             "{err}"
         );
         assert!(err.to_string().contains(bad), "{err}");

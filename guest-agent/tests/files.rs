@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::TestAgent;
-use guest_agent::{ClientLimits, ErrorKind};
+use vm_agent_client::ClientLimits;
+use vm_agent_protocol::ErrorKind;
 
 #[tokio::test]
 async fn round_trips() {
@@ -62,7 +63,7 @@ async fn size_limits() {
     // The in-memory read keeps its 64 MiB default; the streaming call takes any cap.
     let e = c.read_file("/", "huge").await.unwrap_err();
     assert_eq!(e.agent_kind(), Some(ErrorKind::TooLarge), "{e}");
-    let mut sink = guest_agent::sparse::Plain(tokio::io::sink());
+    let mut sink = vm_agent_protocol::sparse::Plain(tokio::io::sink());
     let n = c
         .read_file_to("/", "huge", 128 * 1024 * 1024, &mut sink)
         .await
@@ -74,7 +75,7 @@ async fn size_limits() {
     });
     assert!(matches!(
         small.write_file("/", "x", &[0u8; 11]).await,
-        Err(guest_agent::ClientError::TooLarge { .. })
+        Err(vm_agent_client::ClientError::TooLarge { .. })
     ));
     std::fs::write(a.root().join("eleven"), [1u8; 11]).unwrap();
     let e = small.read_file("/", "eleven").await.unwrap_err();

@@ -49,13 +49,17 @@ async fn forward_to_closed_port_is_an_error() {
     let port = l.local_addr().unwrap().port();
     drop(l);
     let e = a.client().forward(port).await.unwrap_err();
-    assert_eq!(e.agent_kind(), Some(guest_agent::ErrorKind::Io), "{e}");
+    assert_eq!(
+        e.agent_kind(),
+        Some(vm_agent_protocol::ErrorKind::Io),
+        "{e}"
+    );
     a.client().ping().await.unwrap();
 }
 
 /// poll(2) reports POLLHUP: the peer closed the connection in full (a half close by the peer
 /// only gives POLLIN/POLLRDHUP).
-fn hung_up(s: &guest_agent::ForwardStream) -> bool {
+fn hung_up(s: &vm_agent_client::ForwardStream) -> bool {
     use std::os::fd::AsRawFd;
     let mut p = libc::pollfd {
         fd: s.as_raw_fd(),

@@ -5,9 +5,9 @@
 //! allocated). The streaming reader agrees with the pure decoder.
 
 use guest_agent::agent::guard::MAX_HELLO_FRAME;
-use guest_agent::frame::{FrameError, FrameReader, decode_frame, encode_frame};
-use guest_agent::protocol::{AgentFrame, ClientFrame, MAX_FRAME};
 use proptest::prelude::*;
+use vm_agent_protocol::frame::{FrameError, FrameReader, decode_frame, encode_frame};
+use vm_agent_protocol::protocol::{AgentFrame, ClientFrame, MAX_FRAME};
 
 fn check<T: serde::de::DeserializeOwned + serde::Serialize + PartialEq + std::fmt::Debug>(
     bytes: &[u8],

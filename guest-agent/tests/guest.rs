@@ -10,18 +10,19 @@ mod common;
 
 use std::time::Duration;
 
-use guest_agent::{AgentClient, ExecRequest, ServeRequest};
+use vm_agent_client::AgentClient;
+use vm_agent_protocol::{ExecRequest, ServeRequest};
 
 fn client() -> Option<(AgentClient, String)> {
     let sock = std::env::var("VM_AGENT_GUEST_SOCK").ok()?;
     let token_file = std::env::var("VM_AGENT_GUEST_TOKEN").expect("VM_AGENT_GUEST_TOKEN");
     let hex = std::fs::read_to_string(&token_file).expect("token file");
-    let token = guest_agent::AgentToken::read_file(token_file.as_ref()).expect("token");
-    let c = AgentClient::hybrid_vsock(sock, guest_agent::AGENT_PORT).with_token(token);
+    let token = vm_agent_protocol::AgentToken::read_file(token_file.as_ref()).expect("token");
+    let c = AgentClient::hybrid_vsock(sock, vm_agent_protocol::AGENT_PORT).with_token(token);
     Some((c, hex.trim().to_string()))
 }
 
-async fn sh(c: &AgentClient, line: &str) -> (String, guest_agent::ExitStatus) {
+async fn sh(c: &AgentClient, line: &str) -> (String, vm_agent_protocol::ExitStatus) {
     let mut req = ExecRequest::shell(line);
     req.env = vec![("PATH".into(), "/bin:/sbin:/usr/bin".into())];
     req.timeout = Some(Duration::from_secs(120));
@@ -57,7 +58,7 @@ async fn pid1_duties_in_a_guest() {
     // Without the token the agent says nothing and runs nothing.
     let stranger = AgentClient::hybrid_vsock(
         std::env::var("VM_AGENT_GUEST_SOCK").unwrap(),
-        guest_agent::AGENT_PORT,
+        vm_agent_protocol::AGENT_PORT,
     );
     let e = stranger.ping().await.unwrap_err();
     assert!(
@@ -109,7 +110,7 @@ async fn pid1_duties_in_a_guest() {
     // lo is up: a guest-side TCP listener is reachable through Forward.
     let id = c
         .serve_start(ServeRequest {
-            command: guest_agent::Command::Shell(
+            command: vm_agent_protocol::Command::Shell(
                 "while true; do echo pong | nc -l -p 7000; done".into(),
             ),
             env: vec![("PATH".into(), "/bin".into())],
@@ -179,7 +180,7 @@ async fn pid1_duties_in_a_guest() {
     let mut seen = Vec::new();
     let pid = loop {
         match s.next().await.unwrap() {
-            Some(guest_agent::ExecEvent::Stdout(b)) => {
+            Some(vm_agent_client::ExecEvent::Stdout(b)) => {
                 break String::from_utf8_lossy(&b).trim().to_string();
             }
             Some(ev) => seen.push(ev),
@@ -223,7 +224,7 @@ async fn resume_reseeds_and_publishes_the_generation(c: &AgentClient) -> AgentCl
         "boot_id is stable between reads: {before:?}"
     );
     let new = c
-        .resume(guest_agent::AgentToken::generate().unwrap(), 3)
+        .resume(vm_agent_protocol::AgentToken::generate().unwrap(), 3)
         .await
         .unwrap_or_else(|e| panic!("resume as PID 1: {}", vm_error_chain::error_chain(&e)));
     let host_secs = std::time::SystemTime::now()
@@ -353,7 +354,7 @@ async fn large_transfers_and_forward_eof(c: &AgentClient) {
     c.write_file("/tmp", "www/index.html", &page).await.unwrap();
     let id = c
         .serve_start(ServeRequest {
-            command: guest_agent::Command::Shell(
+            command: vm_agent_protocol::Command::Shell(
                 "exec httpd -f -p 127.0.0.1:8080 -h /tmp/www".into(),
             ),
             env: vec![("PATH".into(), "/bin".into())],

@@ -5,12 +5,15 @@ mod common;
 use std::time::Duration;
 
 use common::TestAgent;
-use guest_agent::client::ClientError;
-use guest_agent::frame::{FrameError, read_frame, write_frame};
-use guest_agent::protocol::{AgentFrame, AgentInfo, ClientFrame, ErrorKind, MAX_FRAME, Request};
-use guest_agent::{AgentClient, AgentToken, ClientLimits, ExecRequest, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
+use vm_agent_client::ClientError;
+use vm_agent_client::{AgentClient, ClientLimits};
+use vm_agent_protocol::frame::{FrameError, read_frame, write_frame};
+use vm_agent_protocol::protocol::{
+    AgentFrame, AgentInfo, ClientFrame, ErrorKind, MAX_FRAME, Request,
+};
+use vm_agent_protocol::{AgentToken, ExecRequest, PROTOCOL_VERSION};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -465,7 +468,7 @@ async fn hybrid_vsock_handshake() {
                 version: PROTOCOL_VERSION,
                 info: AgentInfo::default(),
             };
-            buf.extend(guest_agent::frame::encode_frame(&ok, MAX_FRAME).unwrap());
+            buf.extend(vm_agent_protocol::frame::encode_frame(&ok, MAX_FRAME).unwrap());
             s.write_all(&buf).await.unwrap();
             let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();
             let _: ClientFrame = read_frame(&mut s, MAX_FRAME, Some(T), T).await.unwrap();

@@ -6,15 +6,15 @@ mod common;
 use std::time::Duration;
 
 use common::TestAgent;
-use guest_agent::frame::{encode_frame, read_frame, write_frame};
-use guest_agent::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_FRAME, Request};
-use guest_agent::{
-    AgentInfo, ClientError, ExecEvent, ExecRequest, ExitStatus, Interactive, InteractiveInput,
-    InteractiveOutput, InteractiveRequest, PROTOCOL_VERSION, TtySize,
-};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
+use vm_agent_client::{ClientError, ExecEvent, Interactive, InteractiveInput, InteractiveOutput};
+use vm_agent_protocol::frame::{encode_frame, read_frame, write_frame};
+use vm_agent_protocol::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_FRAME, Request};
+use vm_agent_protocol::{
+    AgentInfo, ExecRequest, ExitStatus, InteractiveRequest, PROTOCOL_VERSION, TtySize,
+};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -287,7 +287,7 @@ async fn pty_stdin_eof() {
 async fn command_not_found_at_start() {
     let a = TestAgent::start();
     let mut req = shell("", None);
-    req.exec.command = guest_agent::Command::Argv(vec!["no-such-program-here".into()]);
+    req.exec.command = vm_agent_protocol::Command::Argv(vec!["no-such-program-here".into()]);
     let err = a.client().exec_interactive(req).await.unwrap_err();
     assert_eq!(err.agent_kind(), Some(ErrorKind::CommandNotFound), "{err}");
 }
@@ -333,7 +333,7 @@ async fn old_agent_hang_up_is_unsupported() {
             Ok(ClientFrame::Request(Request::ExecInteractive(_)))
         ));
     });
-    let err = guest_agent::AgentClient::unix(&sock)
+    let err = vm_agent_client::AgentClient::unix(&sock)
         .exec_interactive(shell("true", None))
         .await
         .unwrap_err();

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestAgent;
-use guest_agent::{AgentClient, ClientLimits};
+use vm_agent_client::{AgentClient, ClientLimits};
 
 #[tokio::test]
 async fn an_unanswered_attempt_is_retried_within_the_wait() {

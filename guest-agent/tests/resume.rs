@@ -11,10 +11,11 @@ mod common;
 use std::time::Duration;
 
 use common::{Opts, TestAgent};
-use guest_agent::frame::{read_frame, write_frame};
-use guest_agent::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_FRAME, Request};
-use guest_agent::{AgentClient, AgentToken, ExecRequest};
 use tokio::net::UnixStream;
+use vm_agent_client::AgentClient;
+use vm_agent_protocol::frame::{read_frame, write_frame};
+use vm_agent_protocol::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_FRAME, Request};
+use vm_agent_protocol::{AgentToken, ExecRequest};
 
 const T: Duration = Duration::from_secs(5);
 

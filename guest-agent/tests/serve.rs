@@ -4,7 +4,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestAgent, wait_gone};
-use guest_agent::{Command, ErrorKind, ServeId, ServeRequest};
+use vm_agent_protocol::{Command, ErrorKind, ServeId, ServeRequest};
 
 fn shell(line: &str) -> ServeRequest {
     ServeRequest {
@@ -69,7 +69,7 @@ async fn exit_is_recorded_and_tail_is_bounded() {
     assert_eq!(st.exit.unwrap().code, Some(7));
     assert_eq!(
         st.output_tail.len(),
-        guest_agent::protocol::SERVE_TAIL_BYTES
+        vm_agent_protocol::protocol::SERVE_TAIL_BYTES
     );
     assert!(st.output_tail.ends_with(b"xxxEND\n"));
     c.serve_stop(id).await.unwrap();

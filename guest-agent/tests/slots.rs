@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use common::TestAgent;
 use guest_agent::agent::slots::SlotLimits;
-use guest_agent::client::ExecEvent;
-use guest_agent::frame::{read_frame, write_frame};
-use guest_agent::protocol::{AgentFrame, ClientFrame, MAX_FRAME, Request};
-use guest_agent::{Command, ErrorKind, ExecRequest, ServeRequest};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, UnixStream};
+use vm_agent_client::ExecEvent;
+use vm_agent_protocol::frame::{read_frame, write_frame};
+use vm_agent_protocol::protocol::{AgentFrame, ClientFrame, MAX_FRAME, Request};
+use vm_agent_protocol::{Command, ErrorKind, ExecRequest, ServeRequest};
 
 const T: Duration = Duration::from_secs(5);
 

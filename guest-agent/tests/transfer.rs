@@ -7,10 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::TestAgent;
-use guest_agent::frame::{read_frame, write_frame};
-use guest_agent::protocol::{AgentFrame, ClientFrame, MAX_FRAME, Request};
-use guest_agent::sparse::{ChunkSink, SparseWriter};
-use guest_agent::{ClientError, ErrorKind};
+use vm_agent_client::ClientError;
+use vm_agent_protocol::ErrorKind;
+use vm_agent_protocol::frame::{read_frame, write_frame};
+use vm_agent_protocol::protocol::{AgentFrame, ClientFrame, MAX_FRAME, Request};
+use vm_agent_protocol::sparse::{ChunkSink, SparseWriter};
 use vm_test_support::data::{self, MIB, noise};
 
 const T: Duration = Duration::from_secs(10);

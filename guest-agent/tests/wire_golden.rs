@@ -12,19 +12,19 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use guest_agent::PROTOCOL_VERSION;
-use guest_agent::container::{
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use vm_agent_protocol::PROTOCOL_VERSION;
+use vm_agent_protocol::container::{
     CapSets, Confine, ContainerExec, ContainerInit, PidNamespace, Rlimit, SeccompAction,
     SeccompArg, SeccompOp, SeccompProfile, SeccompRule,
 };
-use guest_agent::frame::{decode_frame, encode_frame};
-use guest_agent::protocol::{
+use vm_agent_protocol::frame::{decode_frame, encode_frame};
+use vm_agent_protocol::protocol::{
     AgentFrame, AgentInfo, ClientFrame, Command, ErrorKind, ExecRequest, ExitStatus, FileEntry,
     InteractiveRequest, MAX_FRAME, PodMount, Request, ServeId, ServeRequest, ServeStatus, TtySize,
     WireError,
 };
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 /// A full exec request: every field set, so each one's place and encoding is pinned.
 fn exec_request() -> ExecRequest {
@@ -317,7 +317,7 @@ fn requests() -> Vec<(Request, &'static str)> {
 }
 
 fn client_frames() -> Vec<(ClientFrame, &'static str)> {
-    let mut token = [0u8; guest_agent::token::TOKEN_LEN];
+    let mut token = [0u8; vm_agent_protocol::token::TOKEN_LEN];
     for (i, b) in token.iter_mut().enumerate() {
         *b = i as u8;
     }

@@ -5,7 +5,7 @@
 use thiserror::Error;
 
 /// Longest path accepted (the agent's own limit).
-pub const MAX_PATH_BYTES: usize = guest_agent::protocol::MAX_PATH_BYTES;
+pub const MAX_PATH_BYTES: usize = vm_agent_protocol::protocol::MAX_PATH_BYTES;
 
 /// Why a path was refused; each names the path.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

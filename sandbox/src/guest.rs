@@ -18,9 +18,9 @@
 
 use std::time::Duration;
 
-use guest_agent::client::{ExecStream, Interactive};
-use guest_agent::container::Confine;
-use guest_agent::protocol::{
+use vm_agent_client::{ExecStream, Interactive};
+use vm_agent_protocol::container::Confine;
+use vm_agent_protocol::protocol::{
     Command, ErrorKind, ExecOutput, ExecRequest, InteractiveRequest, TtySize,
 };
 use vm_drivers::MachineError;
@@ -306,7 +306,7 @@ impl Guest {
 
     /// As [`Guest::exec_interactive`], the process confined as a container's (its
     /// capabilities, `no_new_privs`, groups, seccomp filter and namespaces; see
-    /// `guest_agent::container`): in the member's root for a pod member, else in the VM's own
+    /// `vm_agent_protocol::container`): in the member's root for a pod member, else in the VM's own
     /// root. Only an agent that is PID 1 runs it.
     pub async fn exec_container(
         &self,

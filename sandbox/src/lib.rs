@@ -145,16 +145,16 @@ pub use vm_oci as oci;
 /// The guest agent's types a caller of this API handles: the command, its output and exit
 /// status, the streaming events, and the client error that carries the agent's verdict.
 pub mod agent {
-    pub use guest_agent::client::{
+    pub use vm_agent_client::{
         ClientError, ExecEvent, ExecStream, Interactive, InteractiveInput, InteractiveOutput,
     };
     /// What confines a container's processes in the guest.
-    pub use guest_agent::container;
-    pub use guest_agent::protocol::{
+    pub use vm_agent_protocol::container;
+    pub use vm_agent_protocol::protocol::{
         Command, ErrorKind, ExecOutput, ExitStatus, MAX_POD_UPPER_BYTES, MAX_SIGNAL, PodMount,
         TtySize, pod_member_cgroup,
     };
-    pub use guest_agent::sparse::{ChunkSink, Plain, SparseWriter};
+    pub use vm_agent_protocol::sparse::{ChunkSink, Plain, SparseWriter};
 }
 
 /// The driver registry and the driver-level errors a caller may need to tell apart.

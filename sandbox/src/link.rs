@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use guest_agent::client::{AgentClient, ClientError};
+use vm_agent_client::{AgentClient, ClientError};
 use vm_drivers::{Machine, MachineError};
 
 /// The way to one guest's agent.

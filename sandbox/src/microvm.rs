@@ -312,7 +312,7 @@ impl MicroVm {
 
     /// The host Unix socket of the guest agent ([`Machine::agent_socket`]), inside
     /// [`MicroVm::run_dir`]. Another process can drive the same guest through it (for the
-    /// real drivers it is a hybrid-vsock socket: `CONNECT <guest_agent::AGENT_PORT>`).
+    /// real drivers it is a hybrid-vsock socket: `CONNECT <vm_agent_protocol::AGENT_PORT>`).
     /// It exists while the VM runs.
     pub fn agent_socket(&self) -> &Path {
         self.machine.agent_socket()

@@ -30,12 +30,14 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use guest_agent::protocol::{Command, ErrorKind, ExitStatus, ServeId, ServeRequest, ServeStatus};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use vm_agent_protocol::protocol::{
+    Command, ErrorKind, ExitStatus, ServeId, ServeRequest, ServeStatus,
+};
 use vm_drivers::MachineError;
 use vm_sync::Lock;
 
@@ -471,7 +473,7 @@ async fn monitor(machine: Link, id: ServeId, tx: Arc<watch::Sender<State>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use guest_agent::client::ClientError;
+    use vm_agent_client::ClientError;
 
     fn agent(kind: ErrorKind) -> MachineError {
         MachineError::Agent(ClientError::Agent {

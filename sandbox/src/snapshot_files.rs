@@ -18,8 +18,8 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use guest_agent::token::AgentToken;
 use serde::Deserialize;
+use vm_agent_protocol::token::AgentToken;
 use vm_sys::private::{self, Kind};
 
 use crate::snapshots::{

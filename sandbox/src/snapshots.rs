@@ -27,7 +27,7 @@ use vm_drivers::{BlockDevice, Registry, RestoreFrom, ShareKind, SharePlan};
 use vm_spec::{Spec, ValidSpec};
 use vm_sync::Lock;
 
-use guest_agent::token::TokenError;
+use vm_agent_protocol::token::TokenError;
 
 use crate::error::SandboxError;
 use crate::microvm::{MicroVm, Options, Prepared, private_dir};

@@ -112,7 +112,7 @@ async fn exec_files_glob_and_close() {
     assert_eq!(vm.run_dir(), run_dir);
     assert_eq!(vm.agent_socket(), run_dir.join("agent.sock"));
     assert_eq!(vm.agent_socket(), vm.machine().agent_socket());
-    guest_agent::client::AgentClient::unix(vm.agent_socket())
+    vm_agent_client::AgentClient::unix(vm.agent_socket())
         .ping()
         .await
         .expect("ping through MicroVm::agent_socket()");

@@ -17,7 +17,7 @@ use vm_sandbox::{Attach, Run, RunningVm, SandboxError};
 /// `<dir>/vsock.sock`, with the boot's token beside the socket as the drivers leave it
 /// (attaching presents it).
 fn start_agent(dir: &Path) -> (PathBuf, tokio::task::JoinHandle<()>) {
-    let token = guest_agent::AgentToken::generate().unwrap();
+    let token = vm_agent_protocol::AgentToken::generate().unwrap();
     token.write_file(&dir.join("agent.token")).unwrap();
     let agent = Agent::new(AgentOptions {
         token: Some(token),
@@ -28,7 +28,7 @@ fn start_agent(dir: &Path) -> (PathBuf, tokio::task::JoinHandle<()>) {
     let listener = UnixListener::bind(&socket).unwrap();
     let front = tokio::spawn(vm_test_support::hybrid::front(
         listener,
-        guest_agent::AGENT_PORT,
+        vm_agent_protocol::AGENT_PORT,
         move |s| {
             agent.spawn_conn(s);
             async {}

@@ -39,7 +39,7 @@ fn handmade_snapshot(dir: &std::path::Path, spec: vm_spec::Spec) {
         serving: None,
     };
     std::fs::write(dir.join(RECORD_FILE), serde_json::to_vec(&record).unwrap()).unwrap();
-    guest_agent::AgentToken::generate()
+    vm_agent_protocol::AgentToken::generate()
         .unwrap()
         .write_file(&dir.join(TOKEN_FILE))
         .unwrap();

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use guest_agent::protocol::Command;
-use guest_agent::protocol::ExecOutput;
+use vm_agent_protocol::protocol::Command;
+use vm_agent_protocol::protocol::ExecOutput;
 use vm_drivers::{DriverError, Registry};
 use vm_sandbox::{MicroVm, Options, Run, SandboxError, images};
 use vm_spec::{Containment, Guarantees, Image, ImageConfig, Limits, Mount, Policy, Spec, Trust};

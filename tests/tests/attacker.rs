@@ -26,7 +26,7 @@ async fn connect_fails(vm: &MicroVm, cid: u32, port: u32) -> Result<String, Stri
 /// The agent's port at the guest's own CID, the loopback CID and the host CID: all refused.
 async fn agent_unreachable(vm: &MicroVm) -> Result<(), String> {
     for cid in [1, 2, 3] {
-        connect_fails(vm, cid, guest_agent::AGENT_PORT).await?;
+        connect_fails(vm, cid, vm_agent_protocol::AGENT_PORT).await?;
     }
     // Nor can guest code find the token to present: gone from the rootfs, and the agent's
     // memory, environment and fds are closed to guest root.

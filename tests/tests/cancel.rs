@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use guest_agent::client::{ExecEvent, ExecStream};
-use guest_agent::protocol::Command;
+use vm_agent_client::{ExecEvent, ExecStream};
+use vm_agent_protocol::protocol::Command;
 use vm_sandbox::Run;
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok};
 

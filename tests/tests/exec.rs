@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use guest_agent::protocol::Command;
+use vm_agent_protocol::protocol::Command;
 use vm_sandbox::Run;
 use vm_tests::host::{pseudo_random, sha256_hex};
 use vm_tests::{Cases, Ctx, GuestSpec, MicroVm, boot, ensure, exec_ok, sh};

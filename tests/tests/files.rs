@@ -1,9 +1,9 @@
 //! Files: write/read round trips, streamed transfers with their cap, listing and globbing,
 //! and refused escapes from the root.
 
-use guest_agent::protocol::ErrorKind;
-use guest_agent::sparse::ChunkSink;
 use sha2::{Digest, Sha256};
+use vm_agent_protocol::protocol::ErrorKind;
+use vm_agent_protocol::sparse::ChunkSink;
 use vm_drivers::MachineError;
 use vm_sandbox::SandboxError;
 use vm_test_support::data::{self, MIB};

@@ -168,7 +168,7 @@ async fn owner_only_is_shown_and_refused(vm: &MicroVm) -> Result<(), String> {
             None => sh(vm, &line).await?,
             Some(u) => vm
                 .run(vm_sandbox::Run {
-                    command: guest_agent::protocol::Command::Shell(line.clone()),
+                    command: vm_agent_protocol::protocol::Command::Shell(line.clone()),
                     user: Some(u.into()),
                     ..Default::default()
                 })

@@ -7,8 +7,8 @@
 //! image files land in the upper layer and are gone in the next VM, and the erofs file on the
 //! host is byte-identical afterwards.
 
-use guest_agent::protocol::Command;
 use std::time::{Duration, Instant};
+use vm_agent_protocol::protocol::Command;
 
 use vm_sandbox::{PublishSpec, Run, ServeSpec};
 use vm_spec::{ImageConfig, Mount};

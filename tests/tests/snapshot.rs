@@ -16,7 +16,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use guest_agent::{Command, ServeRequest};
+use vm_agent_protocol::{Command, ServeRequest};
 use vm_drivers::Registry;
 use vm_sandbox::MicroVm;
 use vm_tests::host::pid_exists;

@@ -12,8 +12,8 @@ mod wait;
 use std::fs;
 use std::path::Path;
 
-use guest_agent::AGENT_PORT;
-use guest_agent::config::{AgentConfig, DiskMount, RootDisk, ShareKind, ShareMount};
+use vm_agent_protocol::AGENT_PORT;
+use vm_agent_protocol::config::{AgentConfig, DiskMount, RootDisk, ShareKind, ShareMount};
 
 use crate::{BootPlan, DriverError};
 

@@ -5,9 +5,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use guest_agent::AGENT_PORT;
-use guest_agent::client::AgentClient;
-use guest_agent::token::AgentToken;
+use vm_agent_client::AgentClient;
+use vm_agent_protocol::AGENT_PORT;
+use vm_agent_protocol::token::AgentToken;
 
 use super::invalid;
 use crate::{BootPlan, DriverError};

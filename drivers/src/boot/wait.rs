@@ -5,7 +5,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use guest_agent::client::AgentClient;
+use vm_agent_client::AgentClient;
 
 use crate::DriverError;
 use crate::machine::VmHandle;
@@ -87,7 +87,7 @@ fn stopped_reason(handle: &dyn VmHandle) -> String {
 /// The agent's last fatal line in a console tail, clipped: the guest writes the console.
 fn agent_fatal_line(console: &str) -> Option<&str> {
     console.lines().rev().find_map(|l| {
-        l.find(guest_agent::FATAL_PREFIX)
+        l.find(vm_agent_protocol::FATAL_PREFIX)
             .map(|at| crate::process::clip(l[at..].trim_end()))
     })
 }
@@ -149,13 +149,13 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use vm_sync::Lock;
 
-    use guest_agent::frame::encode_frame;
-    use guest_agent::protocol::{AgentFrame, AgentInfo, MAX_FRAME};
+    use vm_agent_protocol::frame::encode_frame;
+    use vm_agent_protocol::protocol::{AgentFrame, AgentInfo, MAX_FRAME};
 
     use super::*;
     use std::path::Path;
 
-    use guest_agent::AGENT_PORT;
+    use vm_agent_protocol::AGENT_PORT;
 
     /// A VM whose console and liveness the test controls.
     #[derive(Default)]
@@ -193,7 +193,7 @@ mod tests {
         s.write_all(b"OK 1\n")?;
         read_frame_blocking(s)?; // Hello
         let hello = AgentFrame::HelloOk {
-            version: guest_agent::PROTOCOL_VERSION,
+            version: vm_agent_protocol::PROTOCOL_VERSION,
             info: AgentInfo::default(),
         };
         s.write_all(&encode_frame(&hello, MAX_FRAME).unwrap())?;

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use guest_agent::AGENT_PORT;
-use guest_agent::client::AgentClient;
+use vm_agent_client::AgentClient;
+use vm_agent_protocol::AGENT_PORT;
 use vm_spec::Containment;
 use vm_sync::Lock;
 use vmm::process::{JailConfig, ProcessConfig, ProcessExit};

@@ -32,8 +32,8 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use guest_agent::AGENT_PORT;
-use guest_agent::client::AgentClient;
+use vm_agent_client::AgentClient;
+use vm_agent_protocol::AGENT_PORT;
 use vm_spec::Containment;
 use vm_sync::Lock;
 

@@ -96,8 +96,8 @@ mod tests {
     use tokio::io::AsyncWriteExt;
 
     use super::*;
-    use crate::frame::{encode_frame, write_frame};
-    use crate::protocol::{AgentFrame, MAX_CHUNK, MAX_FRAME};
+    use vm_agent_protocol::frame::{encode_frame, write_frame};
+    use vm_agent_protocol::protocol::{AgentFrame, MAX_CHUNK, MAX_FRAME};
 
     /// Records the size of every write it receives; accepts up to `accept` bytes per call.
     #[derive(Default)]

@@ -8,9 +8,11 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use super::files::{self, FileError};
 use super::slots::{Admitted, Class};
 use super::{Agent, Stream, guard, transfer};
-use crate::PROTOCOL_VERSION;
-use crate::frame::{FrameError, read_frame, write_frame};
-use crate::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_FRAME, Request, WireError};
+use vm_agent_protocol::PROTOCOL_VERSION;
+use vm_agent_protocol::frame::{FrameError, read_frame, write_frame};
+use vm_agent_protocol::protocol::{
+    AgentFrame, ClientFrame, ErrorKind, MAX_FRAME, Request, WireError,
+};
 
 /// Join an error and its sources into one line.
 pub(super) async fn send<W: AsyncWrite + Unpin>(

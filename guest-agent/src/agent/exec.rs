@@ -22,8 +22,8 @@ use tokio::net::unix::pipe;
 use super::conn::{send, send_error};
 use super::process::{self, OutputMode, SpawnSpec};
 use super::{Agent, Stream};
-use crate::frame::{FrameError, read_frame};
-use crate::protocol::{
+use vm_agent_protocol::frame::{FrameError, read_frame};
+use vm_agent_protocol::protocol::{
     AgentFrame, ClientFrame, DEFAULT_EXEC_OUTPUT, ErrorKind, ExecRequest, ExitStatus,
     MAX_EXEC_OUTPUT, MAX_FRAME, MAX_STDIN_BYTES,
 };
@@ -330,7 +330,7 @@ async fn send_untimed<W: tokio::io::AsyncWrite + Unpin>(
     w: &mut W,
     f: &AgentFrame,
 ) -> Result<(), FrameError> {
-    let buf = crate::frame::encode_frame(f, MAX_FRAME)?;
+    let buf = vm_agent_protocol::frame::encode_frame(f, MAX_FRAME)?;
     w.write_all(&buf).await.map_err(FrameError::Io)?;
     w.flush().await.map_err(FrameError::Io)
 }

@@ -18,7 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sys::fs as sys;
-use crate::protocol::{ErrorKind, FileEntry, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
+use vm_agent_protocol::protocol::{ErrorKind, FileEntry, MAX_LIST_ENTRIES, MAX_PATH_BYTES};
 
 /// File errors, each mapped to a wire [`ErrorKind`].
 #[derive(Debug, thiserror::Error)]

@@ -39,8 +39,8 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use super::conn::{send, send_error};
 use super::{Agent, Stream};
-use crate::frame::FrameError;
-use crate::protocol::{AgentFrame, ErrorKind};
+use vm_agent_protocol::frame::FrameError;
+use vm_agent_protocol::protocol::{AgentFrame, ErrorKind};
 
 /// The agent's send and receive buffer of a forward's TCP connection (see the module docs).
 pub const TCP_BUFFER: u32 = 64 * 1024;

@@ -9,7 +9,7 @@
 //!    taken the oldest is closed to make room for the new one. Slots for authenticated work
 //!    are never taken by unauthenticated peers.
 //! 3. **Token**: the first frame must be a small `Hello` carrying the per-boot token
-//!    ([`crate::token`]); a wrong token, an oversized or malformed first frame, or silence until
+//!    ([`vm_agent_protocol::token`]); a wrong token, an oversized or malformed first frame, or silence until
 //!    the deadline closes the connection without a reply.
 //!
 //! Every refusal is counted and logged through a [`RefusalLog`] (a few lines per window, the

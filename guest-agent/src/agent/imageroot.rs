@@ -14,7 +14,7 @@ use std::ffi::CString;
 
 use super::pid1::{Pid1Error, mount, mount_read_only, wait_for_disk};
 use super::sys;
-use crate::config::RootDisk;
+use vm_agent_protocol::config::RootDisk;
 
 /// Where the image's filesystem is mounted read-only.
 pub const LOWER: &str = "/.vm/lower";

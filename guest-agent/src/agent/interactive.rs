@@ -37,9 +37,9 @@ use super::container;
 use super::process::{self, OutputMode, Proc, SpawnSpec};
 use super::pty::Pty;
 use super::{Agent, Stream};
-use crate::container::Confine;
-use crate::frame::{FrameError, FrameReader, encode_frame};
-use crate::protocol::{
+use vm_agent_protocol::container::Confine;
+use vm_agent_protocol::frame::{FrameError, FrameReader, encode_frame};
+use vm_agent_protocol::protocol::{
     AgentFrame, ClientFrame, ErrorKind, ExitStatus, InteractiveRequest, MAX_FRAME, MAX_SIGNAL,
     STDIN_WINDOW,
 };

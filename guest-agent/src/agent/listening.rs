@@ -5,7 +5,7 @@
 
 use std::io::Read;
 
-use crate::protocol::MAX_LISTENING_PORTS as MAX_PORTS;
+use vm_agent_protocol::protocol::MAX_LISTENING_PORTS as MAX_PORTS;
 
 /// Most bytes of `/proc/net/tcp` read (about 6000 sockets).
 pub const MAX_TABLE_BYTES: u64 = 1 << 20;

@@ -55,9 +55,9 @@ use reaper::Reaper;
 use serve::Serves;
 use slots::{SlotLimits, Slots};
 
-use crate::protocol::{AgentInfo, ErrorKind};
-use crate::token::AgentToken;
 use guard::RefusalLog;
+use vm_agent_protocol::protocol::{AgentInfo, ErrorKind};
+use vm_agent_protocol::token::AgentToken;
 
 /// The vsock listener's accept backlog (the crate binds with 128). A burst of host connections
 /// larger than the backlog is reset by the guest kernel before the agent sees it (the host
@@ -206,7 +206,10 @@ impl Agent {
 
     /// Whether `presented` is the current token (constant-time); `None` when the agent has
     /// none (the host test server without `--token-file`).
-    pub(crate) fn token_matches(&self, presented: &[u8; crate::token::TOKEN_LEN]) -> Option<bool> {
+    pub(crate) fn token_matches(
+        &self,
+        presented: &[u8; vm_agent_protocol::token::TOKEN_LEN],
+    ) -> Option<bool> {
         let token = self.token.read_locked();
         token.as_ref().map(|t| t.matches(presented))
     }

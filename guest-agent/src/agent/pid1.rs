@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::sys;
 use super::sys::fs::StdFd;
-use crate::config::{DiskFs, DiskMount};
+use vm_agent_protocol::config::{DiskFs, DiskMount};
 
 /// PID-1 errors.
 #[derive(Debug, thiserror::Error)]

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use super::Agent;
 use super::cgroup::GroupLimits;
 use super::sys::fs as sys;
-use crate::protocol::{
+use vm_agent_protocol::protocol::{
     ErrorKind, MAX_POD_UPPER_BYTES, MIN_POD_MEMORY_BYTES, POD_CPU_PERIOD_MICROS,
     POD_CPU_QUOTA_MICROS, PodMount,
 };

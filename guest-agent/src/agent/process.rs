@@ -13,7 +13,7 @@ use super::cgroup::{CgroupDir, Cgroups};
 use super::reaper::{Reaper, ReaperError};
 use super::sys::proc as sys;
 use super::user::Ids;
-use crate::protocol::{Command, ErrorKind, ExitStatus};
+use vm_agent_protocol::protocol::{Command, ErrorKind, ExitStatus};
 
 /// Process errors.
 #[derive(Debug, thiserror::Error)]

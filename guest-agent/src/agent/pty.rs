@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use tokio::io::unix::AsyncFd;
 
 use super::sys;
-use crate::protocol::TtySize;
+use vm_agent_protocol::protocol::TtySize;
 
 /// A pseudo-terminal pair.
 #[derive(Debug)]

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use vm_sync::Lock;
 
 use super::sys::proc::{self as sys, Waited};
-use crate::protocol::ExitStatus;
+use vm_agent_protocol::protocol::ExitStatus;
 
 /// Reaper errors.
 #[derive(Debug, thiserror::Error)]

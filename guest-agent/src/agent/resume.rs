@@ -13,8 +13,8 @@ use std::io::Write;
 use std::path::Path;
 
 use super::{Agent, sys};
-use crate::protocol::{ErrorKind, RESUME_ENTROPY_LEN};
-use crate::token::{AgentToken, TOKEN_LEN};
+use vm_agent_protocol::protocol::{ErrorKind, RESUME_ENTROPY_LEN};
+use vm_agent_protocol::token::{AgentToken, TOKEN_LEN};
 
 /// The earliest wall-clock time a resume accepts (2020-01-01T00:00:00Z): a host clock
 /// before it is broken, and stepping the guest there would only break it too.

@@ -17,7 +17,7 @@ use vm_sync::Lock;
 use super::Agent;
 use super::cgroup::CgroupDir;
 use super::process::{self, OutputMode, SpawnSpec};
-use crate::protocol::{
+use vm_agent_protocol::protocol::{
     ErrorKind, ExitStatus, SERVE_TAIL_BYTES, ServeId, ServeRequest, ServeStatus,
 };
 

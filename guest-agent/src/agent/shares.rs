@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::pid1::{Pid1Error, mount};
 use super::sys;
-use crate::config::{ShareKind, ShareMount};
+use vm_agent_protocol::config::{ShareKind, ShareMount};
 
 /// Where file shares are mounted before their file is bound at the guest path.
 pub const STAGE: &str = "/run/vm-shares";

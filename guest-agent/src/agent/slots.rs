@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::protocol::Request;
+use vm_agent_protocol::protocol::Request;
 
 /// What a request holds its connection for (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn every_request_has_a_class() {
-        use crate::protocol::{ExecRequest, ServeId};
+        use vm_agent_protocol::protocol::{ExecRequest, ServeId};
         assert_eq!(Class::of(&Request::ServeStatus(ServeId(1))), Class::Control);
         assert_eq!(
             Class::of(&Request::Exec(ExecRequest::default())),
@@ -206,8 +206,8 @@ mod tests {
     /// reads, now also as the reply to a request. Its bytes, pinned.
     #[test]
     fn busy_reply_bytes_are_unchanged() {
-        use crate::frame::encode_frame;
-        use crate::protocol::{AgentFrame, ErrorKind, MAX_FRAME, WireError};
+        use vm_agent_protocol::frame::encode_frame;
+        use vm_agent_protocol::protocol::{AgentFrame, ErrorKind, MAX_FRAME, WireError};
         let f = AgentFrame::Error(WireError {
             kind: ErrorKind::Busy,
             message: "x".into(),

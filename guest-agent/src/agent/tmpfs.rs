@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use super::Agent;
 use super::files::{self, FileError};
 use super::sys::fs as sys;
-use crate::protocol::{ErrorKind, MAX_TMPFS_BYTES};
+use vm_agent_protocol::protocol::{ErrorKind, MAX_TMPFS_BYTES};
 
 /// The smallest tmpfs mounted (one page).
 const MIN_TMPFS_BYTES: u64 = 4096;

@@ -16,9 +16,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::conn::{file_error, recv, send, send_error};
 use super::files::{self, FileError};
 use super::{Agent, Stream};
-use crate::frame::{FrameError, encode_frame};
-use crate::protocol::{AgentFrame, ClientFrame, ErrorKind, MAX_CHUNK, MAX_FILE_BYTES, MAX_FRAME};
-use crate::sparse::SparseWriter;
+use vm_agent_protocol::frame::{FrameError, encode_frame};
+use vm_agent_protocol::protocol::{
+    AgentFrame, ClientFrame, ErrorKind, MAX_CHUNK, MAX_FILE_BYTES, MAX_FRAME,
+};
+use vm_agent_protocol::sparse::SparseWriter;
 
 /// `ReadFile{root, path, max}`: `FileStart{size}`, `Data`* to EOF, `DataEnd`.
 pub(super) async fn read_file<S: Stream>(

@@ -5,7 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use guest_agent::{AgentClient, AgentToken};
+use vm_agent_client::AgentClient;
+use vm_agent_protocol::AgentToken;
 
 pub struct TestAgent {
     pub dir: tempfile::TempDir,
@@ -75,9 +76,9 @@ impl TestAgent {
     }
 
     /// The `Hello` this agent accepts.
-    pub fn hello(&self) -> guest_agent::protocol::ClientFrame {
-        guest_agent::protocol::ClientFrame::Hello {
-            version: guest_agent::PROTOCOL_VERSION,
+    pub fn hello(&self) -> vm_agent_protocol::protocol::ClientFrame {
+        vm_agent_protocol::protocol::ClientFrame::Hello {
+            version: vm_agent_protocol::PROTOCOL_VERSION,
             token: *self.token.bytes(),
         }
     }

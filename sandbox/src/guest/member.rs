@@ -4,7 +4,7 @@
 //! instead of the VM's; the agent, the link and the VM are the pod's. Also
 //! [`Guest::forward_from`] and [`Guest::listening_ports`], how the pod's ports reach the VM.
 
-use guest_agent::protocol::PodMount;
+use vm_agent_protocol::protocol::PodMount;
 
 use super::{Confinement, Guest, ProcessDefaults};
 use crate::error::SandboxError;

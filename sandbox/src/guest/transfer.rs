@@ -10,9 +10,9 @@
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use guest_agent::client::ClientError;
-use guest_agent::sparse::{ChunkSink, SparseWriter};
 use tokio::io::AsyncRead;
+use vm_agent_client::ClientError;
+use vm_agent_protocol::sparse::{ChunkSink, SparseWriter};
 use vm_drivers::MachineError;
 
 use super::Guest;
@@ -20,7 +20,7 @@ use crate::confine;
 use crate::error::SandboxError;
 
 /// The default cap of one file transfer: 1 GiB.
-pub const DEFAULT_COPY_CAP: u64 = guest_agent::protocol::DEFAULT_FILE_CAP;
+pub const DEFAULT_COPY_CAP: u64 = vm_agent_protocol::protocol::DEFAULT_FILE_CAP;
 
 /// Why a host file could not be copied (the guest side's refusals come from the agent).
 #[derive(Debug, thiserror::Error)]

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use guest_agent::client::ForwardStream;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use vm_agent_client::ForwardStream;
 use vm_drivers::MachineError;
 
 use super::{COPY_BUFFER, FORWARD_BUSY_WAIT, MAX_CONNECTIONS, Throttle, is_busy};

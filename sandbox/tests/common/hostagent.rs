@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use guest_agent::client::AgentClient;
+use vm_agent_client::AgentClient;
 use vm_drivers::{
     Availability, BootPlan, Containment, Driver, DriverError, Machine, MachineInfo, VmHandle,
 };

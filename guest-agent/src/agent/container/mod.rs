@@ -1,5 +1,5 @@
 //! `ExecContainer`: a container's process, confined as the OCI bundle asks (the wire types
-//! and their bounds: [`crate::container`]).
+//! and their bounds: [`vm_agent_protocol::container`]).
 //!
 //! The container's first process makes its namespaces: a mount namespace (entered at the
 //! container's root by `pivot_root`, or the VM's own root for a container that has the VM
@@ -34,10 +34,10 @@ use super::Agent;
 use super::reaper::{Reaper, ReaperError};
 use super::sys::{proc as sys_proc, secure};
 use super::user::Ids;
-use crate::container::{
+use vm_agent_protocol::container::{
     CAP_LAST, CapSets, Confine, ConfineError, ContainerInit, PidNamespace, Rlimit,
 };
-use crate::protocol::ErrorKind;
+use vm_agent_protocol::protocol::ErrorKind;
 
 /// The key of the container that runs in the VM's own root.
 const VM_ROOT: &str = "/";

@@ -20,7 +20,7 @@ use seccompiler::{BpfProgram, TargetArch};
 use serde_json::{Value, json};
 use vm_sync::Lock;
 
-use crate::container::{SeccompAction, SeccompArg, SeccompOp, SeccompProfile};
+use vm_agent_protocol::container::{SeccompAction, SeccompArg, SeccompOp, SeccompProfile};
 
 /// The kernel's cap on the instructions of one filter (`BPF_MAXINSNS`).
 pub const MAX_FILTER_INSNS: usize = 4096;
@@ -188,7 +188,7 @@ pub fn to_kernel(program: &BpfProgram) -> Vec<libc::sock_filter> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::SeccompRule;
+    use vm_agent_protocol::container::SeccompRule;
 
     fn rule(names: &[&str], action: SeccompAction, args: Vec<SeccompArg>) -> SeccompRule {
         SeccompRule {

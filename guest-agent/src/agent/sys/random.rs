@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use super::check;
 
 /// The bytes one [`add_entropy`] call carries (what the host's `Resume` sends).
-pub use crate::protocol::RESUME_ENTROPY_LEN as ENTROPY_BYTES;
+pub use vm_agent_protocol::protocol::RESUME_ENTROPY_LEN as ENTROPY_BYTES;
 
 /// `RNDADDENTROPY` = `_IOW('R', 0x03, int[2])` (`<linux/random.h>`; not in the libc crate).
 const RNDADDENTROPY: libc::c_ulong = (1 << 30) | (8 << 16) | ((b'R' as libc::c_ulong) << 8) | 0x03;

@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::check;
-use crate::protocol::TtySize;
+use vm_agent_protocol::protocol::TtySize;
 
 /// A new pseudo-terminal pair `(master, slave)`, both close-on-exec (no other child
 /// spawned meanwhile inherits them), the slave not made anyone's controlling terminal, and

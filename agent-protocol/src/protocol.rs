@@ -78,7 +78,7 @@ pub struct ExecRequest {
     pub cwd: Option<String>,
     /// Kill the whole process tree after this long; `None` = the client's default.
     pub timeout: Option<Duration>,
-    /// Combined-output cap for [`crate::client::AgentClient::exec`]; `None` = default,
+    /// Combined-output cap for `vm_agent_client::AgentClient::exec`; `None` = default,
     /// clamped to [`MAX_EXEC_OUTPUT`] by the agent and to the client's own cap.
     pub max_output: Option<u64>,
     /// Run as this user (`NAME`, `UID`, `NAME:GROUP` or `UID:GID`, resolved in the guest's

@@ -4,8 +4,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{AgentClient, ClientError, unexpected};
-use crate::protocol::{AgentFrame, Request};
-use crate::token::{AgentToken, random_bytes};
+use vm_agent_protocol::protocol::{AgentFrame, Request};
+use vm_agent_protocol::token::{AgentToken, random_bytes};
 
 impl AgentClient {
     /// Hands the restored agent `token`, this host's wall clock, 32 fresh bytes of this host's

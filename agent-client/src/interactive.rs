@@ -15,9 +15,9 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::{AgentClient, ClientError, ExecEvent, frame_err, unexpected};
-use crate::container::{Confine, ContainerExec};
-use crate::frame::{FrameError, FrameReader, write_frame};
-use crate::protocol::{
+use vm_agent_protocol::container::{Confine, ContainerExec};
+use vm_agent_protocol::frame::{FrameError, FrameReader, write_frame};
+use vm_agent_protocol::protocol::{
     AgentFrame, ClientFrame, ErrorKind, InteractiveRequest, MAX_FRAME, MAX_SIGNAL, MAX_STDIN_CHUNK,
     Request, STDIN_WINDOW, TtySize,
 };
@@ -77,7 +77,7 @@ impl AgentClient {
     }
 
     /// As [`AgentClient::exec_interactive_in`] (the VM's own root with `root` `None`), the
-    /// process confined as a container's ([`crate::container`]). An agent that predates it, or
+    /// process confined as a container's ([`vm_agent_protocol::container`]). An agent that predates it, or
     /// one that is not PID 1, gives [`ClientError::Unsupported`].
     pub async fn exec_container(
         &self,

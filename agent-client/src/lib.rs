@@ -50,13 +50,13 @@ pub use interactive::{Interactive, InteractiveInput, InteractiveOutput};
 pub use ready::{READY_ATTEMPT, READY_RETRY_MAX};
 pub use stream::{ExecEvent, ExecStream};
 
-use crate::PROTOCOL_VERSION;
-use crate::frame::{FrameError, encode_frame, read_frame, write_frame};
-use crate::protocol::{
+use vm_agent_protocol::PROTOCOL_VERSION;
+use vm_agent_protocol::frame::{FrameError, encode_frame, read_frame, write_frame};
+use vm_agent_protocol::protocol::{
     AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, MAX_EXEC_OUTPUT,
     MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request, ServeId, ServeRequest, ServeStatus,
 };
-use crate::token::{AgentToken, TOKEN_LEN};
+use vm_agent_protocol::token::{AgentToken, TOKEN_LEN};
 
 /// The byte stream returned by [`AgentClient::forward`]: spliced to `127.0.0.1:<port>` in the guest.
 pub type ForwardStream = UnixStream;
@@ -388,7 +388,7 @@ impl AgentClient {
         req.timeout = Some(timeout);
         let cap = req
             .max_output
-            .unwrap_or(crate::protocol::DEFAULT_EXEC_OUTPUT)
+            .unwrap_or(vm_agent_protocol::protocol::DEFAULT_EXEC_OUTPUT)
             .min(self.limits.max_output_bytes)
             .min(MAX_EXEC_OUTPUT);
         req.max_output = Some(cap);

@@ -8,8 +8,10 @@
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{AgentClient, ClientError, unexpected};
-use crate::protocol::{AgentFrame, ClientFrame, FileEntry, MAX_CHUNK, MAX_FILE_BYTES, Request};
-use crate::sparse::ChunkSink;
+use vm_agent_protocol::protocol::{
+    AgentFrame, ClientFrame, FileEntry, MAX_CHUNK, MAX_FILE_BYTES, Request,
+};
+use vm_agent_protocol::sparse::ChunkSink;
 
 impl AgentClient {
     /// Streams the file at `path` relative to `root` (confined to `root`) into `out`; returns

@@ -3,8 +3,8 @@
 use tokio::time::Instant;
 
 use super::{ClientError, Conn, frame_err, unexpected};
-use crate::frame::FrameReader;
-use crate::protocol::{AgentFrame, ClientFrame, ExitStatus, MAX_FRAME};
+use vm_agent_protocol::frame::FrameReader;
+use vm_agent_protocol::protocol::{AgentFrame, ClientFrame, ExitStatus, MAX_FRAME};
 
 /// One event of a streaming Exec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +103,7 @@ mod tests {
     use tokio::net::UnixStream;
 
     use super::*;
-    use crate::frame::encode_frame;
+    use vm_agent_protocol::frame::encode_frame;
 
     /// The agent's frames arrive in small pieces; `next()` is abandoned whenever a short timer
     /// wins, i.e. many times in the middle of a frame. Every byte and the exit still arrive.

@@ -4,7 +4,7 @@
 //! from the guest root; and `ListeningPorts`, what a pod's runtime forwards.
 
 use super::{AgentClient, ClientError, unexpected};
-use crate::protocol::{AgentFrame, MAX_LISTENING_PORTS, PodMount, Request};
+use vm_agent_protocol::protocol::{AgentFrame, MAX_LISTENING_PORTS, PodMount, Request};
 
 one_frame_requests! {
     /// Creates the absolute guest directory `path` with its missing parents and, with an

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{AgentClient, ClientError};
-use crate::protocol::AgentInfo;
+use vm_agent_protocol::protocol::AgentInfo;
 
 /// How long one readiness ping of [`AgentClient::wait_ready`] may take before a new one is
 /// tried (a ready agent answers in milliseconds; this leaves room for a loaded guest).
