@@ -11,12 +11,12 @@ use std::time::Duration;
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 
-/// Declares the client's requests that one frame answers, each once: its signature, the
-/// request it sends and the reply it takes (a pattern, an optional guard, the value). Each
-/// method connects, shakes hands, sends the request and matches the reply; any other frame is
+/// Expands the protocol's table of the requests one frame answers
+/// ([`vm_agent_protocol::one_frame_requests`]) into client methods: each connects, shakes
+/// hands, sends the request and matches the reply; any other frame is
 /// [`ClientError::Unexpected`] naming the method, an agent error its [`ClientError::Agent`].
 /// Requests that stream, or return the connection, are written out by hand.
-macro_rules! one_frame_requests {
+macro_rules! one_frame_methods {
     ($(
         $(#[$meta:meta])*
         pub async fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $out:ty {
@@ -38,13 +38,20 @@ macro_rules! one_frame_requests {
     };
 }
 
-mod dirs;
 mod files;
 mod hybrid;
 mod interactive;
 mod ready;
 mod resume;
 mod stream;
+
+/// The methods of the requests one frame answers, from the protocol's table.
+mod declared {
+    use super::{AgentClient, ClientError, unexpected};
+    use vm_agent_protocol::protocol::*;
+
+    vm_agent_protocol::one_frame_requests!(one_frame_methods);
+}
 
 pub use interactive::{Interactive, InteractiveInput, InteractiveOutput};
 pub use ready::{READY_ATTEMPT, READY_RETRY_MAX};
@@ -54,7 +61,7 @@ use vm_agent_protocol::PROTOCOL_VERSION;
 use vm_agent_protocol::frame::{FrameError, encode_frame, read_frame, write_frame};
 use vm_agent_protocol::protocol::{
     AgentFrame, AgentInfo, ClientFrame, ErrorKind, ExecOutput, ExecRequest, MAX_EXEC_OUTPUT,
-    MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request, ServeId, ServeRequest, ServeStatus,
+    MAX_FRAME, MAX_LIST_ENTRIES, MAX_STDIN_BYTES, Request,
 };
 use vm_agent_protocol::token::{AgentToken, TOKEN_LEN};
 
@@ -456,23 +463,6 @@ impl AgentClient {
             Ok(f) => Err(unexpected("shutdown", &f)),
             Err(e) => Err(e),
         }
-    }
-}
-
-one_frame_requests! {
-    /// Start a long-lived process.
-    pub async fn serve_start(&self, req: ServeRequest) -> ServeId {
-        Request::ServeStart(req), AgentFrame::ServeStarted(id) => id
-    }
-
-    /// Running/exit state and the retained output tail of a Serve process.
-    pub async fn serve_status(&self, id: ServeId) -> ServeStatus {
-        Request::ServeStatus(id), AgentFrame::ServeState(s) => s
-    }
-
-    /// Kill a Serve process's whole tree and forget it; returns its final status.
-    pub async fn serve_stop(&self, id: ServeId) -> ServeStatus {
-        Request::ServeStop(id), AgentFrame::ServeState(s) => s
     }
 }
 

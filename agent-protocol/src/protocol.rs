@@ -314,6 +314,125 @@ pub enum Request {
     ListeningPorts,
 }
 
+/// What a request holds its connection for: the agent gives each class its own connection
+/// slots (`guest-agent`'s `agent::slots`), so data traffic cannot starve control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    /// Answered at once.
+    Control,
+    /// Held while a command runs.
+    Exec,
+    /// Held while a peer keeps a byte stream open.
+    Data,
+}
+
+impl Request {
+    /// This request's class, declared here with the request (no wildcard: a new variant
+    /// does not compile until it has one).
+    pub fn class(&self) -> RequestClass {
+        match self {
+            Request::Ping
+            | Request::List { .. }
+            | Request::ServeStart(_)
+            | Request::ServeStatus(_)
+            | Request::ServeStop(_)
+            | Request::Shutdown
+            | Request::MakeDirs { .. }
+            | Request::MountTmpfs { .. }
+            | Request::SetMode { .. }
+            | Request::PodMount(_)
+            | Request::ListeningPorts
+            | Request::Resume { .. } => RequestClass::Control,
+            Request::Exec(_)
+            | Request::ExecStream(_)
+            | Request::ExecInteractive(_)
+            | Request::ExecInteractiveIn { .. }
+            | Request::ExecContainer(_) => RequestClass::Exec,
+            Request::Forward { .. } | Request::ReadFile { .. } | Request::WriteFile { .. } => {
+                RequestClass::Data
+            }
+        }
+    }
+}
+
+/// The requests one frame answers, each declared once beside its variant: the host's call (its
+/// docs, name and arguments), the request it sends, and the reply it takes (a pattern, an
+/// optional guard, the value). A host client expands the table into its methods by naming its
+/// own macro, which gets every entry in the form written here; names resolve where that macro
+/// is invoked (the client imports this module's items). Requests that stream, or that return
+/// the connection, are not here: their clients are written out. The runtime's own set-up in
+/// the guest (directories, a tmpfs, a mode, a pod member's filesystems) is done by the agent
+/// itself rather than by a `mkdir`, `mount` or `chmod` from the guest root.
+#[macro_export]
+macro_rules! one_frame_requests {
+    ($expand:ident) => {
+        $expand! {
+            /// Start a long-lived process.
+            pub async fn serve_start(&self, req: ServeRequest) -> ServeId {
+                Request::ServeStart(req), AgentFrame::ServeStarted(id) => id
+            }
+
+            /// Running/exit state and the retained output tail of a Serve process.
+            pub async fn serve_status(&self, id: ServeId) -> ServeStatus {
+                Request::ServeStatus(id), AgentFrame::ServeState(s) => s
+            }
+
+            /// Kill a Serve process's whole tree and forget it; returns its final status.
+            pub async fn serve_stop(&self, id: ServeId) -> ServeStatus {
+                Request::ServeStop(id), AgentFrame::ServeState(s) => s
+            }
+
+            /// Creates the absolute guest directory `path` with its missing parents and, with
+            /// an `owner` (a user as `--user` takes it), gives it to that user. An agent older
+            /// than this request answers an error of kind `Unsupported`.
+            pub async fn make_dirs(&self, path: &str, owner: Option<&str>) -> () {
+                Request::MakeDirs {
+                    path: path.into(),
+                    owner: owner.map(str::to_string),
+                },
+                AgentFrame::Ok => ()
+            }
+
+            /// Mounts a fresh tmpfs of `size_bytes` at the absolute guest directory `path`
+            /// (created if missing). Only an agent that is PID 1 mounts; it and an agent older
+            /// than this request answer an error of kind `Unsupported`.
+            pub async fn mount_tmpfs(&self, path: &str, size_bytes: u64) -> () {
+                Request::MountTmpfs {
+                    path: path.into(),
+                    size_bytes,
+                },
+                AgentFrame::Ok => ()
+            }
+
+            /// Sets the permission bits (`mode & 0o777`) of the regular file at the absolute
+            /// guest path `path`. An agent older than this request answers an error of kind
+            /// `Unsupported`.
+            pub async fn set_mode(&self, path: &str, mode: u32) -> () {
+                Request::SetMode {
+                    path: path.into(),
+                    mode,
+                },
+                AgentFrame::Ok => ()
+            }
+
+            /// The TCP ports something in the guest listens on at every address (sorted, at
+            /// most `MAX_LISTENING_PORTS`). An agent older than this request answers an error
+            /// of kind `Unsupported`.
+            pub async fn listening_ports(&self) -> Vec<u16> {
+                Request::ListeningPorts,
+                AgentFrame::Ports(p) if p.len() <= MAX_LISTENING_PORTS => p
+            }
+
+            /// One step of a pod member's filesystems (`PodMount`). Only an agent that is PID 1
+            /// mounts; it and an agent older than this request answer an error of kind
+            /// `Unsupported`.
+            pub async fn pod_mount(&self, m: PodMount) -> () {
+                Request::PodMount(m), AgentFrame::Ok => ()
+            }
+        }
+    };
+}
+
 /// Largest tmpfs upper of a pod member's root: 64 GiB (the guest's memory bounds it anyway).
 pub const MAX_POD_UPPER_BYTES: u64 = 64 << 30;
 /// Where the cgroup of the pod member assembled in `dir` is in a PID-1 agent's guest (its

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::files::{self, FileError};
-use super::slots::{Admitted, Class};
+use super::slots::Admitted;
 use super::{Agent, Stream, guard, transfer};
 use vm_agent_protocol::PROTOCOL_VERSION;
 use vm_agent_protocol::frame::{FrameError, read_frame, write_frame};
@@ -87,7 +87,7 @@ pub(super) async fn handle<S: Stream>(
         }
         Err(e) => return Err(e),
     };
-    let _held = match agent.slots().take(admitted, Class::of(&req)) {
+    let _held = match agent.slots().take(admitted, req.class()) {
         Ok(held) => held,
         Err(why) => return send_error(&mut s, ErrorKind::Busy, why, t).await,
     };

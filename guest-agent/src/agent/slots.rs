@@ -28,46 +28,9 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use vm_agent_protocol::protocol::Request;
-
-/// What a request holds its connection for (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// Answered at once.
-    Control,
-    /// Held while a command runs.
-    Exec,
-    /// Held while a peer keeps a byte stream open.
-    Data,
-}
-
-impl Class {
-    /// The class of `req`.
-    pub fn of(req: &Request) -> Class {
-        match req {
-            Request::Ping
-            | Request::List { .. }
-            | Request::ServeStart(_)
-            | Request::ServeStatus(_)
-            | Request::ServeStop(_)
-            | Request::Shutdown
-            | Request::MakeDirs { .. }
-            | Request::MountTmpfs { .. }
-            | Request::SetMode { .. }
-            | Request::PodMount(_)
-            | Request::ListeningPorts
-            | Request::Resume { .. } => Class::Control,
-            Request::Exec(_)
-            | Request::ExecStream(_)
-            | Request::ExecInteractive(_)
-            | Request::ExecInteractiveIn { .. }
-            | Request::ExecContainer(_) => Class::Exec,
-            Request::Forward { .. } | Request::ReadFile { .. } | Request::WriteFile { .. } => {
-                Class::Data
-            }
-        }
-    }
-}
+/// What a request holds its connection for (see the module docs): declared with each request,
+/// in the protocol ([`Request::class`](vm_agent_protocol::protocol::Request::class)).
+pub use vm_agent_protocol::protocol::RequestClass as Class;
 
 /// How many slots of each kind (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,19 +150,16 @@ mod tests {
 
     #[test]
     fn every_request_has_a_class() {
-        use vm_agent_protocol::protocol::{ExecRequest, ServeId};
-        assert_eq!(Class::of(&Request::ServeStatus(ServeId(1))), Class::Control);
-        assert_eq!(
-            Class::of(&Request::Exec(ExecRequest::default())),
-            Class::Exec
-        );
-        assert_eq!(Class::of(&Request::Forward { port: 80 }), Class::Data);
+        use vm_agent_protocol::protocol::{ExecRequest, Request, ServeId};
+        assert_eq!(Request::ServeStatus(ServeId(1)).class(), Class::Control);
+        assert_eq!(Request::Exec(ExecRequest::default()).class(), Class::Exec);
+        assert_eq!(Request::Forward { port: 80 }.class(), Class::Data);
         let read = Request::ReadFile {
             root: "/".into(),
             path: "f".into(),
             max: 1,
         };
-        assert_eq!(Class::of(&read), Class::Data);
+        assert_eq!(read.class(), Class::Data);
     }
 
     /// The wire does not change: a full class is the `Busy` error frame every client already
