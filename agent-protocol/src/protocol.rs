@@ -312,6 +312,10 @@ pub enum Request {
     /// on at every address (`0.0.0.0`; a loopback-only listener is not one), from the guest
     /// kernel's `/proc/net/tcp`. An older agent answers `Unsupported`.
     ListeningPorts,
+    /// Reply `Ok`: removes what is at `path` below `root` (confined like `WriteFile`): a
+    /// file, or a symlink itself (never what it points to). A directory is refused
+    /// (`BadRequest`), nothing there is `NotFound`. An older agent answers `Unsupported`.
+    Remove { root: String, path: String },
 }
 
 /// What a request holds its connection for: the agent gives each class its own connection
@@ -342,6 +346,7 @@ impl Request {
             | Request::SetMode { .. }
             | Request::PodMount(_)
             | Request::ListeningPorts
+            | Request::Remove { .. }
             | Request::Resume { .. } => RequestClass::Control,
             Request::Exec(_)
             | Request::ExecStream(_)
@@ -428,6 +433,17 @@ macro_rules! one_frame_requests {
             /// `Unsupported`.
             pub async fn pod_mount(&self, m: PodMount) -> () {
                 Request::PodMount(m), AgentFrame::Ok => ()
+            }
+
+            /// Removes the file at `path` below `root` (a symlink itself, never its target;
+            /// a directory is refused). An agent older than this request answers an error of
+            /// kind `Unsupported`.
+            pub async fn remove(&self, root: &str, path: &str) -> () {
+                Request::Remove {
+                    root: root.into(),
+                    path: path.into(),
+                },
+                AgentFrame::Ok => ()
             }
         }
     };

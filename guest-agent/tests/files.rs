@@ -309,3 +309,47 @@ async fn set_mode_sets_permission_bits_of_a_confined_regular_file() {
     let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "a file outside the root changed");
 }
+
+/// Remove: a file goes, and a symlink goes while what it points to (outside the root) stays;
+/// a directory, a path with nothing there, the root itself and every way out are refused,
+/// with nothing removed.
+#[tokio::test]
+async fn remove_takes_a_file_or_a_link_never_what_it_points_to() {
+    let a = TestAgent::start();
+    let c = a.client();
+    let outside = a.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("victim"), b"keep").unwrap();
+    let r = a.root();
+    std::fs::create_dir_all(r.join("a/d")).unwrap();
+    std::fs::write(r.join("a/f"), b"x").unwrap();
+    std::fs::write(r.join("a/g"), b"x").unwrap();
+    symlink(outside.join("victim"), r.join("link_out")).unwrap();
+    symlink(&outside, r.join("dir_out")).unwrap();
+    symlink("../outside", r.join("rel_out")).unwrap();
+
+    c.remove("/", "a/f").await.unwrap();
+    assert!(!r.join("a/f").exists());
+    c.remove("/a", "g").await.unwrap();
+    assert!(!r.join("a/g").exists());
+    c.remove("/", "link_out").await.unwrap();
+    assert!(r.join("link_out").symlink_metadata().is_err());
+
+    let refused = [
+        ("a/d", ErrorKind::BadRequest),
+        ("", ErrorKind::BadRequest),
+        ("missing", ErrorKind::NotFound),
+        ("a/missing/f", ErrorKind::NotFound),
+        ("dir_out/victim", ErrorKind::Escape),
+        ("rel_out/victim", ErrorKind::Escape),
+        ("../outside/victim", ErrorKind::Escape),
+        ("/etc/passwd", ErrorKind::Escape),
+    ];
+    for (p, kind) in refused {
+        let e = c.remove("/", p).await.unwrap_err();
+        assert_eq!(e.agent_kind(), Some(kind), "remove {p:?}: {e}");
+    }
+    assert!(r.join("a/d").is_dir());
+    assert!(r.join("dir_out").symlink_metadata().is_ok());
+    assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"keep");
+}

@@ -113,9 +113,10 @@ fn request_ordinal(r: &Request) -> usize {
         Request::PodMount(_) => 17,
         Request::ExecContainer(_) => 18,
         Request::ListeningPorts => 19,
+        Request::Remove { .. } => 20,
     }
 }
-const REQUESTS: usize = 20;
+const REQUESTS: usize = 21;
 
 fn client_ordinal(f: &ClientFrame) -> usize {
     match f {
@@ -313,6 +314,13 @@ fn requests() -> Vec<(Request, &'static str)> {
              70726f632f73797301126e65742e636f72652e736f6d6178636f6e6e04313032340103776562",
         ),
         (Request::ListeningPorts, "020000000113"),
+        (
+            Request::Remove {
+                root: "/r".into(),
+                path: "f".into(),
+            },
+            "070000000114022f720166",
+        ),
     ]
 }
 

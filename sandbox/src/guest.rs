@@ -387,6 +387,18 @@ impl Guest {
             .map_err(SandboxError::machine("set mode"))
     }
 
+    /// Removes the file at `path` (relative to the root): a regular file, or a symlink itself
+    /// (never what it points to); a directory is refused, and so is a path with nothing there
+    /// (an agent older than this answers `Unsupported`).
+    pub async fn remove(&self, path: &str) -> Result<(), SandboxError> {
+        let rel = confine::relative(path, false)?;
+        self.ensure_root().await?;
+        self.link
+            .call(|c| c.remove(self.root(), &rel))
+            .await
+            .map_err(SandboxError::machine("remove"))
+    }
+
     async fn read_under(&self, base: &str, rel: &str) -> Result<Vec<u8>, SandboxError> {
         self.link
             .call(|c| c.read_file(base, rel))

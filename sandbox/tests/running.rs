@@ -138,6 +138,17 @@ async fn attached_vm_shares_the_booted_vms_rules() {
         vm.read_absolute(abs.to_str().unwrap()).await.unwrap(),
         b"def"
     );
+    // Remove: a file relative to the root goes; a directory stays, refused; `..` never leaves.
+    vm.remove("in/a.txt").await.unwrap();
+    assert!(!root.join("in/a.txt").exists());
+    assert!(vm.remove("in").await.is_err());
+    assert!(root.join("in").is_dir());
+    let err = vm.remove("../abs/b.txt").await.unwrap_err();
+    assert!(
+        matches!(err, SandboxError::Path(PathError::DotDot(_))),
+        "{err:?}"
+    );
+    assert!(abs.exists());
     let err = vm.read_absolute("relative/b.txt").await.unwrap_err();
     assert!(
         matches!(err, SandboxError::Path(PathError::NotAbsolute(_))),

@@ -161,6 +161,13 @@ pub(super) async fn handle<S: Stream>(
                 Err(e) => send_error(&mut s, e.kind(), &vm_error_chain::error_chain(&e), t).await,
             }
         }
+        Request::Remove { root, path } => {
+            let base = agent.base_fd();
+            match files::open_root(base, &root).and_then(|r| files::remove(r.as_fd(), &path)) {
+                Ok(()) => send(&mut s, &AgentFrame::Ok, t).await,
+                Err(e) => file_error(&mut s, e, t).await,
+            }
+        }
         Request::ListeningPorts => match super::listening::read() {
             Ok(ports) => send(&mut s, &AgentFrame::Ports(ports), t).await,
             Err(e) => send_error(&mut s, ErrorKind::Io, &format!("/proc/net/tcp: {e}"), t).await,

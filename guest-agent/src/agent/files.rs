@@ -1,4 +1,4 @@
-//! Confined file access: ReadFile, WriteFile, List, MakeDirs, SetMode.
+//! Confined file access: ReadFile, WriteFile, List, MakeDirs, SetMode, Remove.
 //!
 //! A write never touches its destination until it is complete: [`create_part`] makes a
 //! temporary file beside it ([`Part`]), which [`Part::commit`] renames over the destination
@@ -31,6 +31,8 @@ pub enum FileError {
     NotFound(String),
     #[error("{0:?} is not a regular file")]
     NotRegular(String),
+    #[error("{0:?} is a directory")]
+    Directory(String),
     #[error("{path:?} is {size} bytes, over the cap of {max} bytes")]
     TooLarge { path: String, size: u64, max: u64 },
     #[error("{path:?} grew past the cap of {max} bytes while being copied")]
@@ -57,7 +59,7 @@ impl FileError {
             FileError::Escape(_) => ErrorKind::Escape,
             FileError::BadPath(_) | FileError::Owner { .. } => ErrorKind::BadRequest,
             FileError::NotFound(_) => ErrorKind::NotFound,
-            FileError::NotRegular(_) => ErrorKind::BadRequest,
+            FileError::NotRegular(_) | FileError::Directory(_) => ErrorKind::BadRequest,
             FileError::TooLarge { .. }
             | FileError::Grew { .. }
             | FileError::TooManyEntries { .. } => ErrorKind::TooLarge,
@@ -349,6 +351,32 @@ pub fn set_mode(base: BorrowedFd<'_>, path: &str, mode: u32) -> Result<(), FileE
             path: path.into(),
             source,
         })
+}
+
+/// Removes what is at `path` below `root`: a file, or a symlink itself (`unlinkat` never
+/// follows the last component); the directories on the way are opened beneath `root`, so
+/// none of them can be a way out.
+pub fn remove(root: BorrowedFd<'_>, path: &str) -> Result<(), FileError> {
+    let parts = clean(path)?;
+    let Some((name, parents)) = parts.split_last() else {
+        return Err(FileError::Directory(path.into()));
+    };
+    let dir = openat2(
+        root,
+        &parents.join("/"),
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+        BENEATH,
+    )?;
+    let name = CString::new(*name).map_err(|_| FileError::BadPath(path.into()))?;
+    sys::unlinkat(dir.as_fd(), &name).map_err(|source| match source.raw_os_error() {
+        Some(libc::ENOENT) => FileError::NotFound(path.into()),
+        Some(libc::EISDIR) => FileError::Directory(path.into()),
+        _ => FileError::Io {
+            path: path.into(),
+            source,
+        },
+    })
 }
 
 /// Regular files under `root/path`, recursively (symlinks are not followed).
