@@ -260,6 +260,16 @@ impl Vm {
         })
     }
 
+    /// Removes the file (or the symlink itself) at `path`, relative to the root or absolute
+    /// under it; a directory, or nothing there, is a `GuestError`.
+    fn remove_file(&self, py: Python<'_>, path: String) -> PyResult<()> {
+        blocking(py, || {
+            let guest = self.guest()?;
+            let rel = confine::in_root(guest.root(), &path).map_err(path_refused)?;
+            Ok(runtime().block_on(guest.remove(&rel))?)
+        })
+    }
+
     /// Streams the host file `src` into the guest file `path`, at most `max_size` bytes;
     /// returns the bytes copied. Memory stays flat whatever the size.
     #[pyo3(signature = (src, path, max_size=DEFAULT_COPY_CAP))]

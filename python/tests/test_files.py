@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from vm_sandbox import PathRefused
+from vm_sandbox import GuestError, PathRefused
 
 
 def test_round_trip_with_sha256(sb):
@@ -30,6 +30,23 @@ def test_confinement(sb):
             sb.files.write(bad, b"x")
     with pytest.raises(PathRefused):
         sb.files.list("../")
+
+
+def test_remove_takes_a_file_or_a_link_and_refuses_a_directory(sb):
+    sb.files.write("rm/a.txt", b"a")
+    sb.exec(["ln", "-s", "/work/rm/a.txt", "/work/rm/link"])
+    sb.files.remove("rm/link")
+    assert sb.files.read("rm/a.txt") == b"a", "a link's target stays"
+    sb.files.remove("/work/rm/a.txt")
+    assert sb.files.list("rm") == []
+    with pytest.raises(GuestError):
+        sb.files.remove("rm")
+    with pytest.raises(GuestError):
+        sb.files.remove("rm/a.txt")
+    for bad in ["../x", "/etc/passwd", ""]:
+        with pytest.raises(PathRefused):
+            sb.files.remove(bad)
+    assert sb.exec(["test", "-d", "/work/rm"]).exit_code == 0
 
 
 def _peak_rss_kib():

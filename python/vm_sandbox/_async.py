@@ -46,6 +46,9 @@ class AsyncFiles:
     async def list(self, dir: str = "") -> List[str]:
         return await _call(self._files.list, dir)
 
+    async def remove(self, path: str) -> None:
+        await _call(self._files.remove, path)
+
     async def upload(self, src: str, path: str, max_size: int = 1 << 30) -> int:
         return await _call(self._files.upload, src, path, max_size)
 

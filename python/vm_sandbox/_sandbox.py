@@ -185,6 +185,11 @@ class Files:
         """The bytes of ``path`` (at most 64 MiB; ``download`` streams any size)."""
         return self._vm.read_file(path)
 
+    def remove(self, path: str) -> None:
+        """Remove the file at ``path`` (a symlink itself, never what it points to); a
+        directory, or nothing there, raises ``GuestError``."""
+        self._vm.remove_file(path)
+
     def list(self, dir: str = "") -> List[str]:
         """Regular files under ``dir`` (recursively), sorted, relative to the root."""
         return self._vm.list_files(dir)
