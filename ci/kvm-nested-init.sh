@@ -12,9 +12,11 @@
 # binaries are built on the host against its glibc), pack (read-only: ci/kvm-proof.sh's pack),
 # inputs (read-only: the Debian root the image-root scenario boots) and out (read-write: the
 # proof's report, this init's log and exit code). The proof's arguments come on the kernel
-# command line as `l1.proof=ARG,ARG`; `l1.hang=once` makes stage 2 hang unless /out/stalled-1
-# exists (the runner's self-test of its stall diagnosis and retry); `l1.cli-only=1` runs only
-# the CLI checks.
+# command line as `l1.proof=ARG,ARG`; an attempt after a stall (the runner moved the stalled
+# attempt's files to /out/stalled-N) carries the tests that attempt finished (`--carry`).
+# `l1.hang=once` makes stage 2 stop its heartbeat and hang once the proof has run, unless
+# /out/stalled-1 exists (the runner's self-test of its stall diagnosis, retry and carry);
+# `l1.cli-only=1` runs only the CLI checks.
 PATH=/bin:/sbin:/usr/bin:/usr/sbin
 export PATH
 
@@ -79,12 +81,10 @@ stage2() {
     # The kernel's text symbols, for the runner's diagnosis of a hang (Debian ships no System.map).
     $bb grep -E ' [tT] ' /proc/kallsyms >/out/kallsyms
     args=$($bb sed -n 's/.*l1\.proof=\([^ ]*\).*/\1/p' /proc/cmdline | $bb tr ',' ' ')
-    # The runner's self-test: its first attempt hangs with no heartbeat; the second (the
-    # runner moved the first one's files to /out/stalled-1) goes on.
-    if $bb grep -q 'l1\.hang=once' /proc/cmdline && [ ! -d /out/stalled-1 ]; then
-        say "hanging on purpose (l1.hang=once)"
-        while :; do $bb sleep 3600; done
-    fi
+    # What an attempt an L1 stall cut off had finished is not run again: its cases count.
+    for carried in /out/stalled-*/proof/e2e.log; do
+        [ -f "$carried" ] && args="$args --carry $carried"
+    done
     if [ -f /inputs/debian-root.erofs ]; then
         export VM_TEST_DEBIAN_ROOT=/inputs/debian-root.erofs
     fi
@@ -101,11 +101,19 @@ stage2() {
             $bb sleep 5
         done
     ) &
+    heartbeat=$!
     say "running: OUT=/out/proof /pack/run.sh $args"
     rc=0
     if ! $bb grep -q 'l1\.cli-only=1' /proc/cmdline; then
         # shellcheck disable=SC2086 # the arguments are words from the command line
         OUT=/out/proof /pack/run.sh $args >>$log 2>&1 || rc=$?
+    fi
+    # The runner's self-test: its first attempt stops its heartbeat and hangs here, after the
+    # proof; the second (the runner moved the first one's files to /out/stalled-1) goes on.
+    if $bb grep -q 'l1\.hang=once' /proc/cmdline && [ ! -d /out/stalled-1 ]; then
+        kill "$heartbeat"
+        say "hanging on purpose (l1.hang=once)"
+        while :; do $bb sleep 3600; done
     fi
     say "run.sh exited $rc; the CLI checks on kvm"
     cli_checks >/out/cli.txt 2>&1

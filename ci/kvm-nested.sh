@@ -17,10 +17,12 @@
 #       --stall-after S  an L1 whose heartbeat (a file its init rewrites every 5 s) is silent
 #                    for S seconds has stalled (default 120): diagnosed, and run once more;
 #                    silent for 15 s it is first sent an NMI (a lost timer wake-up: see watch_l1)
-#   ci/kvm-nested.sh --self-test-stall [--pack DIR]   the stall path: an L1 that hangs on
-#                    purpose (no heartbeat) on its first attempt only must be diagnosed (console
-#                    tail, the vCPU's registers and LAPIC, an NMI probe) and run once more, which
-#                    runs the CLI's checks on kvm and must pass (stall after 30 s unless given)
+#   ci/kvm-nested.sh --self-test-stall [--pack DIR]   the stall path: an L1 that runs one
+#                    short scenario (boot), then hangs on purpose (its heartbeat stopped) on
+#                    its first attempt only, must be diagnosed (console tail, the vCPU's registers
+#                    and LAPIC, an NMI probe) and run once more, which carries that scenario's
+#                    cases instead of running it again, runs the CLI's checks on kvm and must
+#                    pass (stall after 30 s unless given)
 #   ci/kvm-nested.sh --print-l1          build (cached) the L1 and print its directory
 #   --cli-only   (debugging the runner) only the L1's CLI checks, not the pack's run.sh
 #   --llama      after the CLI checks, the llama.cpp server's warm-start benchmark: cold
@@ -301,7 +303,11 @@ mkdir -p "$inputs"
 append="console=ttyS0 panic=-1 nokaslr idle=poll lapic=notscdeadline$append_extra"
 if [[ $mode == stall ]]; then
     timeout=${timeout:-300} stall_after=${stall_after:-30}
-    append+=" l1.hang=once l1.cli-only=1"
+    # Attempt 1 runs one short scenario (no benchmarks), then stops its heartbeat and hangs;
+    # attempt 2 must carry that scenario's cases rather than run it again, then run the CLI
+    # checks.
+    append+=" l1.hang=once"
+    only=${only:-boot}
 fi
 stall_after=${stall_after:-120}
 nudge_after=15
@@ -332,6 +338,7 @@ if [[ -n $only ]]; then
     [[ $only =~ ^[A-Za-z0-9_:]+$ ]] || die "--only: letters, digits, _ and : only, not $only"
     if ((full)); then append+=" l1.proof=--only,$only"; else append+=",--only,$only"; fi
 fi
+[[ $mode != stall ]] || append+=",--suite-only"
 
 share() { # share TAG DIR [ro]
     local opt=",readonly=on"
@@ -388,8 +395,9 @@ stop_l1() {
 
 # An L1 whose heartbeat stops (its vCPU halted with no wake-up ever coming, seen in about a third
 # of the L1 runs of 2026-12-02 under QEMU 7.2's emulated SVM: a fault of the emulation, not of what runs inside) is
-# diagnosed, cut off and run again from the start (twice at most), said loudly; a third stall fails the
-# run. A run that merely goes slow or a test that hangs keeps its heartbeat: the bound on the
+# diagnosed, cut off and run again (twice at most), said loudly; a third stall fails the run.
+# The next attempt does not run again the end-to-end tests the stalled one finished: the L1's
+# init hands their output to the proof (`--carry`), whose cases count as they were. A run that merely goes slow or a test that hangs keeps its heartbeat: the bound on the
 # whole run and the suite's own timeouts catch those.
 say "L1: $(cat "$l1/KERNEL"), $smp vCPU, $l1_mem, $("$qemu" --version | head -n1); pack $pack; output $out; bound ${timeout}s, stall after ${stall_after}s of silence"
 attempt=1 stalls=0 digest=
@@ -474,9 +482,16 @@ if [[ $mode == stall ]]; then
     # normal run (CI's run of 2026-12-07 met one on attempt 2, in the L1's boot); it is said,
     # and counted in docs/testing.md, not taken for a fault of the retry path.
     ((stalls >= 1)) || die "self-test: the L1 was meant to stall on its first attempt; it ran through"
+    # What attempt 1 finished before it hung is carried, not run again.
+    carried=$(grep -c '^  ok   ' "$out/stalled-1/proof/e2e.log" 2>/dev/null || true)
+    ((carried > 0)) || die "self-test: the stalled attempt finished no case of $only to carry"
+    grep -q '"carried from an attempt an L1 stall cut off' "$out/proof/report.json" ||
+        die "self-test: the retry did not carry what the stalled attempt finished"
+    grep -q '^running 0 tests' "$out/proof/e2e.log" ||
+        die "self-test: the retry ran again what the stalled attempt had finished"
     besides=
     ((stalls == 1)) || besides="; $((stalls - 1)) real stall(s) besides, retried"
-    echo "kvm-nested: self-test: a stalled L1 was cut off after ${stall_after}s of silence, diagnosed (RIP $rip) and run once more: $passed/$total CLI checks passed$besides"
+    echo "kvm-nested: self-test: a stalled L1 was cut off after ${stall_after}s of silence, diagnosed (RIP $rip) and run once more, its $carried finished cases carried: $passed/$total cases and CLI checks passed$besides"
     exit 0
 fi
 echo "kvm-nested: $passed/$total cases passed"

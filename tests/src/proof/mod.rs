@@ -75,15 +75,20 @@ pub struct Args {
     /// `--only NAME`: run only the suite's tests whose name contains NAME (libtest's filter;
     /// debugging one scenario on a host where the whole suite takes long).
     pub only: Option<String>,
+    /// `--carry LOG` (repeatable): the suite's output of an attempt an L1 stall cut off. The
+    /// tests it finished `ok` are not run again; their cases count as they were.
+    pub carry: Vec<PathBuf>,
+    /// `--suite-only`: no benchmarks after the suite.
+    pub suite_only: bool,
 }
 
 impl Args {
-    /// `--pack DIR --out DIR [--quick] [--driver NAME] [--only NAME]`; `--quick` measures less (3 boots,
-    /// 50 execs, 4 at once, 200 keystrokes).
+    /// `--pack DIR --out DIR [--quick] [--driver NAME] [--only NAME] [--carry LOG]...
+    /// [--suite-only]`; `--quick` measures less (3 boots, 50 execs, 4 at once, 200 keystrokes).
     pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         let (mut pack, mut out, mut plan) = (None, None, BenchPlan::default());
         let mut driver = DRIVER;
-        let mut only = None;
+        let (mut only, mut carry, mut suite_only) = (None, Vec::new(), false);
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--pack" => pack = it.next().map(PathBuf::from),
@@ -106,6 +111,8 @@ impl Args {
                 "--only" => {
                     only = Some(it.next().filter(|n| !n.is_empty()).ok_or("--only NAME")?);
                 }
+                "--carry" => carry.push(it.next().map(PathBuf::from).ok_or("--carry LOG")?),
+                "--suite-only" => suite_only = true,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -117,6 +124,8 @@ impl Args {
             plan,
             driver,
             only,
+            carry,
+            suite_only,
         })
     }
 }
@@ -196,7 +205,25 @@ fn prove(args: &Args, report: &mut Report) -> Outcome {
     if !available {
         return Outcome::HostCannotRunKvm;
     }
-    report.cases = match run_suite(args) {
+    let carried = match carried(args) {
+        Ok(c) => c,
+        Err(e) => {
+            report.notes.push(e);
+            return Outcome::Broken;
+        }
+    };
+    if !carried.is_empty() {
+        let tests: Vec<&str> = carried.iter().map(|(t, _)| t.as_str()).collect();
+        let cases: usize = carried.iter().map(|(_, c)| c.len()).sum();
+        let note = format!(
+            "carried from an attempt an L1 stall cut off: {} tests ({cases} cases), not run again: {}",
+            tests.len(),
+            tests.join(" ")
+        );
+        println!("{note}");
+        report.notes.push(note);
+    }
+    report.cases = match run_suite(args, &carried) {
         Ok(cases) => cases,
         Err(e) => {
             report.notes.push(e);
@@ -212,6 +239,9 @@ fn prove(args: &Args, report: &mut Report) -> Outcome {
             .filter(|l| l.contains(&format!("[{}]", args.driver)) || !l.contains(" ["))
             .map(|l| format!("skipped: {l}")),
     );
+    if args.suite_only {
+        return Outcome::from_cases(&report.cases, true);
+    }
     println!("benchmarks on {} ...", args.driver);
     let bench = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt.block_on(bench::run(args.driver, args.plan)),
@@ -227,8 +257,34 @@ fn prove(args: &Args, report: &mut Report) -> Outcome {
     Outcome::from_cases(&report.cases, bench_ok)
 }
 
-/// Runs the suite binary on kvm only, its output in `<out>/e2e.log`.
-fn run_suite(args: &Args) -> Result<Vec<CaseResult>, String> {
+/// The most of a carried log read: a whole suite's output is a few hundred KiB.
+const MAX_CARRIED_LOG: u64 = 16 << 20;
+
+/// The tests the `--carry` logs finished `ok`, each once, with their cases.
+fn carried(args: &Args) -> Result<Vec<(String, Vec<CaseResult>)>, String> {
+    let mut out: Vec<(String, Vec<CaseResult>)> = Vec::new();
+    for log in &args.carry {
+        let mut text = String::new();
+        fs::File::open(log)
+            .and_then(|f| {
+                io::Read::read_to_string(&mut io::Read::take(f, MAX_CARRIED_LOG), &mut text)
+            })
+            .map_err(|e| format!("reading the carried log {}: {e}", log.display()))?;
+        for (test, cases) in report::finished_ok(&text, args.driver) {
+            if !out.iter().any(|(t, _)| *t == test) {
+                out.push((test, cases));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs the suite binary on kvm only, its output in `<out>/e2e.log`; the `carried` tests are
+/// skipped and their cases come first.
+fn run_suite(
+    args: &Args,
+    carried: &[(String, Vec<CaseResult>)],
+) -> Result<Vec<CaseResult>, String> {
     let log_path = args.out.join("e2e.log");
     let log =
         fs::File::create(&log_path).map_err(|e| format!("creating {}: {e}", log_path.display()))?;
@@ -240,9 +296,19 @@ fn run_suite(args: &Args) -> Result<Vec<CaseResult>, String> {
         args.driver,
         log_path.display()
     );
-    let status = Command::new(args.pack.e2e())
+    let mut suite = Command::new(args.pack.e2e());
+    suite
         .args(["--test-threads=1", "--nocapture"])
-        .args(args.only.iter())
+        .args(args.only.iter());
+    // Skips match exactly unless `--only`'s substring filter is in force (libtest's
+    // `--exact` applies to both).
+    if !carried.is_empty() && args.only.is_none() {
+        suite.arg("--exact");
+    }
+    for (test, _) in carried {
+        suite.args(["--skip", test]);
+    }
+    let status = suite
         .env("VM_TEST_DRIVERS", args.driver)
         .env("VM_TEST_SKIP_LOG", args.out.join("skipped.log"))
         .stdin(Stdio::null())
@@ -252,8 +318,11 @@ fn run_suite(args: &Args) -> Result<Vec<CaseResult>, String> {
         .map_err(|e| format!("running {}: {e}", args.pack.e2e().display()))?;
     let text = fs::read_to_string(&log_path)
         .map_err(|e| format!("reading {}: {e}", log_path.display()))?;
-    let mut cases = report::parse_cases(&text, args.driver);
-    if !status.success() && cases.iter().all(|c| c.passed) {
+    let ran = report::parse_cases(&text, args.driver);
+    let ran_ok = ran.iter().all(|c| c.passed);
+    let mut cases: Vec<CaseResult> = carried.iter().flat_map(|(_, c)| c.clone()).collect();
+    cases.extend(ran);
+    if !status.success() && ran_ok {
         cases.push(CaseResult {
             name: format!("end-to-end suite ({status})"),
             passed: false,
@@ -320,6 +389,16 @@ mod tests {
         assert_eq!(t.driver, "tcg");
         let bad = args(&["--pack", "/p", "--out", "/o", "--driver", "xen"]).unwrap_err();
         assert_eq!(bad, "--driver \"xen\" is not a registered driver");
+        let carry = args(&[
+            "--pack", "/p", "--out", "/o", "--carry", "/a", "--carry", "/b",
+        ]);
+        assert_eq!(carry.unwrap().carry, [Path::new("/a"), Path::new("/b")]);
+        assert!(args(&["--pack", "/p", "--out", "/o", "--carry"]).is_err());
+        assert!(
+            args(&["--pack", "/p", "--out", "/o", "--suite-only"])
+                .unwrap()
+                .suite_only
+        );
         let one = args(&["--pack", "/p", "--out", "/o", "--only", "snapshot"]).unwrap();
         assert_eq!(one.only.as_deref(), Some("snapshot"));
         assert!(args(&["--pack", "/p", "--out", "/o", "--only"]).is_err());
@@ -336,6 +415,8 @@ mod tests {
             plan: BenchPlan::default(),
             driver: DRIVER,
             only: None,
+            carry: Vec::new(),
+            suite_only: false,
         };
         assert_eq!(a.pack.missing().len(), 5);
         let code = run(&a);

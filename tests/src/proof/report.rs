@@ -124,6 +124,31 @@ pub fn parse_cases(output: &str, driver: &str) -> Vec<CaseResult> {
     cases
 }
 
+/// The tests that libtest finished `ok` in the suite's output (its `ok` line after the test's
+/// own), each with its cases for `driver`: what an attempt that was cut off (an L1 stall)
+/// proved before it stopped. A test still running where the output ends, or one that failed,
+/// is not among them.
+pub fn finished_ok(output: &str, driver: &str) -> Vec<(String, Vec<CaseResult>)> {
+    let lines: Vec<&str> = output.lines().collect();
+    let mut done = Vec::new();
+    let mut current: Option<(&str, usize)> = None;
+    for (i, line) in lines.iter().enumerate() {
+        if let Some((path, _)) = libtest_start(line.trim_start()) {
+            current = Some((path, i));
+        } else if line.trim_end() == "FAILED" {
+            current = None;
+        } else if line.trim_end() == "ok"
+            && let Some((path, start)) = current.take()
+        {
+            let cases = parse_cases(&lines[start..i].join("\n"), driver);
+            if cases.iter().all(|c| c.passed) {
+                done.push((path.to_string(), cases));
+            }
+        }
+    }
+    done
+}
+
 /// `test PATH ... REST` → (PATH, REST): the line on which libtest started a test.
 fn libtest_start(line: &str) -> Option<(&str, &str)> {
     let rest = line.strip_prefix("test ")?;
@@ -254,6 +279,45 @@ test boot_and_kernel ... FAILED
                     name: "mounts".into(),
                     passed: false
                 },
+            ]
+        );
+    }
+
+    /// The output of an attempt an L1 stall cut off: the tests libtest finished `ok` are
+    /// carried with their cases; the failed one and the one still running are not.
+    #[test]
+    fn an_attempt_cut_off_carries_only_what_finished_ok() {
+        let out = "\
+running 4 tests
+test boot::boot_and_kernel ... boot+agent ready in 0.9 s [kvm]
+  ok   boot/agent_answers_as_pid1 [kvm] (0.1 s)
+  ok   boot/uname_is_our_kernel [kvm] (0.1 s)
+PASS boot [kvm]
+ok
+test cancel::cancel ... FAIL cancel [kvm] after 3.0 s: boom
+FAILED
+test env::env ... boot+agent ready in 0.9 s [kvm]
+  ok   env/path [kvm] (0.1 s)
+PASS env [kvm]
+ok
+test exec::exec ... boot+agent ready in 0.9 s [kvm]
+  ok   exec/true [kvm] (0.1 s)
+";
+        let carried: Vec<(String, Vec<String>)> = finished_ok(out, "kvm")
+            .into_iter()
+            .map(|(t, c)| (t, c.into_iter().map(|c| c.name).collect()))
+            .collect();
+        assert_eq!(
+            carried,
+            vec![
+                (
+                    "boot::boot_and_kernel".to_string(),
+                    vec![
+                        "boot/agent_answers_as_pid1".to_string(),
+                        "boot/uname_is_our_kernel".to_string()
+                    ]
+                ),
+                ("env::env".to_string(), vec!["env/path".to_string()]),
             ]
         );
     }
