@@ -214,11 +214,7 @@ fn cpu_ticks(pids: &[u32]) -> u64 {
 
 /// Resident memory of `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
-    let s = vm_test_support::procfs::status_field(
-        std::path::Path::new(&format!("/proc/{pid}/status")),
-        "VmRSS",
-    );
-    s.trim_end_matches(" kB").trim().parse().unwrap_or(0)
+    vm_test_support::procfs::rss_kib(std::path::Path::new(&format!("/proc/{pid}/status")))
 }
 
 /// The pid of the process named `comm` under `root`.

@@ -13,6 +13,15 @@ pub fn status_field(status: &Path, key: &str) -> String {
         .unwrap_or_default()
 }
 
+/// `VmRSS` of a `/proc/.../status` file, in KiB (0 when absent).
+pub fn rss_kib(status: &Path) -> u64 {
+    status_field(status, "VmRSS")
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
 /// The children of `pid` (of its main thread).
 pub fn children(pid: u32) -> Vec<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))

@@ -18,12 +18,7 @@ const FLOOD: u64 = 1_000_000;
 
 /// VmRSS of this process in KiB.
 fn rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
+    vm_test_support::procfs::rss_kib(std::path::Path::new("/proc/self/status"))
 }
 
 /// xorshift64: deterministic "random" fields.

@@ -1,5 +1,5 @@
-//! virtio-fs in `vm-vmm`: the harness plays the guest's FUSE driver on real guest memory
-//! against a real host tree, the worker under its production seccomp filter
+//! virtio-fs in `vm-vmm`: the harness (`fs_guest`) plays the guest's FUSE driver on real guest
+//! memory against a real host tree, the worker under its production seccomp filter
 //! (`ThreadKind::FsDevice`). The device config space names the tag; a file reads back
 //! through the request queue; the DAX window (a shared-memory region of the transport) shows
 //! the file's pages after `SETUPMAPPING` and zero pages after `REMOVEMAPPING`; a range
@@ -7,130 +7,18 @@
 //! bounded; every write-like opcode is `EROFS`; the host file is unchanged. A sparse 8 GiB
 //! file on tmpfs read whole through the window reads true and allocates none of its holes.
 
-use std::time::Duration;
+mod fs_guest;
 
-use vm_virtiofs::abi::{InHeader, opcode};
+use fs_guest::{Guest, NO_FH, WINDOW, file_bytes, tree};
+use vm_virtiofs::abi::opcode;
 use vmm::virtio::DeviceConfig;
-use vmm::virtio::test_utils::{Driver, Seg};
+use vmm::virtio::test_utils::Driver;
 
-const T: Duration = Duration::from_secs(10);
-const WINDOW: u64 = 64 << 20;
 const SHM_SEL: u32 = 0xac;
 const SHM_LEN_LOW: u32 = 0xb0;
 const SHM_LEN_HIGH: u32 = 0xb4;
 const SHM_BASE_LOW: u32 = 0xb8;
-/// What Linux's `fuse_setup_one_mapping` sends as a `SETUPMAPPING`'s handle: always -1 (the
-/// file is the node id).
-const NO_FH: u64 = u64::MAX;
 const SHM_BASE_HIGH: u32 = 0xbc;
-
-struct Guest {
-    d: Driver,
-    unique: u64,
-    /// One request and one reply buffer in guest memory, reused.
-    bufs: (u64, u64),
-    _tree: tempfile::TempDir,
-}
-
-fn tree() -> tempfile::TempDir {
-    let t = tempfile::tempdir().unwrap();
-    let data: Vec<u8> = (0..(5u32 << 20) + 123).map(|i| (i % 251) as u8).collect();
-    std::fs::write(t.path().join("weights.bin"), data).unwrap();
-    t
-}
-
-impl Guest {
-    fn new(dax_window: u64) -> Guest {
-        Guest::on(tree(), dax_window)
-    }
-
-    /// A guest of the share `t`.
-    fn on(t: tempfile::TempDir, dax_window: u64) -> Guest {
-        let cfg = DeviceConfig::Fs {
-            tag: "fs0".into(),
-            share: t.path().to_path_buf(),
-            max_inodes: 64,
-            dax_window,
-        };
-        let mut d = Driver::new(&cfg).unwrap();
-        d.dev.open_host_files(1024).unwrap();
-        d.activate(0);
-        let bufs = (d.alloc(64 << 10), d.alloc(1 << 20));
-        let mut g = Guest {
-            d,
-            unique: 0,
-            bufs,
-            _tree: t,
-        };
-        let mut init = Vec::new();
-        for v in [7u32, 41, 128 << 10, (1 << 22) | (1 << 26)] {
-            init.extend_from_slice(&v.to_le_bytes());
-        }
-        init.resize(64, 0);
-        assert_eq!(g.call(opcode::INIT, 0, &init).0, 0);
-        g
-    }
-
-    /// Sends a request on the request queue; its errno and reply body.
-    fn call(&mut self, op: u32, nodeid: u64, body: &[u8]) -> (i32, Vec<u8>) {
-        self.unique += 1;
-        let req = InHeader {
-            opcode: op,
-            unique: self.unique,
-            nodeid,
-            ..InHeader::default()
-        }
-        .request(body);
-        let (a, r) = self.bufs;
-        self.d.write_mem(a, &req);
-        self.d.add_chain(
-            1,
-            &[
-                Seg::readable(a, req.len() as u32),
-                Seg::writable(r, 1 << 20),
-            ],
-        );
-        self.d.notify(1);
-        let (_, len) = self.d.wait_used(1, T).expect("a reply");
-        let out = self.d.read_mem(r, len as usize);
-        assert!(out.len() >= 16, "short reply {out:?}");
-        let errno = -i32::from_le_bytes(out[4..8].try_into().unwrap());
-        (errno, out[16..].to_vec())
-    }
-
-    fn lookup_open(&mut self, name: &str) -> (u64, u64) {
-        let mut n = name.as_bytes().to_vec();
-        n.push(0);
-        let (e, entry) = self.call(opcode::LOOKUP, 1, &n);
-        assert_eq!(e, 0);
-        let node = u64::from_le_bytes(entry[..8].try_into().unwrap());
-        let (e, open) = self.call(opcode::OPEN, node, &[0u8; 8]);
-        assert_eq!(e, 0);
-        (node, u64::from_le_bytes(open[..8].try_into().unwrap()))
-    }
-
-    fn setup(&mut self, node: u64, fh: u64, foffset: u64, len: u64, flags: u64, at: u64) -> i32 {
-        let mut b = Vec::new();
-        for v in [fh, foffset, len, flags, at] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        self.call(opcode::SETUPMAPPING, node, &b).0
-    }
-
-    /// `len` bytes of the window at `offset`, as the guest would read them.
-    fn window(&self, offset: u64, len: usize) -> Vec<u8> {
-        let w = self.d.dev.window().expect("a window");
-        let mut out = vec![0u8; len];
-        w.mapping.read(offset, &mut out).unwrap();
-        out
-    }
-}
-
-fn file_bytes(offset: u64, len: usize) -> Vec<u8> {
-    (offset..offset + len as u64)
-        .map(|i| (i % 251) as u8)
-        .collect()
-}
 
 #[test]
 fn the_tag_and_the_window_are_in_the_transport() {
