@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use vm_sandbox::agent::{
     ClientError, ExecEvent, Interactive, InteractiveInput, InteractiveOutput, TtySize,
 };
-use vm_sandbox::sys::term;
+use vm_sys::term;
 
 use crate::exit;
 use crate::stream::{Outputs, Signals};

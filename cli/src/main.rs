@@ -20,7 +20,7 @@
 //! Data flows one way: CLI -> vm-sandbox (validate -> admit -> select -> boot, or attach)
 //! -> driver -> machine -> agent client -> agent.
 //!
-//! No `unsafe` here: process control (signals, sessions, uid) is `vm_sandbox::sys`.
+//! No `unsafe` here: process control (signals, sessions, uid) is `vm_sys::control`.
 
 #![forbid(unsafe_code)]
 // Every print goes through `output`'s macros, which survive a closed stdout/stderr.

@@ -98,7 +98,7 @@ fn flood_then_exec(test: &str, name: &'static str, n: usize) {
     if common::no_guest_here(&env, test) {
         return;
     }
-    let limit = vm_sandbox::sys::raise_nofile().unwrap_or(0);
+    let limit = vm_sys::control::raise_nofile().unwrap_or(0);
     assert!(
         limit >= n as u64 + 512,
         "RLIMIT_NOFILE {limit}: the test needs {} descriptors",

@@ -106,7 +106,7 @@ fn spawn_until_started(env: &Env, args: &[&str]) -> common::ChildGuard {
 fn interrupt_expecting_130(child: &mut common::ChildGuard) {
     let sent = Instant::now();
     // Our own unreaped child.
-    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
+    vm_sys::control::signal(child.0.id(), vm_sys::control::Signal::Interrupt).unwrap();
     let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(
@@ -411,7 +411,7 @@ fn serve_publishes_a_guest_port_until_ctrl_c() {
     };
     assert!(reply.starts_with("HTTP/1."), "{reply}");
     // Our own unreaped child.
-    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
+    vm_sys::control::signal(child.0.id(), vm_sys::control::Signal::Interrupt).unwrap();
     let status = child.0.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(

@@ -136,7 +136,7 @@ fn a_gguf_over_1_gib_mounted_as_one_file_answers_the_openai_client() {
         "{out:?}"
     );
 
-    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
+    vm_sys::control::signal(child.0.id(), vm_sys::control::Signal::Interrupt).unwrap();
     assert_eq!(child.0.wait().unwrap().code(), Some(130));
     assert_eq!(
         llama::sha256_file(&model),

@@ -100,7 +100,7 @@ fn llama_server_answers_the_openai_client() {
         "the guest changed the model on the host"
     );
 
-    vm_sandbox::sys::signal(child.0.id(), vm_sandbox::sys::Signal::Interrupt).unwrap();
+    vm_sys::control::signal(child.0.id(), vm_sys::control::Signal::Interrupt).unwrap();
     assert_eq!(child.0.wait().unwrap().code(), Some(130));
     assert!(
         std::net::TcpStream::connect(addr).is_err(),

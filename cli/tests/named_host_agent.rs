@@ -308,7 +308,7 @@ async fn ctrl_c_cancels_the_tree(env: &Env, flags: &[&str]) {
         .unwrap();
     assert!(common::pid_alive(grandchild));
     // Our own child process.
-    vm_sandbox::sys::signal(child.id().unwrap(), vm_sandbox::sys::Signal::Interrupt).unwrap();
+    vm_sys::control::signal(child.id().unwrap(), vm_sys::control::Signal::Interrupt).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
         .await
         .unwrap()

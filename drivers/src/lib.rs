@@ -57,7 +57,6 @@ mod process;
 mod registry;
 mod ring;
 pub mod snapshot;
-pub mod sys;
 pub mod tcg;
 #[cfg(test)]
 mod test_support;

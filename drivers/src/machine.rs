@@ -408,8 +408,8 @@ impl Machine {
     /// What the VM's host processes use now (CPU time, resident memory — the guest RAM it
     /// has touched included — and how many there are), summed over every process group of
     /// the VM.
-    pub fn host_usage(&self) -> crate::sys::Usage {
-        crate::sys::group_usage(&self.shared.handle.host_pids())
+    pub fn host_usage(&self) -> vm_sys::control::Usage {
+        vm_sys::control::group_usage(&self.shared.handle.host_pids())
     }
 
     /// Runs one agent call, `op(client)`, on this machine's client: `m.call(|c| c.exec(req))`.

@@ -8,7 +8,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use crate::sys::{self, Signal};
+use vm_sys::control::{self, Signal};
 
 /// How long [`freeze`] waits for every thread to be seen stopped.
 const STOP_WAIT: Duration = Duration::from_secs(5);
@@ -17,13 +17,13 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 /// On failure the groups already stopped are continued again (nothing is left half-paused).
 pub(crate) fn freeze(groups: &[u32]) -> io::Result<()> {
     for (i, &g) in groups.iter().enumerate() {
-        if let Err(e) = sys::signal_group(g, Signal::Stop) {
+        if let Err(e) = control::signal_group(g, Signal::Stop) {
             thaw(&groups[..i]);
             return Err(e);
         }
     }
     let deadline = Instant::now() + STOP_WAIT;
-    while !groups.iter().all(|&g| sys::group_stopped(g)) {
+    while !groups.iter().all(|&g| control::group_stopped(g)) {
         if Instant::now() >= deadline {
             thaw(groups);
             return Err(io::Error::new(
@@ -39,7 +39,7 @@ pub(crate) fn freeze(groups: &[u32]) -> io::Result<()> {
 /// Continues every process group in `groups` (a group that is gone is skipped).
 pub(crate) fn thaw(groups: &[u32]) {
     for &g in groups {
-        if let Err(e) = sys::signal_group(g, Signal::Continue)
+        if let Err(e) = control::signal_group(g, Signal::Continue)
             && e.raw_os_error() != Some(libc::ESRCH)
         {
             tracing::warn!(group = g, error = %e, "continuing a VM process group failed");

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use vm_sync::Lock;
 
 use crate::ring::SharedRing;
-use crate::sys::{self, Signal};
+use vm_sys::control::{self, Signal};
 
 /// A request to the spawner thread: the command and where to send the result.
 type SpawnJob = (Command, mpsc::Sender<io::Result<Child>>);
@@ -56,7 +56,7 @@ fn spawner() -> io::Result<mpsc::Sender<SpawnJob>> {
 pub(crate) fn arm(cmd: &mut Command) {
     let parent = std::process::id();
     cmd.process_group(0);
-    sys::kill_with_parent(cmd, parent);
+    control::kill_with_parent(cmd, parent);
 }
 
 /// Spawns `cmd` (armed with [`arm`]) from the long-lived spawner thread.
@@ -229,7 +229,7 @@ impl Supervised {
             return Peek::Exited(status);
         }
         // Not running once it exited, and when it is not our unreaped child any more.
-        match sys::exited_unreaped(self.pid) {
+        match control::exited_unreaped(self.pid) {
             Ok(None) => Peek::Running,
             Ok(Some(status)) => Peek::Exited(status),
             Err(_) => Peek::Unknown,
@@ -259,7 +259,7 @@ impl Supervised {
             return Some(status);
         }
         // The leader is not reaped yet, so its pid (== pgid) still names our group.
-        if let Err(e) = sys::signal_group(self.pid, Signal::Kill)
+        if let Err(e) = control::signal_group(self.pid, Signal::Kill)
             && e.raw_os_error() != Some(libc::ESRCH)
         {
             tracing::warn!(program = %self.program, error = %e, "killing the process group failed");
@@ -286,7 +286,7 @@ impl Supervised {
     /// its group has members, so the group id still names ours.
     fn await_group_gone(&self) {
         let deadline = Instant::now() + GROUP_EXIT_WAIT;
-        while sys::group_exists(self.pid) {
+        while control::group_exists(self.pid) {
             if Instant::now() >= deadline {
                 tracing::warn!(program = %self.program, "processes of the group outlived its leader");
                 return;
@@ -312,7 +312,7 @@ mod tests {
     use std::process::Stdio;
 
     fn alive(pid: u32) -> bool {
-        sys::pid_exists(pid)
+        control::pid_exists(pid)
     }
 
     fn sleeper() -> Command {
@@ -419,9 +419,9 @@ mod tests {
     #[test]
     fn child_is_leader_of_its_own_process_group() {
         let child = spawn_supervised("sleep", sleeper(), 1024).expect("spawn sleep");
-        let pgid = sys::process_group(child.pid()).unwrap();
+        let pgid = control::process_group(child.pid()).unwrap();
         assert_eq!(pgid, child.pid());
-        assert_ne!(sys::process_group(std::process::id()).unwrap(), pgid);
+        assert_ne!(control::process_group(std::process::id()).unwrap(), pgid);
     }
 
     /// The last bytes a child wrote before exiting are in the tail as soon as the exit is

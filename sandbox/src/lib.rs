@@ -136,9 +136,9 @@ pub use serving::{
 };
 pub use snapshot_root::{SnapshotRootError, SnapshotRoots};
 pub use snapshots::{SnapshotError, SnapshotRecord, SnapshotStore};
-/// Safe process-control wrappers (signal a pid or a group, pid alive, new session, uid):
-/// `vm_drivers::sys`, the one place the host side calls them.
-pub use vm_drivers::sys;
+/// Confines this process as a reader of agent frames that starts nothing more (the
+/// `vm-jail` reader filter): call it once every VM process is started.
+pub use vm_jail::seccomp::client::confine_reader;
 /// OCI images as guest roots: pull, import, list, remove (the `vm-oci` crate).
 pub use vm_oci as oci;
 

@@ -31,7 +31,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::rundir;
-use crate::sys::{self, Signal};
+use vm_sys::control::{self, Signal};
 
 pub mod named;
 mod record;
@@ -115,7 +115,7 @@ fn mkdir_private(path: &Path) -> Result<(), StateError> {
 
 fn check_private(path: &Path) -> Result<(), StateError> {
     let md = fs::symlink_metadata(path).map_err(io_err(path))?;
-    let uid = sys::uid();
+    let uid = control::uid();
     let unsafe_dir = |why: &str| StateError::Unsafe {
         path: path.to_path_buf(),
         why: why.into(),
@@ -145,7 +145,7 @@ impl Runtime {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
-        let uid = sys::uid();
+        let uid = control::uid();
         let root = if let Some(dir) = env("VM_RUNTIME_DIR") {
             dir
         } else if let Some(xdg) = env("XDG_RUNTIME_DIR") {
@@ -341,7 +341,7 @@ pub fn kill_leftovers(record: &Record) {
         if p.alive() {
             tracing::info!(pid = p.pid, "killing leftover VM process");
             // The pid was just verified (pid + start time) to be the VM's process.
-            if let Err(e) = sys::signal(p.pid, Signal::Kill) {
+            if let Err(e) = control::signal(p.pid, Signal::Kill) {
                 tracing::debug!(pid = p.pid, error = %e, "leftover VM process already gone");
             }
         }

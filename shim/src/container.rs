@@ -555,7 +555,7 @@ impl Container {
 
     /// What the container uses now: its VM's host processes, or, for a pod's app container,
     /// its cgroup in the pod's VM.
-    pub async fn usage(&self) -> Result<vm_sandbox::sys::Usage, ShimError> {
+    pub async fn usage(&self) -> Result<vm_sys::control::Usage, ShimError> {
         match &self.place {
             Place::Member { member, .. } => member.usage(&self.vm).await,
             Place::Own | Place::Sandbox { .. } => Ok(self.vm.machine().host_usage()),

@@ -7,7 +7,7 @@
 use containerd_shim::protos::cgroups::metrics::{
     CPUStat, CPUUsage, MemoryEntry, MemoryStat, Metrics, PidsStat,
 };
-use vm_sandbox::sys::Usage;
+use vm_sys::control::Usage;
 
 /// The metrics of a VM using `u`, whose guest has `limit_bytes` of memory.
 pub fn of(u: &Usage, limit_bytes: u64) -> Metrics {

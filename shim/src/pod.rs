@@ -22,10 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vm_sandbox::agent::{PodMount, pod_member_cgroup};
-use vm_sandbox::sys::Usage;
 use vm_sandbox::{Guest, MemberRoot, MicroVm, MountCache, Options, RawDisk};
 use vm_spec::Mount;
 use vm_sync::Lock;
+use vm_sys::control::Usage;
 
 use crate::bundle::ContainerSpec;
 use crate::error::ShimError;

@@ -12,10 +12,13 @@
 //!   else controls (`vm-oci`'s unpacking, the shim's kubelet files).
 //! - [`private`]: files only their owner can change, opened and checked by descriptor (a
 //!   snapshot directory before a restore reads it).
+//! - [`control`]: process control of the drivers, the API, the CLI and the shim: signals,
+//!   process groups and sessions, their usage, the descriptor limit, unreaped exits.
+//! - [`term`]: the terminal of `vm exec -t` (window size, raw mode restored on drop).
 //!
 //! What it does not own: calls only one crate makes stay in that crate's `sys` module (the
-//! VMM's vCPU kick and guest memory in `vmm::sys`, process groups and terminals in
-//! `vm-drivers`' `sys`, the final-component file operations of `vm-oci`'s unpacking).
+//! VMM's vCPU kick and guest memory in `vmm::sys`, the final-component file operations of
+//! `vm-oci`'s unpacking).
 //!
 //! The guest agent (`guest-agent`, `vm-agent`) keeps its own `sys` module, `prctl` wrapper
 //! included, and does not depend on this crate: it is a static binary built for the guest
@@ -24,9 +27,11 @@
 //! change here a reason to rebuild the image. The guest side and the host side share the wire
 //! protocol, not system-call wrappers.
 
+pub mod control;
 pub mod fs;
 pub mod private;
 pub mod process;
+pub mod term;
 
 /// The error of every call here: the `errno` the kernel answered.
 pub use nix::errno::Errno;

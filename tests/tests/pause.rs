@@ -13,7 +13,7 @@ use vm_tests::{Cases, GuestSpec, boot, ensure, error_chain};
 /// Every process of the process groups `groups` (each VM process leads one; a jailed
 /// program runs in its reaper's group).
 fn group_members(groups: &[u32]) -> Vec<u32> {
-    vm_sandbox::sys::group_members(groups)
+    vm_sys::control::group_members(groups)
         .into_iter()
         .map(|(pid, _)| pid)
         .collect()

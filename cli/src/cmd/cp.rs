@@ -35,7 +35,7 @@ fn guest_path(name: &str, path: &str) -> anyhow::Result<String> {
 pub async fn run(a: CpArgs) -> anyhow::Result<u8> {
     let rt = Runtime::from_env()?;
     // `vm cp` starts nothing: only the agent's socket and the host file.
-    vm_sandbox::sys::confine_reader()?;
+    vm_sandbox::confine_reader()?;
     match (guest_ref(&a.src), guest_ref(&a.dst)) {
         (None, Some((name, path))) => {
             let name = guest_path(name, path)?;

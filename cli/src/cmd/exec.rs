@@ -137,7 +137,7 @@ async fn in_named(a: ExecArgs, name: String) -> anyhow::Result<u8> {
     let mut signals = Signals::install()?;
     let rt = Runtime::from_env()?;
     // From here on this process starts nothing: only sockets, its records and the guest.
-    vm_sandbox::sys::confine_reader()?;
+    vm_sandbox::confine_reader()?;
     let vm = NamedVm::attach(&rt, &name)?;
     let run = Run {
         command: Command::Argv(a.command.clone()),

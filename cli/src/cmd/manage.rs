@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use vm_sandbox::sys::{self, Signal};
+use vm_sys::control::{self, Signal};
 
 use crate::args::{LogsArgs, PsArgs, RmArgs, StopArgs};
 use crate::exit;
@@ -74,7 +74,7 @@ pub async fn stop_one(rt: &Runtime, name: &str, grace: Duration) -> anyhow::Resu
     };
     tracing::info!(pid = sup.pid, "asking the supervisor of {name} to stop");
     // The supervisor's identity (pid + start time) was just verified.
-    if let Err(e) = sys::signal(sup.pid, Signal::Terminate) {
+    if let Err(e) = control::signal(sup.pid, Signal::Terminate) {
         tracing::debug!(pid = sup.pid, error = %e, "the supervisor is already gone");
     }
     let deadline = Instant::now() + grace;
@@ -85,7 +85,7 @@ pub async fn stop_one(rt: &Runtime, name: &str, grace: Duration) -> anyhow::Resu
         tracing::warn!("{name}: supervisor did not stop within {grace:?}; killing it");
         // The supervisor leads its own session and process group (setsid); kill the group
         // so VM helper processes it started go too.
-        if let Err(e) = sys::signal_group(sup.pid, Signal::Kill) {
+        if let Err(e) = control::signal_group(sup.pid, Signal::Kill) {
             tracing::debug!(pid = sup.pid, error = %e, "the supervisor's group is already gone");
         }
         let until = Instant::now() + Duration::from_secs(5);

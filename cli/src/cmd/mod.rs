@@ -14,10 +14,10 @@ pub mod snapshot;
 pub mod stats;
 
 /// Once `vm`'s processes are started this process starts nothing more: it is confined as a
-/// reader of agent frames ([`vm_sandbox::sys::confine_reader`]) before it reads more of the
+/// reader of agent frames ([`vm_sandbox::confine_reader`]) before it reads more of the
 /// guest. If that fails, the VM is closed and the error returned (never run unconfined).
 pub async fn confine_reader(vm: &vm_sandbox::MicroVm) -> anyhow::Result<()> {
-    if let Err(e) = vm_sandbox::sys::confine_reader() {
+    if let Err(e) = vm_sandbox::confine_reader() {
         vm.close().await;
         return Err(e.into());
     }

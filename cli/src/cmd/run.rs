@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use vm_sandbox::Options;
-use vm_sandbox::sys::{self, Signal};
+use vm_sys::control::{self, Signal};
 
 use crate::args::RunArgs;
 use crate::cmd::from::FromSnapshot;
@@ -162,7 +162,7 @@ async fn start(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    sys::new_session(&mut cmd);
+    control::new_session(&mut cmd);
     let mut child = cmd.spawn().context("starting the supervisor")?;
     loop {
         let record = rt.load(name)?;
@@ -205,7 +205,7 @@ async fn start(
 async fn terminate(child: &mut std::process::Child, grace: Duration) {
     let pid = child.id();
     // Our own unreaped child: the pid cannot have been recycled.
-    if let Err(e) = sys::signal(pid, Signal::Terminate) {
+    if let Err(e) = control::signal(pid, Signal::Terminate) {
         tracing::debug!(pid, error = %e, "the supervisor is already gone");
     }
     let deadline = std::time::Instant::now() + grace;
@@ -216,7 +216,7 @@ async fn terminate(child: &mut std::process::Child, grace: Duration) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The child leads its own process group (setsid) and is not reaped yet.
-    if let Err(e) = sys::signal_group(pid, Signal::Kill) {
+    if let Err(e) = control::signal_group(pid, Signal::Kill) {
         tracing::debug!(pid, error = %e, "the supervisor's group is already gone");
     }
     let _ = child.wait();

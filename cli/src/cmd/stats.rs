@@ -1,6 +1,6 @@
 //! `vm stats`: what named VMs cost the host now (as `docker stats --no-stream`): CPU use over
 //! a one-second sample, resident memory and process count of every host process of each VM
-//! (`vm_sandbox::sys::group_usage` over the process groups its record lists), beside the
+//! (`vm_sys::control::group_usage` over the process groups its record lists), beside the
 //! guest's memory. With `--json`, each VM on our own VMM (kvm) also carries its device
 //! counters (`vmm_devices`, the `metrics.json` its supervisor refreshes every second); for
 //! other drivers that field is `null`: they have no such counters, and zeros would lie.
@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use vm_sandbox::sys::{self, Usage};
+use vm_sys::control::{self, Usage};
 
 use crate::args::StatsArgs;
 use crate::exit;
@@ -62,13 +62,13 @@ pub async fn run(a: StatsArgs) -> anyhow::Result<u8> {
     }
     let before: Vec<Usage> = records
         .iter()
-        .map(|r| sys::group_usage(&groups(r)))
+        .map(|r| control::group_usage(&groups(r)))
         .collect();
     let t0 = Instant::now();
     tokio::time::sleep(SAMPLE).await;
     let after: Vec<Usage> = records
         .iter()
-        .map(|r| sys::group_usage(&groups(r)))
+        .map(|r| control::group_usage(&groups(r)))
         .collect();
     let elapsed_ns = t0.elapsed().as_nanos().max(1) as f64;
     let cpu = |b: &Usage, a: &Usage| {

@@ -178,7 +178,7 @@ impl Drop for ChildGuard {
             return;
         }
         // Our own unreaped child.
-        let _ = vm_sandbox::sys::signal(self.0.id(), vm_sandbox::sys::Signal::Interrupt);
+        let _ = vm_sys::control::signal(self.0.id(), vm_sys::control::Signal::Interrupt);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::time::Instant::now() < deadline {
             if !matches!(self.0.try_wait(), Ok(None)) {

@@ -246,6 +246,20 @@ pub fn programs() -> Result<(BpfProgram, BpfProgram), SeccompError> {
     build().map_err(|e| SeccompError::External("an agent reader", e))
 }
 
+/// Confines this whole process as a reader of agent frames that starts nothing more
+/// ([`apply_to_process`]). Call it once every process this one will ever start is started
+/// (the VM's), before more of the guest is read.
+///
+/// The soft descriptor limit is raised to the hard one first: a confined process may read its
+/// limits but never set them, and a served port's forwards need the descriptors. Failing to
+/// raise it is logged, not fatal (forwards then wait at the lower limit).
+pub fn confine_reader() -> Result<(), SeccompError> {
+    if let Err(e) = vm_sys::control::raise_nofile() {
+        tracing::warn!(error = %e, "cannot raise RLIMIT_NOFILE before confining");
+    }
+    apply_to_process()
+}
+
 /// Sets `no_new_privs` and installs the reader's filter on every thread of this process
 /// (see the module docs). From then on the process cannot start a program or a process.
 pub fn apply_to_process() -> Result<(), SeccompError> {

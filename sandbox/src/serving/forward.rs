@@ -61,7 +61,7 @@ fn enough_descriptors() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let want = 2 * MAX_CONNECTIONS as u64 + 256;
-        match crate::sys::raise_nofile() {
+        match vm_sys::control::raise_nofile() {
             Ok(n) if n >= want => {}
             Ok(n) => tracing::warn!(
                 limit = n,

@@ -16,7 +16,7 @@ use vm_spec::{Policy, Spec, Trust};
 use super::{Record, Runtime, StateError, VmState};
 use crate::error::SandboxError;
 use crate::running::{Attach, RunningVm};
-use crate::sys::{self, Signal};
+use vm_sys::control::{self, Signal};
 
 /// How long the holder gets to report a pause or resume (it waits for every VM thread).
 const CHANGE_WAIT: Duration = Duration::from_secs(10);
@@ -223,7 +223,7 @@ pub async fn set_paused(rt: &Runtime, name: &str, pause: bool) -> Result<(), Nam
     };
     // The holder's identity (pid + start time) was just checked by effective_state.
     let sig = if pause { Signal::User1 } else { Signal::User2 };
-    if let Err(source) = sys::signal(holder.pid, sig) {
+    if let Err(source) = control::signal(holder.pid, sig) {
         return Err(NamedError::Signal { name, source });
     }
     let deadline = Instant::now() + CHANGE_WAIT;

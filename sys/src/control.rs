@@ -1,28 +1,11 @@
-//! Safe wrappers over the host system calls this workspace's host side uses for process
-//! control; every `unsafe` block of that work is here, each behind a function whose doc
-//! states its contract. `vm-sandbox` re-exports this module so the CLI needs none of its own.
+//! Process control on the host side: signals, process groups and sessions, their CPU and
+//! memory, the descriptor limit, and the exit status of a child not yet reaped; every
+//! `unsafe` block of that work is here, each behind a function whose doc states its contract.
+//! The drivers, the API, the CLI and the shim all call it here.
 //!
 //! Pids are `u32` as `std::process` gives them. A pid of 0 or one above `i32::MAX` is
 //! refused with `EINVAL` before any call: `kill(0, …)` and `kill(-1, …)` would signal our
 //! own process group or every process we may signal, never what a caller means.
-
-pub mod term;
-
-/// Confines this whole process as a reader of agent frames that starts nothing more:
-/// `no_new_privs`, then `vm_jail::seccomp::client`'s filter on every thread (no program
-/// executed, no process forked, no change of identity, namespace or mounts; a call outside
-/// its list ends the process with `SIGSYS`). Call it once every process this one will ever
-/// start is started (the VM's), before more of the guest is read.
-///
-/// The soft descriptor limit is raised to the hard one first ([`raise_nofile`]): a confined
-/// process may read its limits but never set them, and a served port's forwards need the
-/// descriptors. Failing to raise it is logged, not fatal (forwards then wait at the lower limit).
-pub fn confine_reader() -> Result<(), vm_jail::seccomp::SeccompError> {
-    if let Err(e) = raise_nofile() {
-        tracing::warn!(error = %e, "cannot raise RLIMIT_NOFILE before confining");
-    }
-    vm_jail::seccomp::client::apply_to_process()
-}
 
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
