@@ -316,13 +316,15 @@ pub async fn apply(agent: &Agent, m: &PodMount) -> Result<(), PodMountError> {
         PodMount::Unmount { path } => {
             // Its processes first (what its execs left running in a shared PID namespace
             // included), then its namespaces: both would keep its mounts (and disks) in use.
-            let group = agent.pod_group(&format!("{path}/root"));
-            if let (Some(cgroups), Some(name)) = (agent.cgroups(), group) {
+            // The group stays recorded until its mounts are gone, so a process started for
+            // this root meanwhile still lands in it (and is killed with it).
+            let root = format!("{path}/root");
+            if let (Some(cgroups), Some(name)) = (agent.cgroups(), agent.pod_group(&root)) {
                 cgroups.kill_group(&name);
             }
-            agent.namespaces().remove(&format!("{path}/root"));
+            agent.namespaces().remove(&root);
             let r = unmount(path);
-            let group = agent.pod_groups().remove(&format!("{path}/root"));
+            let group = agent.pod_groups().remove(&root);
             if let (Some(cgroups), Some(name)) = (agent.cgroups(), group) {
                 cgroups.remove_group(&name).await;
             }
