@@ -1,7 +1,10 @@
 //! The hybrid-vsock side of a connection: connecting to a VM's socket (a full listen backlog
 //! retried), the `CONNECT <port>\n` → `OK <n>\n` exchange (with the first bytes sent behind
-//! the line), and what a failed exchange means.
+//! the line, written in the same breath as the connect), and what a failed exchange means.
 
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,6 +41,49 @@ pub(super) async fn connect_retrying(path: &std::path::Path) -> std::io::Result<
     }
 }
 
+/// Connects to the VM's socket at `path` and writes `out` (the `CONNECT` line and the bytes
+/// behind it) at once, with nothing between the two system calls: the vsock device reads what
+/// a client sent as it accepts it, and at its connection cap only a client whose first bytes
+/// are already there may take the slot of a silent one (`vmm::virtio::vsock::muxer::host`).
+/// Connecting through the runtime first (a wait for writability between the connect and the
+/// write) let a loaded host's device accept the client before it spoke, and refuse it.
+/// Returns the stream and how much of `out` went out (the rest is written by the handshake).
+/// A full listen backlog is retried as in [`connect_retrying`].
+pub(super) async fn connect_sending(
+    path: &Path,
+    out: &[u8],
+) -> std::io::Result<(UnixStream, usize)> {
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match connect_nonblocking(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+            Ok(mut s) => {
+                // A write that fails here (the device already closed it) is tried again by
+                // the handshake, which says what it means.
+                let sent = s.write(out).unwrap_or(0);
+                return Ok((UnixStream::from_std(s)?, sent));
+            }
+        }
+    }
+}
+
+/// A non-blocking Unix stream socket connected to `path` (`EAGAIN`: its backlog is full).
+fn connect_nonblocking(path: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    connect(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    Ok(std::os::unix::net::UnixStream::from(fd))
+}
+
 /// How long an abandoned hybrid-vsock handshake stays open waiting for the backend's reply.
 const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
 
@@ -52,13 +98,13 @@ const HANDSHAKE_LINGER: Duration = Duration::from_secs(30);
 pub(super) async fn vsock_handshake(
     s: UnixStream,
     port: u32,
-    first: Vec<u8>,
+    rest: Vec<u8>,
     timeout: Duration,
 ) -> Result<UnixStream, ClientError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let mut s = s;
-        match tokio::time::timeout(timeout, vsock_connect(&mut s, port, &first)).await {
+        match tokio::time::timeout(timeout, vsock_connect(&mut s, port, &rest)).await {
             Ok(result) => {
                 // If the caller is gone, `s` is dropped after the reply: harmless.
                 let _ = tx.send(result.map(|()| s));
@@ -90,9 +136,17 @@ async fn drain_line(s: &mut UnixStream) {
     }
 }
 
-/// Sends `CONNECT <port>\n` and `first` (the bytes that follow the line; the backend passes
-/// them on once the guest accepted) in one write, then reads the reply line.
-async fn vsock_connect(s: &mut UnixStream, port: u32, first: &[u8]) -> Result<(), ClientError> {
+/// The `CONNECT <port>\n` line and `first` (the bytes that follow it; the backend passes them
+/// on once the guest accepted), as one write.
+pub(super) fn connect_line(port: u32, first: &[u8]) -> Vec<u8> {
+    let mut out = format!("CONNECT {port}\n").into_bytes();
+    out.extend_from_slice(first);
+    out
+}
+
+/// Sends `rest` (what [`connect_sending`] could not write of the [`connect_line`]), then
+/// reads the reply line.
+async fn vsock_connect(s: &mut UnixStream, port: u32, rest: &[u8]) -> Result<(), ClientError> {
     let step = "hybrid vsock connect";
     // The backend closed the connection (before our bytes were read it is a reset, not an
     // end of file): it answered nothing, or only `line`.
@@ -105,9 +159,7 @@ async fn vsock_connect(s: &mut UnixStream, port: u32, first: &[u8]) -> Result<()
         }
         _ => ClientError::Io { step, source },
     };
-    let mut out = format!("CONNECT {port}\n").into_bytes();
-    out.extend_from_slice(first);
-    s.write_all(&out).await.map_err(|e| io(&[], e))?;
+    s.write_all(rest).await.map_err(|e| io(&[], e))?;
     // Read byte by byte so nothing past the line is consumed; bounded to 64 bytes.
     let mut line = Vec::with_capacity(64);
     loop {

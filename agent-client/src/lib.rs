@@ -309,7 +309,7 @@ impl AgentClient {
                 Err(e) if dropped_in_handshake(&e) => {
                     tracing::debug!(error = %e, "the agent dropped the connection in its handshake; retrying");
                     tokio::time::sleep(delay).await;
-                    delay *= 2;
+                    delay = (delay * 2).min(HANDSHAKE_RETRY_MAX);
                 }
                 r => return r,
             }
@@ -322,28 +322,37 @@ impl AgentClient {
             Transport::Unix(p) | Transport::HybridVsock { path: p, .. } => p,
         };
         let ct = self.limits.connect_timeout;
-        let mut s = tokio::time::timeout(ct, hybrid::connect_retrying(path))
-            .await
-            .map_err(|_| ClientError::Timeout { step: "connect" })?
-            .map_err(|source| ClientError::Connect {
-                path: path.clone(),
-                source,
-            })?;
+        let connect_err = |source| ClientError::Connect {
+            path: path.clone(),
+            source,
+        };
         let hello = ClientFrame::Hello {
             version: PROTOCOL_VERSION,
             token: self.token.as_ref().map_or([0; TOKEN_LEN], |t| *t.bytes()),
         };
-        // Through hybrid vsock the `Hello` goes out with the `CONNECT` line, in one write: the
-        // vsock device then sees a client that speaks at once, which a flood of silent
-        // connections never pushes out or queues ahead of (`vmm::virtio::vsock::muxer`).
-        let pipelined = match &self.transport {
+        // Through hybrid vsock the `Hello` goes out with the `CONNECT` line, in one write made
+        // as the connection is made: the vsock device then sees a client that speaks at once,
+        // which a flood of silent connections never pushes out or queues ahead of
+        // (`vmm::virtio::vsock::muxer`).
+        let (s, pipelined) = match &self.transport {
             Transport::HybridVsock { port, .. } => {
                 let first =
                     encode_frame(&hello, MAX_FRAME).map_err(|e| frame_err("handshake", e))?;
-                s = hybrid::vsock_handshake(s, *port, first, ct).await?;
-                true
+                let out = hybrid::connect_line(*port, &first);
+                let (s, sent) = tokio::time::timeout(ct, hybrid::connect_sending(path, &out))
+                    .await
+                    .map_err(|_| ClientError::Timeout { step: "connect" })?
+                    .map_err(connect_err)?;
+                let rest = out[sent..].to_vec();
+                (hybrid::vsock_handshake(s, *port, rest, ct).await?, true)
             }
-            Transport::Unix(_) => false,
+            Transport::Unix(_) => {
+                let s = tokio::time::timeout(ct, hybrid::connect_retrying(path))
+                    .await
+                    .map_err(|_| ClientError::Timeout { step: "connect" })?
+                    .map_err(connect_err)?;
+                (s, false)
+            }
         };
         let mut conn = Conn {
             s,
@@ -467,10 +476,15 @@ impl AgentClient {
 }
 
 /// Connection attempts when the agent drops a connection in its handshake (see `connect`).
-const HANDSHAKE_ATTEMPTS: u32 = 5;
+const HANDSHAKE_ATTEMPTS: u32 = 8;
 
-/// The wait before the first such retry; doubled each time (50 + 100 + 200 + 400 ms).
-const HANDSHAKE_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// The wait before the first such retry; doubled each time up to [`HANDSHAKE_RETRY_MAX`]
+/// (25 + 50 + 100 × 5 = 575 ms in all: more tries, sooner, than the 750 ms of five did, for
+/// a refusal is a moment's congestion more often than a lasting one).
+const HANDSHAKE_RETRY_DELAY: Duration = Duration::from_millis(25);
+
+/// The longest wait between two attempts.
+const HANDSHAKE_RETRY_MAX: Duration = Duration::from_millis(100);
 
 /// True for a handshake that failed because the connection went away (no agent reply).
 fn dropped_in_handshake(e: &ClientError) -> bool {
