@@ -9,7 +9,8 @@
 //! (beyond that a new host client replaces the oldest silent one: one still sending its
 //! `CONNECT` line, else one whose `REQUEST` has not gone out and that sent nothing behind its
 //! line, else, for a client that sent its first bytes with its line, a connection the guest
-//! accepted and has sent nothing on since; it is closed at once when none of these is
+//! accepted and has sent nothing on since, or one whose `REQUEST` it has not answered yet and
+//! whose client sent nothing with its line; it is closed at once when none of these is
 //! left), at most
 //! [`MAX_QUEUED_RST`] queued bare RST replies, a connection the guest closed lingers at most
 //! `connection::CLOSE_LINGER` to deliver what it still buffers, and a host socket is only watched for input while
@@ -112,6 +113,10 @@ pub struct Muxer {
     /// Connections the guest accepted and has sent nothing on yet, oldest (lowest token)
     /// first: what a host client at the connection cap may push out.
     silent: BTreeMap<u64, ConnKey>,
+    /// Connections whose `REQUEST` went out and the guest has not answered yet, whose client
+    /// sent nothing with its line, oldest first: what a host client that spoke at once may
+    /// push out at the cap when no silent one is left.
+    waiting: BTreeMap<u64, ConnKey>,
     rsts: VecDeque<Header>,
     next_token: u64,
     next_host_port: u32,
@@ -140,6 +145,7 @@ impl Muxer {
             rx_new: VecDeque::new(),
             new_turn: false,
             silent: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             rsts: VecDeque::new(),
             next_token: TOKEN_LISTENER + 1,
             next_host_port: FIRST_HOST_PORT,
@@ -255,6 +261,7 @@ impl Muxer {
         if let Some(c) = self.conns.remove(&key) {
             self.slots.remove(&c.token);
             self.silent.remove(&c.token);
+            self.waiting.remove(&c.token);
             if c.queued {
                 // Never leave a dead key queued: a connection made again under the same key
                 // would be queued twice, and keys of dead connections would pile up while the

@@ -178,6 +178,41 @@ fn at_the_cap_silent_clients_push_out_unsent_ones_and_only_eager_ones_accepted_o
     assert_eq!(rsts, [port(0)]);
 }
 
+/// A loaded guest has not answered the flood's `REQUEST`s yet and accepted none: a client
+/// that speaks at once still gets in, in the place of the oldest unanswered silent one (the
+/// guest told), while a silent newcomer is refused.
+#[test]
+fn at_the_cap_a_client_that_spoke_first_pushes_out_an_unanswered_silent_one() {
+    let port = |i: u32| FIRST_HOST_PORT + i;
+    let ops = vec![
+        connect(),            // A
+        connect(),            // B
+        connect(),            // C
+        Op::GuestRx(3, 4096), // their REQUESTs go out; the guest answers none yet
+        connect(),            // D: silent, nothing it may push out: refused
+        connect_eager(),      // E: speaks at once: pushes out A
+        Op::GuestRx(1, 4096), // E's REQUEST goes out
+        guest(1024, port(4), op::RESPONSE, b""),
+    ];
+    let mut ran = run_capped(3, ops);
+    let mut live: Vec<u32> = ran.m.conns.keys().map(|k| k.0).collect();
+    live.sort();
+    assert_eq!(live, [port(1), port(2), port(4)]);
+    let got: Vec<(String, bool)> = (0..5).map(|i| received(&mut ran.clients[i])).collect();
+    assert_eq!(got[0], (String::new(), true), "A");
+    assert_eq!(got[3], (String::new(), true), "D");
+    assert_eq!(got[4], (format!("OK {}\n", port(4)), false), "E");
+    let rsts: Vec<u32> = ran.m.rsts.iter().map(|h| h.src_port).collect();
+    let used: u16 = ran.mem.read_obj(GuestAddress(RX_USED + 2)).unwrap();
+    let told: Vec<u32> = rx_packets(&ran, u64::from(used))
+        .into_iter()
+        .filter(|p| p.0 == op::RST)
+        .map(|p| p.1)
+        .chain(rsts)
+        .collect();
+    assert_eq!(told, [port(0)], "the guest is told A is gone");
+}
+
 #[test]
 fn closing_quiet_connections_cannot_hold_back_a_client_that_spoke_first() {
     let port = |i: u32| FIRST_HOST_PORT + i;

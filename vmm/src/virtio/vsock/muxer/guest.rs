@@ -70,6 +70,7 @@ impl Muxer {
         c.update_peer(hdr);
         match hdr.op {
             op::RESPONSE if c.state == State::Connecting => {
+                self.waiting.remove(&c.token);
                 let ok = format!("OK {}\n", key.0);
                 if c.stream.write_all(ok.as_bytes()).is_err() {
                     self.remove(key, true);

@@ -8,7 +8,8 @@
 //! sent its first bytes with its line (the agent client sends its `Hello` so) may also push
 //! out the connection the guest accepted longest ago and has sent nothing on since (the agent
 //! answers nothing before a valid `Hello`, so these are the connections it has not
-//! authenticated, silent or slow). Host clients that flood the socket, with or without their
+//! authenticated, silent or slow), or, when none is left, the silent client whose `REQUEST`
+//! the guest has left unanswered longest (a loaded guest answers a flood's late). Host clients that flood the socket, with or without their
 //! `CONNECT` line, however fast they come back, then push out each other or are refused on
 //! the host, costing the guest nothing, while a real client gets in; a connection the guest
 //! has answered on, or whose client sent its first bytes with its line, is never evicted.
@@ -64,7 +65,7 @@ impl Muxer {
         if self.evict_oldest_pending() || self.evict_oldest_unsent() {
             return;
         }
-        if eager && self.evict_oldest_silent() {
+        if eager && (self.evict_oldest_silent() || self.evict_oldest_waiting()) {
             return;
         }
         tracing::debug!("vsock: connection limit reached; refusing host client");
@@ -115,6 +116,19 @@ impl Muxer {
             return false;
         };
         tracing::debug!("vsock: connection limit reached; evicting the oldest silent connection");
+        self.remove(key, true);
+        true
+    }
+
+    /// Drops the connection whose `REQUEST` went out longest ago, unanswered, and whose client
+    /// sent nothing with its line, telling the guest (`RST`); false if there is none. Under a
+    /// loaded guest a flood's `REQUEST`s can wait long enough to hold every slot the silent
+    /// ones would have left.
+    fn evict_oldest_waiting(&mut self) -> bool {
+        let Some((_, key)) = self.waiting.pop_first() else {
+            return false;
+        };
+        tracing::debug!("vsock: connection limit reached; evicting the oldest unanswered client");
         self.remove(key, true);
         true
     }

@@ -196,6 +196,15 @@ fn assert_bounded(m: &Muxer) {
             "silent entry {key:?} is not an established connection"
         );
     }
+    for (token, key) in &m.waiting {
+        assert!(
+            m.conns.get(key).is_some_and(|c| c.token == *token
+                && c.state == State::Connecting
+                && !c.send_request
+                && !c.eager),
+            "waiting entry {key:?} is not a silent client's unanswered connection"
+        );
+    }
     for c in m.conns.values() {
         assert!(
             c.buffered() <= BUF_ALLOC as usize,

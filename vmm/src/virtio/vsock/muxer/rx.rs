@@ -60,6 +60,9 @@ impl Muxer {
         let mut written = 0;
         let ctrl = if c.send_request {
             c.send_request = false;
+            if !c.eager {
+                self.waiting.insert(c.token, key);
+            }
             Some((op::REQUEST, 0))
         } else if c.send_response {
             c.send_response = false;
