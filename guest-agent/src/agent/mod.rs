@@ -59,10 +59,14 @@ use guard::RefusalLog;
 use vm_agent_protocol::protocol::{AgentInfo, ErrorKind};
 use vm_agent_protocol::token::AgentToken;
 
-/// The vsock listener's accept backlog (the crate binds with 128). A burst of host connections
-/// larger than the backlog is reset by the guest kernel before the agent sees it (the host
-/// client reads no `OK`), and each reset connection comes back at once if a flood reopens it.
-pub const LISTEN_BACKLOG: i32 = 1024;
+/// The vsock listener's accept backlog (the crate binds with 128; the kernel caps it at
+/// `net.core.somaxconn`, 4096). A burst of host connections larger than the backlog is reset
+/// by the guest kernel before the agent sees it (the host client reads no `OK`), and each
+/// reset connection comes back at once if a flood reopens it. The vsock device holds at most
+/// 1,023 connections, but one it reset (at its cap, pushing out a silent client) stays in the
+/// accept queue until the agent takes it: under a flood on a loaded guest the queue holds
+/// those beside the live ones, and at 1,024 it refused a real client.
+pub const LISTEN_BACKLOG: i32 = 4096;
 
 /// A connection the agent can serve.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
