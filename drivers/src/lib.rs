@@ -43,7 +43,7 @@ pub use vm_agent_protocol::config::{DiskFs, ShareKind};
 pub use vm_spec::Containment;
 /// Connections a VM's vsock device holds at most (both drivers run the same device): what
 /// the guest agent's connection budget and the hosts' forwards are sized under.
-pub use vmm::virtio::vsock::muxer::MAX_CONNECTIONS as VSOCK_MAX_CONNECTIONS;
+pub use vm_vmm_protocol::layout::VSOCK_MAX_CONNECTIONS;
 
 mod boot;
 mod error;

@@ -72,7 +72,7 @@ pub trait VmHandle: Send + Sync {
     }
     /// The VMM's per-device counters: `None` where the driver has none (tcg) or the VMM did
     /// not answer in time.
-    fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+    fn device_metrics(&self) -> Option<vm_vmm_protocol::MetricsReport> {
         None
     }
     /// Writes a snapshot of the VM into its plan's `snapshot_dir` and ends it, waiting at most
@@ -329,7 +329,7 @@ impl Machine {
     /// The VMM's per-device counters (kvm); `None` on drivers without them (tcg), when the
     /// VMM did not answer in time, and while the machine is paused or closed (a stopped VMM
     /// reads no query: none is sent, so none piles up in its control channel).
-    pub fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+    pub fn device_metrics(&self) -> Option<vm_vmm_protocol::MetricsReport> {
         // Held across the query, so a pause waits for it instead of stopping the VMM mid-way.
         let paused = self.shared.paused();
         if *paused || self.shared.state() != State::Running {

@@ -45,9 +45,9 @@ impl VmHandle for FakeHandle {
             device_metrics: true,
         }
     }
-    fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+    fn device_metrics(&self) -> Option<vm_vmm_protocol::MetricsReport> {
         self.0.metrics_queries.fetch_add(1, Ordering::SeqCst);
-        Some(vmm::metrics::MetricsReport::collect([]))
+        Some(vm_vmm_protocol::MetricsReport::default())
     }
     fn snapshot(&self, _timeout: Duration) -> Result<BackendSnapshot, SnapshotError> {
         if !self.0.snapshot_ok.load(Ordering::SeqCst) {

@@ -108,5 +108,5 @@ pub enum SnapshotError {
     Timeout(Duration),
     /// The snapshot's files could not be given back to this process's user (the VM ended).
     #[error("the VM's snapshot files")]
-    HandBack(#[source] vmm::process::snapshot::HandBackError),
+    HandBack(#[source] vm_vmm_protocol::snapshot::HandBackError),
 }

@@ -2,50 +2,25 @@
 
 use std::fmt;
 use std::io::Write;
-use std::path::PathBuf;
 
-use crate::boot::KernelFormat;
 use crate::cpuid;
 use crate::layout::{VIRTIO_GSI_BASE, VIRTIO_MMIO_SIZE, virtio_mmio_base};
 use crate::serial::DEFAULT_RING_BYTES;
-use crate::virtio::DeviceConfig;
 
-/// Which CPU model the guest sees.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum CpuProfile {
-    /// [`CpuProfile::Baseline`] on a PVM-native host, [`CpuProfile::Host`] otherwise.
-    #[default]
-    Auto,
-    /// Everything KVM supports.
-    Host,
-    /// Hides CX16 (cmpxchg16b), XSAVE, AVX*, BMI*, POPCNT, FSGSBASE, SMAP/SMEP, ERMS/FSRM, RDRAND/RDSEED, MOVBE,
-    /// PCID/INVPCID, UMIP, RDPID and ABM, which KVM's emulator on a PVM host cannot execute at
-    /// CPL0; the command line also gets `noxsave clearcpuid=...` and calibration shortcuts.
-    Baseline,
-}
+pub use vm_vmm_protocol::config::{CpuProfile, VmConfig};
 
-impl CpuProfile {
-    /// Resolve `Auto` for this host.
-    pub fn resolve(self) -> CpuProfile {
-        match self {
-            CpuProfile::Auto if cpuid::host_is_pvm_native() => CpuProfile::Baseline,
-            CpuProfile::Auto => CpuProfile::Host,
-            p => p,
-        }
-    }
-
-    /// Parse `auto`, `host` or `baseline`.
-    pub fn parse(s: &str) -> Option<CpuProfile> {
-        match s {
-            "auto" => Some(CpuProfile::Auto),
-            "host" => Some(CpuProfile::Host),
-            "baseline" => Some(CpuProfile::Baseline),
-            _ => None,
-        }
+/// `profile` with `Auto` decided for this host: [`CpuProfile::Baseline`] on a PVM-native host,
+/// [`CpuProfile::Host`] otherwise.
+pub fn resolve(profile: CpuProfile) -> CpuProfile {
+    match profile {
+        CpuProfile::Auto if cpuid::host_is_pvm_native() => CpuProfile::Baseline,
+        CpuProfile::Auto => CpuProfile::Host,
+        p => p,
     }
 }
 
-/// Where console output goes.
+/// Where console output goes: the process that runs the VM decides, so it is no part of the
+/// [`VmConfig`] a launcher sends.
 pub struct ConsoleConfig {
     /// Size of the ring buffer holding the newest console bytes.
     pub ring_bytes: usize,
@@ -68,48 +43,6 @@ impl fmt::Debug for ConsoleConfig {
             .field("ring_bytes", &self.ring_bytes)
             .field("sink", &self.sink.is_some())
             .finish()
-    }
-}
-
-/// Everything needed to create a VM. Serialisable (it is what `vm-vmm` reads from its
-/// launcher, inside [`crate::process::ProcessConfig`]) except the console, which belongs to the
-/// process that runs the VM.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct VmConfig {
-    /// Guest RAM in MiB; the guest gets exactly this much (hard cap).
-    pub mem_mib: u32,
-    /// vCPUs (1..=32).
-    pub vcpus: u8,
-    /// Kernel: ELF vmlinux or bzImage (or raw code with [`KernelFormat::Raw`]).
-    pub kernel: PathBuf,
-    /// How to read `kernel`.
-    pub kernel_format: KernelFormat,
-    /// Optional initrd.
-    pub initrd: Option<PathBuf>,
-    /// Appended to the default command line.
-    pub cmdline: String,
-    /// CPU model.
-    pub cpu_profile: CpuProfile,
-    /// virtio-mmio devices, in order: device `i` at 0xd000_0000 + i*0x1000, GSI 5+i.
-    pub devices: Vec<DeviceConfig>,
-    /// Console capture (not serialised: each process sets its own).
-    #[serde(skip)]
-    pub console: ConsoleConfig,
-}
-
-impl Default for VmConfig {
-    fn default() -> Self {
-        Self {
-            mem_mib: 128,
-            vcpus: 1,
-            kernel: PathBuf::new(),
-            kernel_format: KernelFormat::Auto,
-            initrd: None,
-            cmdline: String::new(),
-            cpu_profile: CpuProfile::Auto,
-            devices: Vec::new(),
-            console: ConsoleConfig::default(),
-        }
     }
 }
 
@@ -173,11 +106,9 @@ mod tests {
     }
 
     #[test]
-    fn profile_parse_and_resolve() {
-        assert_eq!(CpuProfile::parse("baseline"), Some(CpuProfile::Baseline));
-        assert_eq!(CpuProfile::parse("x"), None);
-        assert_eq!(CpuProfile::Host.resolve(), CpuProfile::Host);
-        let auto = CpuProfile::Auto.resolve();
+    fn auto_resolves_for_this_host() {
+        assert_eq!(resolve(CpuProfile::Host), CpuProfile::Host);
+        let auto = resolve(CpuProfile::Auto);
         assert_eq!(auto == CpuProfile::Baseline, cpuid::host_is_pvm_native());
     }
 }

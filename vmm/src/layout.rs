@@ -19,17 +19,12 @@ pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
 /// Size of one virtio-mmio window.
 pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
-/// GSI of the first virtio-mmio device; device `i` uses `VIRTIO_GSI_BASE + i`.
-pub const VIRTIO_GSI_BASE: u32 = 5;
-/// Highest GSI the IOAPIC routes (24 pins).
-pub const MAX_GSI: u32 = 23;
-/// Most virtio-mmio devices a VM can have (one GSI each).
-pub const MAX_VIRTIO_DEVICES: usize = (MAX_GSI - VIRTIO_GSI_BASE + 1) as usize;
+pub use vm_vmm_protocol::layout::{
+    DAX_WINDOW_STRIDE, MAX_GSI, MAX_VIRTIO_DEVICES, VIRTIO_GSI_BASE,
+};
 /// Where virtio-fs DAX windows start: far above the highest RAM (4 GiB + the 64 GiB cap) and
 /// below 1 TiB, which every x86-64 CPU's physical address width reaches.
 pub const DAX_WINDOWS_BASE: u64 = 128 << 30;
-/// The distance between two devices' windows, and the largest window (16 GiB).
-pub const DAX_WINDOW_STRIDE: u64 = 16 << 30;
 
 /// The guest physical base of device `index`'s DAX window.
 pub fn dax_window_base(index: usize) -> u64 {

@@ -79,13 +79,11 @@ fn run(mut a: Args) -> Result<VmExit, String> {
         a.cfg.kernel_format = KernelFormat::Raw;
         tiny_file = Some(path);
     }
+    let mut console = ConsoleConfig::default();
     if !a.quiet {
-        a.cfg.console = ConsoleConfig {
-            sink: Some(Box::new(std::io::stdout())),
-            ..ConsoleConfig::default()
-        };
+        console.sink = Some(Box::new(std::io::stdout()));
     }
-    let created = Vm::create(a.cfg);
+    let created = Vm::create_with_console(a.cfg, console);
     if let Some(p) = tiny_file {
         let _ = std::fs::remove_file(p);
     }

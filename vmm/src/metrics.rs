@@ -3,20 +3,12 @@
 //!
 //! Each virtio device owns one [`DeviceMetrics`] (shared by its transport and its worker
 //! thread; plain relaxed atomics, nothing allocates on the hot path). The VM collects them
-//! into a [`MetricsReport`], which `vm-vmm` sends its launcher on request (the `metrics`
-//! control command, [`crate::process`]) as one bounded line.
+//! into a [`MetricsReport`] ([`report`]), which `vm-vmm` sends its launcher on request (the
+//! `metrics` control command, [`crate::process`]) as one bounded line.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
-
-/// The most devices one report lists: every device a VM can have (one per virtio GSI).
-pub const MAX_REPORTED_DEVICES: usize =
-    (crate::layout::MAX_GSI - crate::layout::VIRTIO_GSI_BASE + 1) as usize;
-
-/// The longest device name reported (bytes; with [`MAX_REPORTED_DEVICES`], a report stays
-/// within one atomic pipe write).
-pub const MAX_NAME: usize = 40;
+pub use vm_vmm_protocol::metrics::{DeviceSnapshot, MAX_NAME, MAX_REPORTED_DEVICES, MetricsReport};
 
 /// One device's counters.
 #[derive(Debug)]
@@ -85,41 +77,16 @@ impl DeviceMetrics {
     }
 }
 
-/// One device's counters at one moment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceSnapshot {
-    /// `virtio-blk:<serial>`, `virtio-vsock`, `virtio-rng`.
-    pub name: String,
-    /// Requests (descriptor chains, vsock packets) served.
-    pub requests: u64,
-    /// Bytes moved.
-    pub bytes: u64,
-    /// Errors: malformed guest input, failed host I/O.
-    pub errors: u64,
-    /// Log lines about this device the rate limiter dropped.
-    pub rate_limited: u64,
-}
-
-/// What `vm-vmm` reports about its devices.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MetricsReport {
-    /// One entry per device, at most [`MAX_REPORTED_DEVICES`].
-    pub devices: Vec<DeviceSnapshot>,
-    /// Log lines dropped by every limiter of the process (devices and the rest).
-    pub log_suppressed: u64,
-}
-
-impl MetricsReport {
-    /// The report over `devices` (the first [`MAX_REPORTED_DEVICES`]).
-    pub fn collect<'a>(devices: impl IntoIterator<Item = &'a DeviceMetrics>) -> Self {
-        MetricsReport {
-            devices: devices
-                .into_iter()
-                .take(MAX_REPORTED_DEVICES)
-                .map(DeviceMetrics::snapshot)
-                .collect(),
-            log_suppressed: crate::logger::suppressed_total(),
-        }
+/// The report over `devices` (the first [`MAX_REPORTED_DEVICES`]) and this process's
+/// dropped log lines.
+pub fn report<'a>(devices: impl IntoIterator<Item = &'a DeviceMetrics>) -> MetricsReport {
+    MetricsReport {
+        devices: devices
+            .into_iter()
+            .take(MAX_REPORTED_DEVICES)
+            .map(DeviceMetrics::snapshot)
+            .collect(),
+        log_suppressed: crate::logger::suppressed_total(),
     }
 }
 
@@ -161,7 +128,7 @@ mod tests {
                 m
             })
             .collect();
-        let report = MetricsReport::collect(&all);
+        let report = report(&all);
         assert_eq!(report.devices.len(), MAX_REPORTED_DEVICES);
         let line = crate::logger::metrics_line(&report);
         assert!(line.len() <= 4096, "{}", line.len());

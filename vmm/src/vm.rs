@@ -20,7 +20,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::boot::{self, BootInput};
 use crate::bus::{Bus, BusError, SharedDevice};
-use crate::config::{CpuProfile, VmConfig, build_cmdline};
+use crate::config::{self, ConsoleConfig, CpuProfile, VmConfig, build_cmdline};
 use crate::control::{Control, GuestFault, Outcome, install_kick_handler};
 use crate::exit::VmExit;
 use crate::i8042::{I8042, I8042_BASE, I8042_LEN};
@@ -167,7 +167,7 @@ fn legacy_devices(
     vm: &VmFd,
     control: &Arc<Control>,
     console: &SharedConsole,
-    cfg: &mut VmConfig,
+    sink: Option<Box<dyn std::io::Write + Send>>,
     irq_events: &mut Vec<EventFd>,
 ) -> Result<Bus, VmmError> {
     let mut pio = Bus::new();
@@ -176,11 +176,7 @@ fn legacy_devices(
         .map_err(kvm_err("KVM_IRQFD (serial)"))?;
     let serial_trigger = serial_irq.try_clone().map_err(host_err("eventfd clone"))?;
     irq_events.push(serial_irq);
-    let serial = Serial::new(
-        console.clone(),
-        cfg.console.sink.take(),
-        Some(serial_trigger),
-    );
+    let serial = Serial::new(console.clone(), sink, Some(serial_trigger));
     pio.insert(Arc::new(Mutex::new(serial)), COM1_PORT, 8)
         .map_err(VmmError::Bus)?;
 
@@ -270,13 +266,14 @@ pub(crate) fn install_kick() -> Result<(), VmmError> {
 pub(crate) fn assemble(
     kvm: Kvm,
     mut guest: GuestVm,
-    cfg: &mut VmConfig,
+    cfg: &VmConfig,
+    console: ConsoleConfig,
     cmdline: String,
 ) -> Result<Vm, VmmError> {
     let control = Arc::new(Control::new(usize::from(cfg.vcpus)));
-    let console: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(cfg.console.ring_bytes)));
+    let ring: SharedConsole = Arc::new(Mutex::new(ConsoleRing::new(console.ring_bytes)));
     let mut irq_events = Vec::new();
-    let pio = legacy_devices(guest.vm(), &control, &console, cfg, &mut irq_events)?;
+    let pio = legacy_devices(guest.vm(), &control, &ring, console.sink, &mut irq_events)?;
     let starter = Starter::new().map_err(VmmError::DeviceControl)?;
     let (mmio, virtio) = virtio_devices(&kvm, &mut guest, cfg, &starter, &mut irq_events)?;
     let metrics = virtio.iter().map(|d| d.locked().metrics()).collect();
@@ -287,7 +284,7 @@ pub(crate) fn assemble(
         starter,
         pio,
         mmio,
-        console,
+        console: ring,
         control,
         _irq_events: irq_events,
         guest,
@@ -297,7 +294,7 @@ pub(crate) fn assemble(
         facts: ConfigFacts {
             vcpus: cfg.vcpus,
             mem_mib: cfg.mem_mib,
-            cpu_profile: cfg.cpu_profile.resolve(),
+            cpu_profile: config::resolve(cfg.cpu_profile),
         },
     })
 }
@@ -351,12 +348,18 @@ impl std::fmt::Debug for Vm {
 }
 
 impl Vm {
-    /// Create the VM: memory, kernel, boot structures, devices and vCPUs.
-    pub fn create(mut cfg: VmConfig) -> Result<Vm, VmmError> {
+    /// Create the VM: memory, kernel, boot structures, devices and vCPUs; its console kept
+    /// in a ring of the default size.
+    pub fn create(cfg: VmConfig) -> Result<Vm, VmmError> {
+        Vm::create_with_console(cfg, ConsoleConfig::default())
+    }
+
+    /// [`Vm::create`], the console as `console` says.
+    pub fn create_with_console(cfg: VmConfig, console: ConsoleConfig) -> Result<Vm, VmmError> {
         check_config(&cfg)?;
         install_kick()?;
         let layout = MemoryLayout::new(cfg.mem_mib)?;
-        let profile = cfg.cpu_profile.resolve();
+        let profile = config::resolve(cfg.cpu_profile);
         let (kvm, vm) = create_kvm_vm()?;
         let (guest, supported) = register_fenced(&kvm, vm, memory::allocate(&layout)?, profile)?;
         let cmdline = build_cmdline(profile, cfg.devices.len(), &cfg.cmdline);
@@ -371,7 +374,7 @@ impl Vm {
                 vcpus: cfg.vcpus,
             },
         )?;
-        let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
+        let mut vm = assemble(kvm, guest, &cfg, console, cmdline)?;
         let setup = VcpuSetup {
             supported_cpuid: &supported,
             vcpus: cfg.vcpus,
@@ -541,7 +544,7 @@ impl RunningVm {
     /// The virtio devices' counters now (no devices once waited for).
     pub fn metrics(&self) -> MetricsReport {
         let devices = self.vm.as_ref().map_or(&[][..], |v| &v.metrics[..]);
-        MetricsReport::collect(devices.iter().map(|m| &**m))
+        crate::metrics::report(devices.iter().map(|m| &**m))
     }
 
     /// Names of the vCPU threads (see [`Vm::vcpu_thread_names`]); empty once waited for.

@@ -21,7 +21,7 @@ pub const VIRTIOFS_BIN_ENV: &str = "VM_VIRTIOFS_BIN";
 
 /// The `vm-vmm` binary, or an error naming every place looked at.
 pub(crate) fn vmm_binary() -> Result<PathBuf, DriverError> {
-    workspace_binary(vmm::process::BINARY, VMM_BIN_ENV)
+    workspace_binary(vm_vmm_protocol::BINARY, VMM_BIN_ENV)
 }
 
 /// The workspace binary `name` (overridden by `$env`), or an error naming every place looked at.
@@ -77,7 +77,7 @@ mod tests {
     use super::*;
 
     fn find(over: Option<PathBuf>, exe: Option<&Path>) -> Result<PathBuf, DriverError> {
-        super::find(vmm::process::BINARY, VMM_BIN_ENV, over, exe)
+        super::find(vm_vmm_protocol::BINARY, VMM_BIN_ENV, over, exe)
     }
 
     #[test]

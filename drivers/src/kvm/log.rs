@@ -2,7 +2,7 @@
 //! the run directory's [`VMM_LOG`] (at most [`VMM_LOG_MAX_BYTES`], then one line saying so
 //! and nothing more, so a guest that makes the VMM log cannot fill the host disk) and a
 //! bounded in-memory tail; the VMM's replies to the `metrics` control command
-//! (`vmm::logger::METRICS_PREFIX` lines) are taken out of the stream and kept as the latest
+//! (`vm_vmm_protocol::metrics::METRICS_PREFIX` lines) are taken out of the stream and kept as the latest
 //! [`MetricsReport`], and so are its replies to `snapshot` (`SNAPSHOT_PREFIX` lines, the
 //! latest [`SnapshotReply`]).
 
@@ -12,9 +12,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use vm_sync::{Lock, Wait};
-use vmm::logger::parse_metrics_line;
-use vmm::metrics::MetricsReport;
-use vmm::process::snapshot::{SnapshotReply, parse_reply_line};
+use vm_vmm_protocol::MetricsReport;
+use vm_vmm_protocol::metrics::parse_metrics_line;
+use vm_vmm_protocol::snapshot::{SnapshotReply, parse_reply_line};
 
 use crate::ring::SharedRing;
 
@@ -206,7 +206,7 @@ impl VmmLog {
 mod tests {
     use super::*;
     use vm_test_support::capture::Captured;
-    use vmm::metrics::DeviceMetrics;
+    use vm_vmm_protocol::DeviceSnapshot;
 
     #[test]
     fn the_file_stops_at_its_cap_and_says_so() {
@@ -229,11 +229,18 @@ mod tests {
 
     #[test]
     fn metrics_replies_are_taken_out_of_the_log() {
-        let m = DeviceMetrics::new("virtio-rng");
-        m.request(64);
-        let report = MetricsReport::collect([&m]);
+        let report = MetricsReport {
+            devices: vec![DeviceSnapshot {
+                name: "virtio-rng".into(),
+                requests: 1,
+                bytes: 64,
+                errors: 0,
+                rate_limited: 0,
+            }],
+            log_suppressed: 0,
+        };
         let mut stream = b"2026-12-01T00:00:00Z  WARN vmm: one\n".to_vec();
-        stream.extend(vmm::logger::metrics_line(&report));
+        stream.extend(vm_vmm_protocol::metrics::metrics_line(&report));
         stream.extend_from_slice(b"2026-12-01T00:00:01Z  INFO vmm: exit Ended\n");
         let file = Captured::default();
         let log = VmmLog::start(io::Cursor::new(stream), file.clone());
@@ -254,7 +261,7 @@ mod tests {
             ..SnapshotReply::default()
         };
         let mut stream = b"2026-12-02T00:00:00Z  INFO vmm: paused\n".to_vec();
-        stream.extend(vmm::process::snapshot::reply_line(&reply));
+        stream.extend(vm_vmm_protocol::snapshot::reply_line(&reply));
         let file = Captured::default();
         let log = VmmLog::start(io::Cursor::new(stream), file.clone());
         assert_eq!(log.snapshot_after(0, Duration::from_secs(5)), Some(reply));

@@ -6,7 +6,7 @@
 //! guest user space cannot run, so no agent could ever answer.
 //!
 //! [`KvmDriver::boot`] does not consult detection (selection does): it builds a
-//! `vmm::VmConfig` (the ELF `vmlinux`, the boot's initrd — the initramfs plus the agent token
+//! `vm_vmm_protocol::VmConfig` (the ELF `vmlinux`, the boot's initrd — the initramfs plus the agent token
 //! archive, see `boot::boot_secret` —, one read-only virtio-blk per disk with
 //! serial `disk<N>`, a hybrid vsock at `<run_dir>/vsock.sock` for guest CID 3, and an rng),
 //! starts the VM in its own `vm-vmm` process (found by [`locate`]: `$VM_VMM_BIN`, next to the
@@ -25,10 +25,10 @@ pub use locate::{VIRTIOFS_BIN_ENV, VMM_BIN_ENV, VSOCK_BIN_ENV};
 
 /// Disks (the root included) and shares a VM can have: every virtio-mmio device but the vsock
 /// and the rng.
-pub const MAX_DEVICES: usize = vmm::layout::MAX_VIRTIO_DEVICES - 2;
+pub const MAX_DEVICES: usize = vm_vmm_protocol::layout::MAX_VIRTIO_DEVICES - 2;
 
 /// The largest DAX window a share may have, in MiB (the distance between two windows).
-pub const MAX_DAX_WINDOW_MIB: u32 = (vmm::layout::DAX_WINDOW_STRIDE >> 20) as u32;
+pub const MAX_DAX_WINDOW_MIB: u32 = (vm_vmm_protocol::layout::DAX_WINDOW_STRIDE >> 20) as u32;
 
 /// Each share's DAX window when the plan asks for no size: 1 GiB, or four times the guest's
 /// RAM when that is less (the guest kernel spends 64 bytes of RAM on each 4 KiB page of the

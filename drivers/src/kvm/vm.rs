@@ -4,7 +4,7 @@
 //! group, `PR_SET_PDEATHSIG(SIGKILL)` armed before `exec`); the configuration is the first line
 //! of its control channel (stdin), its console streams into a bounded ring, its log (stderr)
 //! into the run directory's `vmm.log` ([`super::log`]), and its exit status says how the VM
-//! ended (`vmm::process`).
+//! ended (`vm_vmm_protocol`).
 
 use std::time::Duration;
 
@@ -12,9 +12,8 @@ use vm_agent_client::AgentClient;
 use vm_agent_protocol::AGENT_PORT;
 use vm_spec::Containment;
 use vm_sync::Lock;
-use vmm::process::{JailConfig, ProcessConfig, ProcessExit};
-use vmm::virtio::DeviceConfig;
-use vmm::{ConsoleConfig, CpuProfile, KernelFormat, VmConfig};
+use vm_vmm_protocol::{CpuProfile, KernelFormat, VmConfig};
+use vm_vmm_protocol::{DeviceConfig, JailConfig, ProcessConfig, ProcessExit};
 
 use crate::boot::{self, GUEST_CID, RunDir, VSOCK_SOCKET};
 use crate::machine::{MachineInfo, Reports, VmHandle};
@@ -83,7 +82,6 @@ pub(crate) fn vm_config(
         cmdline: agent_cmdline,
         cpu_profile: CpuProfile::Auto,
         devices,
-        console: ConsoleConfig::default(),
     })
 }
 
@@ -126,12 +124,12 @@ fn spawn_vmm(
     log_path: &std::path::Path,
 ) -> Result<(Supervised, VmmLog), DriverError> {
     let bin = locate::vmm_binary()?;
-    let program = vmm::process::BINARY;
+    let program = vm_vmm_protocol::BINARY;
     let spawn_err = |source| DriverError::Spawn {
         program: bin.display().to_string(),
         source,
     };
-    let mut cmd = vmm::process::command(&bin);
+    let mut cmd = vm_vmm_protocol::command(&bin);
     if let Some(fd) = cfg.jail.as_ref().and_then(|j| j.netns_fd) {
         vm_jail::pass_fd(&mut cmd, fd);
     }
@@ -150,7 +148,7 @@ fn spawn_vmm(
         reason,
         output: log.tail(!child.is_running()),
     };
-    match child.with_stdin(|w| vmm::process::write_config(w, cfg)) {
+    match child.with_stdin(|w| vm_vmm_protocol::write_config(w, cfg)) {
         Some(Ok(())) => Ok((child, log)),
         Some(Err(e)) => Err(failed(format!("cannot send the configuration: {e}"))),
         None => Err(failed("no control channel".into())),
@@ -238,7 +236,7 @@ fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverEr
 /// the tcg driver's programs.
 fn seccomp_killed(console_tail: String) -> DriverError {
     DriverError::SeccompKilled {
-        program: vmm::process::BINARY.into(),
+        program: vm_vmm_protocol::BINARY.into(),
         console_tail,
     }
 }
@@ -276,7 +274,7 @@ impl VmHandle for KvmHandle {
     fn kill(&self) {
         if self.child.is_running() {
             // Ask first (the VMM stops its vCPUs and exits 0), then make sure.
-            let _ = self.child.with_stdin(vmm::process::send_stop);
+            let _ = self.child.with_stdin(vm_vmm_protocol::send_stop);
             self.child.wait_exit(STOP_GRACE);
         }
         if let Some(status) = self.child.kill_and_reap() {
@@ -298,7 +296,7 @@ impl VmHandle for KvmHandle {
     }
 
     fn stop_detail(&self) -> String {
-        let Some(ended) = self.child.ended_detail(vmm::process::BINARY, |st| {
+        let Some(ended) = self.child.ended_detail(vm_vmm_protocol::BINARY, |st| {
             ProcessExit::from_status(st).to_string()
         }) else {
             return String::new();
@@ -317,10 +315,10 @@ impl VmHandle for KvmHandle {
         Some(self.log.tail(!self.child.is_running()))
     }
 
-    fn device_metrics(&self) -> Option<vmm::metrics::MetricsReport> {
+    fn device_metrics(&self) -> Option<vm_vmm_protocol::MetricsReport> {
         let seen = self.log.replies();
         self.child
-            .with_stdin(vmm::process::send_metrics_query)?
+            .with_stdin(vm_vmm_protocol::send_metrics_query)?
             .ok()?;
         self.log.report_after(seen, METRICS_WAIT)
     }
@@ -333,9 +331,9 @@ impl VmHandle for KvmHandle {
             });
         };
         let seen = self.log.snapshot_replies();
-        let stop = vmm::snapshot::AfterSnapshot::Stop;
+        let stop = vm_vmm_protocol::AfterSnapshot::Stop;
         self.child
-            .with_stdin(|w| vmm::process::send_snapshot(w, stop))
+            .with_stdin(|w| vm_vmm_protocol::send_snapshot(w, stop))
             .unwrap_or_else(|| Err(std::io::Error::other("no control channel")))
             .map_err(SnapshotError::Control)?;
         let Some(reply) = self.log.snapshot_after(seen, timeout) else {
@@ -351,7 +349,7 @@ impl VmHandle for KvmHandle {
             self.kill();
         }
         // The jail made the directory and the files its own uid's, one a later jail reuses.
-        vmm::process::snapshot::hand_back(dir).map_err(SnapshotError::HandBack)?;
+        vm_vmm_protocol::snapshot::hand_back(dir).map_err(SnapshotError::HandBack)?;
         Ok(BackendSnapshot {
             state_bytes: reply.state_bytes,
             memory_bytes: reply.memory_bytes,
@@ -519,7 +517,7 @@ mod tests {
         );
         handle
             .child
-            .with_stdin(vmm::process::send_stop)
+            .with_stdin(vm_vmm_protocol::send_stop)
             .unwrap()
             .unwrap();
         assert!(handle.wait(Duration::from_secs(30)));
@@ -554,7 +552,7 @@ mod tests {
         let e = seccomp_killed("tail".into());
         assert!(
             matches!(&e, DriverError::SeccompKilled { program, console_tail }
-                if program == vmm::process::BINARY && console_tail == "tail"),
+                if program == vm_vmm_protocol::BINARY && console_tail == "tail"),
             "{e:?}"
         );
         assert!(e.to_string().contains("SIGSYS"), "{e}");

@@ -34,16 +34,7 @@ const XLF_KERNEL_64: u16 = 1;
 /// Default initrd_addr_max for kernels without a setup header.
 const DEFAULT_INITRD_ADDR_MAX: u64 = 0x7fff_ffff;
 
-/// How to interpret the kernel file.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum KernelFormat {
-    /// ELF vmlinux or bzImage, detected from the file's contents.
-    #[default]
-    Auto,
-    /// Raw 64-bit machine code, loaded at 1 MiB and entered at its first byte. Every vCPU starts
-    /// running it at once (no INIT/SIPI); meant for tiny test guests.
-    Raw,
-}
+pub use vm_vmm_protocol::config::KernelFormat;
 
 /// Errors of loading and preparing the guest.
 #[derive(Debug, thiserror::Error)]

@@ -22,9 +22,7 @@ use std::io;
 pub use rate_limited::{RateLimit, budget, suppressed_total};
 
 use crate::metrics::MetricsReport;
-
-/// The start of a metrics reply line on the log stream.
-pub const METRICS_PREFIX: &[u8] = b"\x1emetrics ";
+pub use vm_vmm_protocol::metrics::{METRICS_PREFIX, metrics_line, parse_metrics_line};
 
 /// Installs the log on stderr for this process (once; later calls change nothing).
 pub fn init() {
@@ -55,24 +53,6 @@ where
         }));
     }
     installed
-}
-
-/// The reply line for `report`: [`METRICS_PREFIX`], one JSON object, a newline.
-pub fn metrics_line(report: &MetricsReport) -> Vec<u8> {
-    let mut line = METRICS_PREFIX.to_vec();
-    // Serializing plain numbers and strings cannot fail; an empty object stands in if it did.
-    if serde_json::to_writer(&mut line, report).is_err() {
-        line.truncate(METRICS_PREFIX.len());
-        line.extend_from_slice(b"{}");
-    }
-    line.push(b'\n');
-    line
-}
-
-/// The report in a reply line (with or without its newline); `None` for any other line.
-pub fn parse_metrics_line(line: &[u8]) -> Option<MetricsReport> {
-    let json = line.strip_prefix(METRICS_PREFIX)?;
-    serde_json::from_slice(json.strip_suffix(b"\n").unwrap_or(json)).ok()
 }
 
 /// Sends `report` on stderr as one reply line (errors ignored, as for every log write).

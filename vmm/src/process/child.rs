@@ -175,18 +175,19 @@ fn run() -> Result<ExitKind, ChildError> {
     };
     let guest_mib = cfg.vm.mem_mib;
     let hooks = RestoreHooks::of(&cfg);
-    let vm_cfg = cfg.into_vm_config(console);
+    let vm_cfg = cfg.vm;
     // Everything that opens a file or needs a privilege, before `confine`; no byte of a
     // snapshot's state is decoded yet.
     let built = match restore {
         Some(dir) => {
             let files = SnapshotFiles::open(&dir).map_err(|e| ChildError::Restore(dir.clone(), e));
             let pending = files.and_then(|files| {
-                Vm::prepare_restore(vm_cfg, files).map_err(|e| ChildError::Restore(dir.clone(), e))
+                Vm::prepare_restore(vm_cfg, console, files)
+                    .map_err(|e| ChildError::Restore(dir.clone(), e))
             })?;
             Built::Restoring(dir, pending)
         }
-        None => Built::Ready(Vm::create(vm_cfg).map_err(ChildError::Vmm)?),
+        None => Built::Ready(Vm::create_with_console(vm_cfg, console).map_err(ChildError::Vmm)?),
     };
     if let Some(j) = &jail_cfg {
         let writable = snapshot_dir.as_deref().map(|dir| jail::Writable {

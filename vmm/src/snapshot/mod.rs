@@ -84,14 +84,7 @@ impl SnapshotPaths {
     }
 }
 
-/// What the VM does once its snapshot is written (on an error it always resumes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterSnapshot {
-    /// Run on.
-    Resume,
-    /// Stop (as [`RunningVm::stop`](crate::RunningVm::stop)); `wait` then says `Stopped`.
-    Stop,
-}
+pub use vm_vmm_protocol::snapshot::AfterSnapshot;
 
 /// What a snapshot wrote and how long it took.
 #[derive(Clone, Debug)]

@@ -30,7 +30,7 @@ use vm_sync::Lock;
 use super::files::SnapshotFiles;
 use super::state::{ConfigFacts, VmState, VmWideState, regions_of};
 use super::{SnapshotError, format, kvm_err, memory_file};
-use crate::config::{CpuProfile, VmConfig, build_cmdline};
+use crate::config::{self, ConsoleConfig, CpuProfile, VmConfig, build_cmdline};
 use crate::layout::MemoryLayout;
 use crate::vcpu;
 use crate::virtio::DeviceConfig;
@@ -81,7 +81,7 @@ fn check_facts(snap: &ConfigFacts, cfg: &Expected) -> Result<(), SnapshotError> 
             cfg.mem_mib.to_string(),
         ));
     }
-    let profile = cfg.cpu_profile.resolve();
+    let profile = config::resolve(cfg.cpu_profile);
     if snap.cpu_profile != profile {
         return Err(mismatch(
             "cpu_profile",
@@ -196,13 +196,14 @@ impl Vm {
     /// snapshot's; `cfg.kernel` is not read. Both steps at once, on the calling thread
     /// (`vm-vmm` runs them apart: see the module docs). Call `start()` to run it.
     pub fn restore(cfg: VmConfig, dir: &std::path::Path) -> Result<Vm, SnapshotError> {
-        Vm::prepare_restore(cfg, SnapshotFiles::open(dir)?)?.finish()
+        Vm::prepare_restore(cfg, ConsoleConfig::default(), SnapshotFiles::open(dir)?)?.finish()
     }
 
     /// Step 1 of a restore (see the module docs): the VM for `cfg` around the snapshot's
-    /// memory file, its state not yet decoded.
+    /// memory file, its state not yet decoded; its console as `console` says.
     pub fn prepare_restore(
-        mut cfg: VmConfig,
+        cfg: VmConfig,
+        console: ConsoleConfig,
         files: SnapshotFiles,
     ) -> Result<PendingRestore, SnapshotError> {
         let begin = Instant::now();
@@ -216,11 +217,11 @@ impl Vm {
             cfg.mem_mib,
             &regions_of(&layout),
         )?;
-        let profile = cfg.cpu_profile.resolve();
+        let profile = config::resolve(cfg.cpu_profile);
         let (guest, supported) = register_fenced(&kvm, vm_fd, mem, profile)?;
         let expected = Expected::of(&cfg);
         let cmdline = build_cmdline(profile, 0, &cfg.cmdline);
-        let mut vm = assemble(kvm, guest, &mut cfg, cmdline)?;
+        let mut vm = assemble(kvm, guest, &cfg, console, cmdline)?;
         for index in 0..cfg.vcpus {
             let v = vm
                 .guest
@@ -355,7 +356,7 @@ mod tests {
         let snap = ConfigFacts {
             vcpus: 1,
             mem_mib: 16,
-            cpu_profile: CpuProfile::Host.resolve(),
+            cpu_profile: config::resolve(CpuProfile::Host),
         };
         let cfg = |vcpus, mem_mib| VmConfig {
             vcpus,

@@ -35,8 +35,6 @@
 //! [`MmioDevice`]: `new`, `queue_notify_events` (ioeventfds at
 //! `base + VIRTIO_MMIO_QUEUE_NOTIFY`), `interrupt_event`, `request_transport_reset`, `shutdown`.
 
-use std::path::PathBuf;
-
 pub mod block;
 pub mod fs;
 pub mod mmio;
@@ -55,53 +53,9 @@ pub use starter::{Starter, StarterThread};
 /// The guest memory type devices use.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 
-/// What device to build.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum DeviceConfig {
-    /// A virtio-blk disk backed by a raw image file.
-    Block {
-        /// Host path of the raw image.
-        path: PathBuf,
-        /// Offer `VIRTIO_BLK_F_RO`, open the file read-only and refuse every write.
-        read_only: bool,
-        /// The disk serial (at most 20 bytes) answered to `VIRTIO_BLK_T_GET_ID`.
-        id: String,
-    },
-    /// A hybrid virtio-vsock device.
-    Vsock {
-        /// The guest's CID (3 and up).
-        guest_cid: u64,
-        /// The host Unix socket; guest connections to host port P go to `<uds_path>_P`.
-        uds_path: PathBuf,
-    },
-    /// A virtio-rng device fed by getrandom(2).
-    Rng,
-    /// A read-only virtio-fs device: one host mount (a directory, or one regular file),
-    /// served by `vm_virtiofs` (see [`fs`]).
-    Fs {
-        /// The tag the guest mounts it by (1-36 bytes).
-        tag: String,
-        /// The mount's source on the host (opened inside the jail, read-only).
-        share: PathBuf,
-        /// The server's inode cap (each a descriptor).
-        max_inodes: usize,
-        /// The DAX window's size in bytes (a multiple of 2 MiB; 0: no window).
-        dax_window: u64,
-    },
-}
+use std::path::PathBuf;
 
-impl DeviceConfig {
-    /// The device's name in log lines and counters: `virtio-blk:<id>`, `virtio-vsock`,
-    /// `virtio-rng`.
-    pub fn name(&self) -> String {
-        match self {
-            DeviceConfig::Block { id, .. } => format!("virtio-blk:{id}"),
-            DeviceConfig::Vsock { .. } => "virtio-vsock".into(),
-            DeviceConfig::Rng => "virtio-rng".into(),
-            DeviceConfig::Fs { tag, .. } => format!("virtio-fs:{tag}"),
-        }
-    }
-}
+pub use vm_vmm_protocol::config::DeviceConfig;
 
 /// Errors of building or running a virtio device.
 #[derive(Debug, thiserror::Error)]

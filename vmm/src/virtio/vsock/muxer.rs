@@ -60,7 +60,7 @@ mod rx;
 /// Most connections (established, connecting and pending host clients) per device; a
 /// process with fewer descriptors than that plus its own asks for less
 /// ([`Muxer::with_max_connections`]).
-pub const MAX_CONNECTIONS: usize = 1023;
+pub const MAX_CONNECTIONS: usize = vm_vmm_protocol::layout::VSOCK_MAX_CONNECTIONS;
 /// Most host clients accepted per listener event (see `host`).
 pub const ACCEPT_BATCH: usize = 64;
 /// Most bare RST replies waiting for RX buffers.
