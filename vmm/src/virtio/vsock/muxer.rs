@@ -117,6 +117,10 @@ pub struct Muxer {
     /// sent nothing with its line, oldest first: what a host client that spoke at once may
     /// push out at the cap when no silent one is left.
     waiting: BTreeMap<u64, ConnKey>,
+    /// A host client accepted over the cap before it sent anything, held one past the cap
+    /// until it speaks (its event), another such client arrives, or its deadline passes, and
+    /// judged then (see `muxer/host.rs`).
+    deferred: Option<u64>,
     rsts: VecDeque<Header>,
     next_token: u64,
     next_host_port: u32,
@@ -146,6 +150,7 @@ impl Muxer {
             new_turn: false,
             silent: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            deferred: None,
             rsts: VecDeque::new(),
             next_token: TOKEN_LISTENER + 1,
             next_host_port: FIRST_HOST_PORT,
@@ -176,6 +181,18 @@ impl Muxer {
 
     fn count(&self) -> usize {
         self.conns.len() + self.pending
+    }
+
+    /// The deferred host client, while it is still a pending one.
+    fn deferred_live(&self) -> Option<u64> {
+        self.deferred
+            .filter(|t| matches!(self.slots.get(t), Some(Slot::Pending(_))))
+    }
+
+    /// Whether there is a connection more than the cap allows (the deferred client's place
+    /// past it counted as allowed).
+    fn over_cap(&self) -> bool {
+        self.count() > self.max_conns + usize::from(self.deferred_live().is_some())
     }
 
     fn token(&mut self) -> u64 {
@@ -402,9 +419,7 @@ impl Muxer {
     pub fn socket_event(&mut self, token: u64, events: EventSet, ctx: &mut dyn VsockQueues) {
         match self.slots.get(&token) {
             _ if token == TOKEN_LISTENER => self.accept_all(ctx),
-            Some(Slot::Pending(_)) => {
-                self.handshake(token, ctx);
-            }
+            Some(Slot::Pending(_)) => self.pending_event(token, ctx),
             Some(Slot::Conn(key)) => {
                 let key = *key;
                 self.conn_event(key, events, ctx);

@@ -73,12 +73,25 @@ impl Timers {
     }
 
     /// Pops pending-client timers, oldest first, until one whose token `live` accepts (that
-    /// one is returned, its timer gone with it); stale ones on the way are dropped.
-    pub fn pop_oldest_pending(&mut self, live: impl Fn(u64) -> bool) -> Option<u64> {
-        while let Some((_, t)) = self.pending.pop_front() {
-            if let Timer::Pending(tok) = t
-                && live(tok)
-            {
+    /// one is returned, its timer gone with it); stale ones on the way are dropped. The timer
+    /// of `keep` is passed over and stays.
+    pub fn pop_oldest_pending(
+        &mut self,
+        live: impl Fn(u64) -> bool,
+        keep: Option<u64>,
+    ) -> Option<u64> {
+        let mut i = 0;
+        while let Some((_, t)) = self.pending.get(i) {
+            let Timer::Pending(tok) = *t else {
+                self.pending.remove(i);
+                continue;
+            };
+            if Some(tok) == keep {
+                i += 1;
+                continue;
+            }
+            self.pending.remove(i);
+            if live(tok) {
                 return Some(tok);
             }
         }

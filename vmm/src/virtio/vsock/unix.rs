@@ -66,6 +66,13 @@ pub struct PendingClient {
     pub deadline: Instant,
 }
 
+impl PendingClient {
+    /// Whether any byte of its line has been read.
+    pub fn heard(&self) -> bool {
+        self.len > 0
+    }
+}
+
 /// Progress of a handshake.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Handshake {

@@ -213,6 +213,74 @@ fn at_the_cap_a_client_that_spoke_first_pushes_out_an_unanswered_silent_one() {
     assert_eq!(told, [port(0)], "the guest is told A is gone");
 }
 
+/// A and B: connections the guest accepted and has sent nothing on since.
+fn two_accepted_silent() -> Vec<Op> {
+    vec![
+        connect(),
+        guest(1024, FIRST_HOST_PORT, op::RESPONSE, b""),
+        connect(),
+        guest(1024, FIRST_HOST_PORT + 1, op::RESPONSE, b""),
+    ]
+}
+
+/// A loaded host: the agent client's line and first bytes reach its socket after the device
+/// accepted it and before its event comes round; at the cap, a silent newcomer must not take
+/// its slot as a silent client's (the exec that failed under issue 39's 5,000-client flood).
+#[test]
+fn at_the_cap_a_client_whose_line_came_late_is_read_before_it_is_judged() {
+    let port = |i: u32| FIRST_HOST_PORT + i;
+    let mut ops = two_accepted_silent();
+    ops.extend([
+        Op::HostConnectLate(b"CONNECT 1024\nhello".to_vec()), // C: accepted before it spoke
+        connect(),                                            // D: silent, over the cap
+        Op::GuestRx(1, 4096),                                 // the next REQUEST
+    ]);
+    let mut ran = run_capped(3, ops);
+    let got: Vec<(String, bool)> = (0..4).map(|i| received(&mut ran.clients[i])).collect();
+    assert_eq!(
+        got[2],
+        (String::new(), false),
+        "C was dropped as a silent client"
+    );
+    assert_eq!(got[3], (String::new(), true), "D");
+    let mut live: Vec<u32> = ran.m.conns.keys().map(|k| k.0).collect();
+    live.sort();
+    // D took the next port in its handshake; C became a connection after it.
+    assert_eq!(live, [port(0), port(1), port(3)]);
+    assert_eq!(rx_packets(&ran, 1), [(op::REQUEST, port(3))]);
+}
+
+/// The exec that failed under issue 39's 5,000-client flood: the device accepted the agent
+/// client between its `connect` and its write (8 attempts in a row, each refused at once, the
+/// write finding the socket closed). Accepted at the cap before it spoke, it is held; once its
+/// line and first bytes come, it pushes out a silent connection.
+#[test]
+fn at_the_cap_a_client_accepted_before_it_spoke_is_judged_when_it_speaks() {
+    let port = |i: u32| FIRST_HOST_PORT + i;
+    let mut ops = two_accepted_silent();
+    ops.extend([
+        Op::HostConnectLate(b"CONNECT 1024\nhello".to_vec()), // C: accepted before it spoke
+        connect(),            // D: silent, over the cap: refused; then C's event
+        Op::GuestRx(2, 4096), // the guest is told A is gone; C's REQUEST
+    ]);
+    let mut ran = run_capped(2, ops);
+    let got: Vec<(String, bool)> = (0..4).map(|i| received(&mut ran.clients[i])).collect();
+    assert_eq!(
+        got[2],
+        (String::new(), false),
+        "C was refused before it spoke"
+    );
+    assert_eq!(got[0], (format!("OK {}\n", port(0)), true), "A");
+    assert_eq!(got[3], (String::new(), true), "D");
+    let mut live: Vec<u32> = ran.m.conns.keys().map(|k| k.0).collect();
+    live.sort();
+    assert_eq!(live, [port(1), port(3)]);
+    assert_eq!(
+        rx_packets(&ran, 2),
+        [(op::RST, port(0)), (op::REQUEST, port(3))]
+    );
+}
+
 #[test]
 fn closing_quiet_connections_cannot_hold_back_a_client_that_spoke_first() {
     let port = |i: u32| FIRST_HOST_PORT + i;

@@ -3,7 +3,8 @@
 //! readiness events on established connections' sockets.
 //!
 //! At the connection cap a new host client takes the slot of the oldest one still silent
-//! rather than being refused: first a client with no complete `CONNECT` line yet, else one
+//! rather than being refused: first a client with no complete `CONNECT` line yet (what it
+//! sent is read before it is judged: its line may have come after it was accepted), else one
 //! whose `REQUEST` has not gone out and that sent nothing behind its line; and a client that
 //! sent its first bytes with its line (the agent client sends its `Hello` so) may also push
 //! out the connection the guest accepted longest ago and has sent nothing on since (the agent
@@ -15,7 +16,10 @@
 //! has answered on, or whose client sent its first bytes with its line, is never evicted.
 //! Each listener event accepts at most [`ACCEPT_BATCH`] clients, and what a client already
 //! sent is read as it is accepted, so a real client's line (and its first bytes) are seen
-//! before a flood can push it out.
+//! before a flood can push it out. A client connects before it can write, so the device may
+//! accept it in between (on a loaded host, 8 times in a row under issue 39's flood): one
+//! accepted over the cap before it sent anything is held one past the cap and judged when it
+//! speaks, when another such client takes its place, or at its deadline.
 
 use super::*;
 
@@ -44,9 +48,48 @@ impl Muxer {
             // speaks at once decides what it may push out at the cap (one past the cap for
             // this moment: the descriptor budget keeps room for it).
             let newcomer = self.handshake(token, ctx);
-            if self.count() > self.max_conns {
-                self.make_room(newcomer);
+            if self.count() > self.max_conns && newcomer == Some(token) && !self.heard(token) {
+                // It has sent nothing yet: a client connects, then writes, and the device may
+                // accept it in between. Held one past the cap, it is judged when it speaks.
+                if let Some(before) = self.deferred.replace(token) {
+                    self.judge(before, ctx);
+                }
             }
+            if self.over_cap() {
+                self.make_room(newcomer, ctx);
+            }
+        }
+    }
+
+    /// An event on pending client `token`: reads what it sent; the deferred client is judged
+    /// once its line is complete (or it is dropped).
+    pub(super) fn pending_event(&mut self, token: u64, ctx: &dyn VsockQueues) {
+        let now = self.handshake(token, ctx);
+        if self.deferred == Some(token) && now != Some(token) {
+            self.deferred = None;
+            if self.over_cap() {
+                self.make_room(now, ctx);
+            }
+        }
+    }
+
+    /// Judges a client that was deferred, now (another took its place): what it sent since
+    /// is read, and it makes room, or is refused, as any newcomer at the cap.
+    fn judge(&mut self, token: u64, ctx: &dyn VsockQueues) {
+        if !matches!(self.slots.get(&token), Some(Slot::Pending(_))) {
+            return;
+        }
+        let now = self.handshake(token, ctx);
+        if self.over_cap() {
+            self.make_room(now, ctx);
+        }
+    }
+
+    /// Whether pending client `token` has sent any byte yet (a connection has).
+    fn heard(&self, token: u64) -> bool {
+        match self.slots.get(&token) {
+            Some(Slot::Pending(p)) => p.heard(),
+            _ => true,
         }
     }
 
@@ -56,15 +99,15 @@ impl Muxer {
     /// bytes with its line pushes out a connection the guest accepted: a flood of silent
     /// clients then costs the guest nothing past the cap, its connections are refused on
     /// the host.
-    fn make_room(&mut self, newcomer: Option<u64>) {
-        let newcomer = newcomer.unwrap_or(0);
+    fn make_room(&mut self, newcomer: Option<u64>, ctx: &dyn VsockQueues) {
+        let mut newcomer = newcomer.unwrap_or(0);
+        if self.evict_oldest_pending(&mut newcomer, ctx) || self.evict_oldest_unsent() {
+            return;
+        }
         let eager = match self.slots.get(&newcomer) {
             Some(Slot::Conn(key)) => self.conns.get(key).is_some_and(|c| c.eager),
             _ => false,
         };
-        if self.evict_oldest_pending() || self.evict_oldest_unsent() {
-            return;
-        }
         if eager && (self.evict_oldest_silent() || self.evict_oldest_waiting()) {
             return;
         }
@@ -83,18 +126,37 @@ impl Muxer {
     }
 
     /// Drops the oldest host client still sending its `CONNECT` line; false if there is none.
-    fn evict_oldest_pending(&mut self) -> bool {
-        let slots = &self.slots;
-        let oldest = self
-            .timers
-            .pop_oldest_pending(|t| matches!(slots.get(&t), Some(Slot::Pending(_))));
-        let Some(token) = oldest else {
-            return false;
-        };
-        tracing::debug!("vsock: connection limit reached; evicting the oldest silent client");
-        self.slots.remove(&token);
-        self.pending -= 1;
-        true
+    /// What each candidate sent is read first: a client whose line (and first bytes) reached
+    /// its socket after it was accepted, before its event came round, is no silent client but
+    /// a connection, judged as one (`newcomer` follows it if it is the newcomer). A client
+    /// dropped for what it sent frees a slot too.
+    fn evict_oldest_pending(&mut self, newcomer: &mut u64, ctx: &dyn VsockQueues) -> bool {
+        loop {
+            let keep = self.deferred_live();
+            let slots = &self.slots;
+            let oldest = self
+                .timers
+                .pop_oldest_pending(|t| matches!(slots.get(&t), Some(Slot::Pending(_))), keep);
+            let Some(token) = oldest else {
+                return false;
+            };
+            match self.handshake(token, ctx) {
+                Some(t) if t == token => {
+                    tracing::debug!(
+                        "vsock: connection limit reached; evicting the oldest silent client"
+                    );
+                    self.slots.remove(&token);
+                    self.pending -= 1;
+                    return true;
+                }
+                Some(t) => {
+                    if token == *newcomer {
+                        *newcomer = t;
+                    }
+                }
+                None => return true,
+            }
+        }
     }
 
     /// Drops the oldest connection whose `REQUEST` has not gone out and whose client sent

@@ -76,6 +76,9 @@ pub(super) enum Op {
     Guest(Header, Vec<u8>),
     /// A host client connects and sends these bytes (a `CONNECT` line or garbage).
     HostConnect(Vec<u8>),
+    /// A host client connects, the device accepts it, and only then do these bytes reach its
+    /// socket, its readiness event not handled yet (a loaded host).
+    HostConnectLate(Vec<u8>),
     /// Host client `i` (modulo the live ones) writes `n` bytes.
     HostWrite(usize, usize),
     /// Host client `i` hangs up.
@@ -140,7 +143,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     ];
     prop_oneof![
         8 => header().prop_map(|(h, p)| Op::Guest(h, p)),
-        3 => connect_line.prop_map(Op::HostConnect),
+        3 => connect_line.clone().prop_map(Op::HostConnect),
+        1 => connect_line.prop_map(Op::HostConnectLate),
         2 => (any::<usize>(), 0usize..100_000).prop_map(|(i, n)| Op::HostWrite(i, n)),
         1 => any::<usize>().prop_map(Op::HostClose),
         1 => Just(Op::Expire),
@@ -152,7 +156,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 
 /// Every table stays within its bound and the bookkeeping agrees with itself.
 fn assert_bounded(m: &Muxer) {
-    assert!(m.count() <= m.max_conns, "{} connections", m.count());
+    let held = usize::from(m.deferred_live().is_some());
+    assert!(m.count() <= m.max_conns + held, "{} connections", m.count());
     assert!(m.max_conns <= MAX_CONNECTIONS);
     assert_eq!(m.slots.len(), m.conns.len() + m.pending, "slots vs conns");
     assert!(
@@ -294,7 +299,15 @@ pub(super) fn run_capped(cap: usize, ops: Vec<Op>) -> Ran {
                     .map(|(t, _)| *t)
                     .collect();
                 for t in pending {
-                    m.handshake(t, &ctx);
+                    m.pending_event(t, &ctx);
+                }
+            }
+            Op::HostConnectLate(line) => {
+                if let Ok(mut s) = UnixStream::connect(&path) {
+                    let _ = s.set_nonblocking(true);
+                    m.accept_all(&ctx);
+                    let _ = s.write_all(&line);
+                    clients.push(s);
                 }
             }
             Op::HostWrite(i, n) if !clients.is_empty() => {

@@ -60,7 +60,8 @@ const MAX_CONFIG_READ: usize = 256;
 
 /// Descriptors the backend keeps for itself beyond its connections: stdio, the vhost-user
 /// socket, QEMU's memory-region fds, two eventfds per queue, the epoll sets and timer, the
-/// hybrid listener, and one for a client accepted only to be closed at the cap.
+/// hybrid listener, and two for host clients past the cap (one held until it speaks, one
+/// accepted only to be closed).
 pub const OWN_FDS: u64 = 64;
 
 /// The descriptor budget: the soft `RLIMIT_NOFILE` to set (raised toward the hard limit as far
