@@ -25,13 +25,17 @@ pub(super) fn describe_handshake(port: u32, reply: &str) -> String {
     format!("the VM's vsock device answered CONNECT {port} with \"{shown}\", not OK")
 }
 
-/// Connects to `path`. A full listen backlog (`EAGAIN` on a Unix socket: a flood of other
-/// clients the backend has not accepted yet) is retried after a short pause; the caller's
-/// connect timeout bounds the whole.
-pub(super) async fn connect_retrying(path: &std::path::Path) -> std::io::Result<UnixStream> {
+/// Runs `attempt` until it does not fail with `EAGAIN`: on a Unix socket, a full listen
+/// backlog (a flood of other clients the backend has not accepted yet), retried after a short
+/// pause; the caller's connect timeout bounds the whole.
+async fn retry_full_backlog<T, F, Fut>(mut attempt: F) -> std::io::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<T>>,
+{
     let mut pause = Duration::from_millis(5);
     loop {
-        match UnixStream::connect(path).await {
+        match attempt().await {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(50));
@@ -41,34 +45,31 @@ pub(super) async fn connect_retrying(path: &std::path::Path) -> std::io::Result<
     }
 }
 
+/// Connects to `path`, a full listen backlog retried ([`retry_full_backlog`]).
+pub(super) async fn connect_retrying(path: &std::path::Path) -> std::io::Result<UnixStream> {
+    retry_full_backlog(|| UnixStream::connect(path)).await
+}
+
 /// Connects to the VM's socket at `path` and writes `out` (the `CONNECT` line and the bytes
 /// behind it) at once, with nothing between the two system calls: the vsock device reads what
 /// a client sent as it accepts it, and at its connection cap only a client whose first bytes
-/// are already there may take the slot of a silent one (`vmm::virtio::vsock::muxer::host`).
+/// are there may take the slot of a silent one (`vmm::virtio::vsock::muxer::host`).
 /// Connecting through the runtime first (a wait for writability between the connect and the
 /// write) let a loaded host's device accept the client before it spoke, and refuse it.
 /// Returns the stream and how much of `out` went out (the rest is written by the handshake).
-/// A full listen backlog is retried as in [`connect_retrying`].
+/// A full listen backlog is retried ([`retry_full_backlog`]).
 pub(super) async fn connect_sending(
     path: &Path,
     out: &[u8],
 ) -> std::io::Result<(UnixStream, usize)> {
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match connect_nonblocking(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-            Err(e) => return Err(e),
-            Ok(mut s) => {
-                // A write that fails here (the device already closed it) is tried again by
-                // the handshake, which says what it means.
-                let sent = s.write(out).unwrap_or(0);
-                return Ok((UnixStream::from_std(s)?, sent));
-            }
-        }
-    }
+    retry_full_backlog(|| async {
+        let mut s = connect_nonblocking(path)?;
+        // A write that fails here (the device already closed it) is tried again by the
+        // handshake, which says what it means.
+        let sent = s.write(out).unwrap_or(0);
+        Ok((UnixStream::from_std(s)?, sent))
+    })
+    .await
 }
 
 /// A non-blocking Unix stream socket connected to `path` (`EAGAIN`: its backlog is full).
