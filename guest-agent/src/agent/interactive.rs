@@ -404,14 +404,17 @@ pub(super) async fn run<S: Stream>(
     let result = session(&mut s, &mut p, req.exec.timeout).await;
     let leftovers = s.left_running;
     if !leftovers {
+        // The session killed the tree before draining its output, unless the connection
+        // died first: then only this kill ends it (a second one finds nothing).
         p.kill_tree();
     }
     if let Some(cg) = p.cgroup.take() {
-        match leftovers {
+        if leftovers {
             // Its leaf goes now if nothing was left in it, else with the container's group
             // (`PodMount::Unmount`) or the VM.
-            true => cg.remove_if_empty(),
-            false => drop(tokio::spawn(cg.remove())),
+            cg.remove_if_empty();
+        } else {
+            drop(tokio::spawn(cg.remove()));
         }
     }
     result
