@@ -34,7 +34,7 @@ use crate::config::{self, ConsoleConfig, CpuProfile, VmConfig, build_cmdline};
 use crate::layout::MemoryLayout;
 use crate::vcpu;
 use crate::virtio::DeviceConfig;
-use crate::virtio::persist::{DeviceKind, DeviceState};
+use crate::virtio::persist::DeviceState;
 use crate::vm::{
     Vm, VmmError, assemble, check_config, create_kvm_vm, install_kick, register_fenced,
 };
@@ -104,66 +104,13 @@ fn check_devices(snap: &[DeviceState], cfg: &Expected) -> Result<(), SnapshotErr
         });
     }
     for (index, (s, c)) in snap.iter().zip(&cfg.devices).enumerate() {
-        let differs =
-            |what: &'static str, snapshot: String, config: String| SnapshotError::DeviceMismatch {
+        if let Some(d) = s.kind.config_difference(c) {
+            return Err(SnapshotError::DeviceMismatch {
                 index,
-                field: what,
-                snapshot,
-                config,
-            };
-        match (&s.kind, c) {
-            (
-                DeviceKind::Block {
-                    path, read_only, ..
-                },
-                DeviceConfig::Block {
-                    path: p,
-                    read_only: r,
-                    ..
-                },
-            ) => {
-                if path != p {
-                    return Err(differs(
-                        "path",
-                        path.display().to_string(),
-                        p.display().to_string(),
-                    ));
-                }
-                if read_only != r {
-                    return Err(differs("read_only", read_only.to_string(), r.to_string()));
-                }
-            }
-            (DeviceKind::Vsock { guest_cid }, DeviceConfig::Vsock { guest_cid: g, .. }) => {
-                if guest_cid != g {
-                    return Err(differs("guest_cid", guest_cid.to_string(), g.to_string()));
-                }
-            }
-            (DeviceKind::Rng, DeviceConfig::Rng) => {}
-            (
-                DeviceKind::Fs {
-                    tag,
-                    share,
-                    dax_window,
-                },
-                DeviceConfig::Fs {
-                    tag: t,
-                    share: s,
-                    dax_window: w,
-                    ..
-                },
-            ) => {
-                if tag != t {
-                    return Err(differs("tag", tag.clone(), t.clone()));
-                }
-                if share != s {
-                    let show = |p: &std::path::Path| p.display().to_string();
-                    return Err(differs("share", show(share), show(s)));
-                }
-                if dax_window != w {
-                    return Err(differs("dax_window", dax_window.to_string(), w.to_string()));
-                }
-            }
-            (k, c) => return Err(differs("type", k.name().into(), c.name())),
+                field: d.field,
+                snapshot: d.saved,
+                config: d.now,
+            });
         }
     }
     Ok(())
@@ -378,6 +325,7 @@ mod tests {
 
     #[test]
     fn each_device_difference_is_named() {
+        use crate::virtio::persist::{BlockIdentity, DeviceKind, RngIdentity, VsockIdentity};
         let block = |path: &str, read_only| DeviceConfig::Block {
             path: path.into(),
             read_only,
@@ -388,13 +336,13 @@ mod tests {
             ..crate::virtio::persist::tests::sample_rng()
         };
         let snap = vec![
-            saved(DeviceKind::Rng),
-            saved(DeviceKind::Block {
+            saved(DeviceKind::Rng(RngIdentity)),
+            saved(DeviceKind::Block(BlockIdentity {
                 path: "/a".into(),
                 size: 512,
                 read_only: true,
-            }),
-            saved(DeviceKind::Vsock { guest_cid: 3 }),
+            })),
+            saved(DeviceKind::Vsock(VsockIdentity { guest_cid: 3 })),
         ];
         let vsock = |guest_cid| DeviceConfig::Vsock {
             guest_cid,

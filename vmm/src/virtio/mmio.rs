@@ -57,6 +57,9 @@ const VENDOR_ID: u32 = 0x554d_4551; // any constant; Linux does not check it
 /// A virtio device behind one MMIO register window (`crate::layout::VIRTIO_MMIO_SIZE` bytes).
 pub struct MmioDevice {
     device: Box<dyn VirtioDevice>,
+    /// What the device is (`VirtioDevice::kind`, fixed once built): its type, queue sizes
+    /// and offered features come from it.
+    kind: super::persist::DeviceKind,
     mem: GuestMemoryMmap,
     queues: Vec<Queue>,
     /// Sizes the driver wrote (validated at DRIVER_OK).
@@ -113,7 +116,8 @@ impl MmioDevice {
         name: String,
         starter: &Starter,
     ) -> Result<Self, VirtioError> {
-        let sizes = device.queue_max_sizes().to_vec();
+        let kind = device.kind();
+        let sizes = kind.queue_max_sizes().to_vec();
         let queues = sizes
             .iter()
             .map(|&m| Queue::new(m).map_err(VirtioError::Queue))
@@ -125,6 +129,7 @@ impl MmioDevice {
         Ok(MmioDevice {
             requested_sizes: sizes,
             device,
+            kind,
             mem,
             queues,
             queue_sel: 0,
@@ -218,7 +223,7 @@ impl MmioDevice {
     }
 
     fn offered_features(&self) -> u64 {
-        self.device.features() | (1u64 << VIRTIO_F_VERSION_1)
+        self.kind.offered_features()
     }
 
     fn selected_queue(&mut self) -> Option<(&mut Queue, &mut u16)> {
@@ -315,7 +320,7 @@ impl MmioDevice {
     fn request_worker(&mut self) -> Result<(), VirtioError> {
         let setup = self.prepare_worker()?;
         // The thread is named after the device type (`virtio-2`: thread names are short).
-        let thread = format!("virtio-{}", self.device.device_type());
+        let thread = format!("virtio-{}", self.kind.device_type());
         self.slot.locked().request(setup, thread);
         self.starter.wake();
         Ok(())
@@ -369,7 +374,7 @@ impl MmioDevice {
         match offset {
             VIRTIO_MMIO_MAGIC_VALUE => MAGIC,
             VIRTIO_MMIO_VERSION => VERSION,
-            VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
+            VIRTIO_MMIO_DEVICE_ID => self.kind.device_type(),
             VIRTIO_MMIO_VENDOR_ID => VENDOR_ID,
             VIRTIO_MMIO_DEVICE_FEATURES => match self.device_features_sel {
                 0 => self.offered_features() as u32,

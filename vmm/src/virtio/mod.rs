@@ -17,10 +17,12 @@
 //!   or on a deadline the handler asks for.
 //! - [`queue`]: helpers over `virtio-queue`: collect a descriptor chain with every descriptor
 //!   checked against guest RAM, its total length bounded, and loops/truncation detected.
-//! - [`block`], [`vsock`], [`rng`], [`fs`]: the devices; `block::request` and `vsock::packet`
+//! - [`block`], [`vsock`], [`rng`], [`fs`]: the devices, each in its folder (model, worker
+//!   handler, `persist.rs`); `block::request` and `vsock::packet`
 //!   hold the pure parsers (fuzzed by the `fuzz/` crate), as `vm_virtiofs` does for [`fs`].
 //! - [`persist`]: a device's snapshot state (identity, transport registers, queue
-//!   positions) and its checks; `mmio/persist.rs` saves and restores it.
+//!   positions) and its checks; `mmio/persist.rs` saves and restores it. Each device's
+//!   identity (what it is, what a restore must match) is in its own folder's `persist.rs`.
 //! - `test_utils` (feature `test-utils`, as rust-vmm's `virtio-queue` does it): a harness that
 //!   plays the guest driver against a real `GuestMemoryMmap`; not in normal builds.
 //!
@@ -136,16 +138,11 @@ impl VirtioError {
 
 /// A device model behind the MMIO transport.
 pub(crate) trait VirtioDevice: Send {
-    /// The virtio device id.
-    fn device_type(&self) -> u32;
-    /// Maximum size of each queue (each a power of two).
-    fn queue_max_sizes(&self) -> &[u16];
-    /// The features offered (without `VIRTIO_F_VERSION_1`, which the transport adds).
-    fn features(&self) -> u64;
+    /// What the device is (its identity, `<device>/persist.rs`): its virtio type, queue sizes
+    /// and offered features, and what a snapshot records of it. Fixed once the device is built.
+    fn kind(&self) -> persist::DeviceKind;
     /// Read the device-specific configuration space.
     fn read_config(&self, offset: u64, data: &mut [u8]);
-    /// What the device is, for its snapshot state (`persist`).
-    fn kind(&self) -> persist::DeviceKind;
     /// Whether a worker started again after a snapshot (or from one) must tell the guest its
     /// connections are gone (vsock: `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`).
     fn resets_on_restart(&self) -> bool {

@@ -8,94 +8,157 @@
 //! sockets (a restored vsock device starts with none and tells the guest so with a
 //! `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`).
 //!
+//! Each device declares its identity in its own module ([`Identity`]); [`DeviceKind`] holds
+//! one, and `with_identity!` is the one dispatch over them.
+//!
 //! [`DeviceState::validate`] needs no device and no KVM: a device's queue count and maximum
 //! sizes and its offered features follow from its kind, and guest RAM from the saved
 //! regions. So a hostile state file is refused by the decoder, with a variant naming what,
 //! before anything is opened. How a device is quiesced for a save and started again on a
 //! restore is in `mmio/persist.rs`.
 
-use std::path::PathBuf;
-
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
     VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_F_VERSION_1,
 };
-use virtio_bindings::virtio_ids::{VIRTIO_ID_BLOCK, VIRTIO_ID_RNG, VIRTIO_ID_VSOCK};
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
+use super::DeviceConfig;
+pub use super::block::persist::BlockIdentity;
+pub use super::fs::persist::FsIdentity;
+pub use super::rng::persist::RngIdentity;
+pub use super::vsock::persist::VsockIdentity;
 use crate::layout::MAX_VIRTIO_DEVICES;
 use crate::snapshot::state::RegionState;
+
+/// The first field in which a device's saved identity and what it is compared with (a
+/// configuration, the rebuilt device) differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Difference {
+    /// The field: `type`, `path`, `size`, …
+    pub field: &'static str,
+    /// Its value in the snapshot.
+    pub saved: String,
+    /// Its value now.
+    pub now: String,
+}
+
+impl Difference {
+    /// `Some` naming `field` when `saved` and `now` differ.
+    pub fn of<T: PartialEq>(
+        field: &'static str,
+        saved: &T,
+        now: &T,
+        show: impl Fn(&T) -> String,
+    ) -> Option<Difference> {
+        (saved != now).then(|| Difference {
+            field,
+            saved: show(saved),
+            now: show(now),
+        })
+    }
+
+    fn of_type(saved: &'static str, now: String) -> Difference {
+        Difference {
+            field: "type",
+            saved: saved.into(),
+            now,
+        }
+    }
+}
+
+/// A device's identity, declared in the device's own module (`block/persist.rs`,
+/// `vsock/persist.rs`, `rng/persist.rs`, `fs/persist.rs`): what it is, what a restore must
+/// match, and what the transport offers for it. [`DeviceKind`] holds one of them.
+pub trait Identity: Sized {
+    /// The virtio device id.
+    fn device_type(&self) -> u32;
+    /// Its short name in errors: `block`, `vsock`, `rng`, `fs`.
+    fn name(&self) -> &'static str;
+    /// Maximum size of each queue, as the device model offers them.
+    fn queue_max_sizes(&self) -> &'static [u16];
+    /// The device's own features the transport offers (beyond `VIRTIO_F_VERSION_1`).
+    fn device_features(&self) -> u64 {
+        0
+    }
+    /// This device's identity in `kind`, if `kind` is this device.
+    fn of(kind: &DeviceKind) -> Option<&Self>;
+    /// The first field in which `self` (saved) and `now` (the rebuilt device) differ.
+    fn difference(&self, now: &Self) -> Option<Difference>;
+    /// The first field in which `self` (saved) and `cfg` differ, `None` when `cfg` is this
+    /// device as saved (what it learns once opened, a disk's size, is checked by
+    /// [`Identity::difference`]); the type when `cfg` is another device.
+    fn config_difference(&self, cfg: &DeviceConfig) -> Option<Difference>;
+}
+
+/// `Difference` of the types of `saved` and `cfg`.
+pub(crate) fn other_type(saved: &impl Identity, cfg: &DeviceConfig) -> Option<Difference> {
+    Some(Difference::of_type(saved.name(), cfg.name()))
+}
 
 /// What a device is, as far as a restore must match it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeviceKind {
     /// virtio-blk over a raw image file.
-    Block {
-        /// The image's host path.
-        path: PathBuf,
-        /// Its size in bytes when the snapshot was taken.
-        size: u64,
-        /// Opened read-only (a snapshot only carries read-only disks).
-        read_only: bool,
-    },
+    Block(BlockIdentity),
     /// virtio-vsock.
-    Vsock {
-        /// The guest's CID.
-        guest_cid: u64,
-    },
+    Vsock(VsockIdentity),
     /// virtio-rng.
-    Rng,
+    Rng(RngIdentity),
     /// virtio-fs: the read-only file server of one host mount.
-    Fs {
-        /// The device's tag.
-        tag: String,
-        /// The mount's source on the host.
-        share: PathBuf,
-        /// The DAX window's size in bytes (0: none).
-        dax_window: u64,
-    },
+    Fs(FsIdentity),
+}
+
+/// `$body` with `$id` bound to the identity inside `$kind`, whichever device it is: the one
+/// place a new device is added to the dispatch.
+macro_rules! with_identity {
+    ($kind:expr, $id:ident => $body:expr) => {
+        match $kind {
+            DeviceKind::Block($id) => $body,
+            DeviceKind::Vsock($id) => $body,
+            DeviceKind::Rng($id) => $body,
+            DeviceKind::Fs($id) => $body,
+        }
+    };
 }
 
 impl DeviceKind {
     /// The virtio device id.
     pub fn device_type(&self) -> u32 {
-        match self {
-            DeviceKind::Block { .. } => VIRTIO_ID_BLOCK,
-            DeviceKind::Vsock { .. } => VIRTIO_ID_VSOCK,
-            DeviceKind::Rng => VIRTIO_ID_RNG,
-            DeviceKind::Fs { .. } => super::fs::VIRTIO_ID_FS,
-        }
+        with_identity!(self, id => id.device_type())
     }
 
     /// Its short name in errors: `block`, `vsock`, `rng`, `fs`.
     pub fn name(&self) -> &'static str {
-        match self {
-            DeviceKind::Block { .. } => "block",
-            DeviceKind::Vsock { .. } => "vsock",
-            DeviceKind::Rng => "rng",
-            DeviceKind::Fs { .. } => "fs",
-        }
+        with_identity!(self, id => id.name())
     }
 
     /// Maximum size of each queue, as the device model offers them.
     pub fn queue_max_sizes(&self) -> &'static [u16] {
-        match self {
-            DeviceKind::Block { .. } => super::block::QUEUE_SIZES,
-            DeviceKind::Vsock { .. } => super::vsock::QUEUE_SIZES,
-            DeviceKind::Rng => super::rng::QUEUE_SIZES,
-            DeviceKind::Fs { .. } => super::fs::QUEUE_SIZES,
-        }
+        with_identity!(self, id => id.queue_max_sizes())
     }
 
     /// Every feature the transport offers for this device (`VIRTIO_F_VERSION_1` included).
     pub fn offered_features(&self) -> u64 {
-        let device = match self {
-            DeviceKind::Block { read_only, .. } => super::block::offered_features(*read_only),
-            DeviceKind::Vsock { .. } | DeviceKind::Rng | DeviceKind::Fs { .. } => 0,
-        };
-        device | (1u64 << VIRTIO_F_VERSION_1)
+        with_identity!(self, id => id.device_features()) | (1u64 << VIRTIO_F_VERSION_1)
+    }
+
+    /// The first field in which `self` (saved) and `now` (the rebuilt device) differ.
+    pub fn difference(&self, now: &DeviceKind) -> Option<Difference> {
+        fn pair<I: Identity>(saved: &I, now: &DeviceKind) -> Option<Difference> {
+            match I::of(now) {
+                Some(n) => saved.difference(n),
+                None => Some(Difference::of_type(saved.name(), now.name().into())),
+            }
+        }
+        with_identity!(self, id => pair(id, now))
+    }
+
+    /// The first field in which `self` (saved) and the configuration `cfg` differ.
+    pub fn config_difference(&self, cfg: &DeviceConfig) -> Option<Difference> {
+        with_identity!(self, id => id.config_difference(cfg))
     }
 }
 
@@ -278,7 +341,7 @@ impl DeviceState {
         if t.acked_features & !offered != 0 {
             return Err(features(t.acked_features));
         }
-        if self.fs.is_some() != matches!(self.kind, DeviceKind::Fs { .. }) {
+        if self.fs.is_some() != matches!(self.kind, DeviceKind::Fs(_)) {
             return Err(InvalidDevice::Session(index));
         }
         let maxes = self.kind.queue_max_sizes();
@@ -332,7 +395,7 @@ pub(crate) mod tests {
     /// An rng device after DRIVER_OK with a few buffers served.
     pub(crate) fn sample_rng() -> DeviceState {
         DeviceState {
-            kind: DeviceKind::Rng,
+            kind: DeviceKind::Rng(RngIdentity),
             transport: TransportState {
                 status: STATUS_BITS & !VIRTIO_CONFIG_S_FAILED,
                 needs_reset: false,
@@ -446,23 +509,25 @@ pub(crate) mod tests {
 
     #[test]
     fn offered_features_follow_the_kind() {
-        let ro = DeviceKind::Block {
+        let ro = DeviceKind::Block(BlockIdentity {
             path: "/d".into(),
             size: 512,
             read_only: true,
-        };
-        let rw = DeviceKind::Block {
+        });
+        let rw = DeviceKind::Block(BlockIdentity {
             path: "/d".into(),
             size: 512,
             read_only: false,
-        };
+        });
         assert_ne!(ro.offered_features(), rw.offered_features());
         assert_eq!(
-            DeviceKind::Rng.offered_features(),
+            DeviceKind::Rng(RngIdentity).offered_features(),
             1u64 << VIRTIO_F_VERSION_1
         );
         assert_eq!(
-            DeviceKind::Vsock { guest_cid: 3 }.queue_max_sizes().len(),
+            DeviceKind::Vsock(VsockIdentity { guest_cid: 3 })
+                .queue_max_sizes()
+                .len(),
             3
         );
     }

@@ -6,6 +6,7 @@
 //! (`read_volatile_from`), writes straight from guest memory to the file: no per-request buffer
 //! sized by the guest. [`request`] holds the pure request parser.
 
+pub mod persist;
 pub mod request;
 
 use std::fs::File;
@@ -23,7 +24,6 @@ use request::{DiskInfo, HEADER_SIZE, ID_BYTES, Op, Request, parse_request, statu
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
 };
-use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 
 const QUEUE_SIZE: u16 = 256;
 pub(crate) const QUEUE_SIZES: &[u16] = &[QUEUE_SIZE];
@@ -98,24 +98,15 @@ impl Block {
 }
 
 impl VirtioDevice for Block {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_BLOCK
-    }
-    fn queue_max_sizes(&self) -> &[u16] {
-        QUEUE_SIZES
-    }
-    fn features(&self) -> u64 {
-        offered_features(self.disk.read_only)
-    }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Block {
+        DeviceKind::Block(persist::BlockIdentity {
             path: self.path.clone(),
             size: self.size,
             read_only: self.disk.read_only,
-        }
+        })
     }
     fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
         let file = self

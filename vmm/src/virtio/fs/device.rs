@@ -23,7 +23,7 @@ use vm_virtiofs::dax::Extent;
 use vm_virtiofs::fs::MIN_INODES;
 use vm_virtiofs::{DaxWindow, Fs, Limits, Server};
 
-use super::{NUM_QUEUES, Scratch, VIRTIO_ID_FS, serve_chain};
+use super::{NUM_QUEUES, Scratch, serve_chain};
 use crate::sys::window::DaxMapping;
 use crate::virtio::persist::DeviceKind;
 use crate::virtio::worker::{Ctx, Handler, MakeHandler};
@@ -124,28 +124,16 @@ impl FsDevice {
 }
 
 impl VirtioDevice for FsDevice {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_FS
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        QUEUE_SIZES
-    }
-
-    fn features(&self) -> u64 {
-        0
-    }
-
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
 
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Fs {
+        DeviceKind::Fs(super::persist::FsIdentity {
             tag: self.tag.clone(),
             share: self.share.clone(),
             dax_window: self.window.as_ref().map_or(0, |w| w.mapping.len()),
-        }
+        })
     }
 
     fn worker_kind(&self) -> ThreadKind {

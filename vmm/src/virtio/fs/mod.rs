@@ -13,6 +13,7 @@
 //! both are served the same way (a `FORGET` has no reply: its chain is used with length 0).
 
 mod device;
+pub mod persist;
 pub mod vhost_user;
 
 pub(crate) use device::QUEUE_SIZES;

@@ -89,76 +89,12 @@ pub enum PersistError {
     },
 }
 
-/// The first field in which `saved` and `now` differ: (field, saved, now).
-fn kind_difference(saved: &DeviceKind, now: &DeviceKind) -> Option<(&'static str, String, String)> {
-    use DeviceKind::*;
-    match (saved, now) {
-        (
-            Block {
-                path,
-                size,
-                read_only,
-            },
-            Block {
-                path: p,
-                size: s,
-                read_only: r,
-            },
-        ) => {
-            if path != p {
-                Some(("path", path.display().to_string(), p.display().to_string()))
-            } else if read_only != r {
-                Some(("read_only", read_only.to_string(), r.to_string()))
-            } else if size != s {
-                Some(("size", size.to_string(), s.to_string()))
-            } else {
-                None
-            }
-        }
-        (Vsock { guest_cid }, Vsock { guest_cid: c }) => {
-            (guest_cid != c).then(|| ("guest_cid", guest_cid.to_string(), c.to_string()))
-        }
-        (Rng, Rng) => None,
-        (
-            Fs {
-                tag,
-                share,
-                dax_window,
-            },
-            Fs {
-                tag: t,
-                share: s,
-                dax_window: w,
-            },
-        ) => {
-            if tag != t {
-                Some(("tag", tag.clone(), t.clone()))
-            } else if share != s {
-                Some((
-                    "share",
-                    share.display().to_string(),
-                    s.display().to_string(),
-                ))
-            } else {
-                (dax_window != w).then(|| ("dax_window", dax_window.to_string(), w.to_string()))
-            }
-        }
-        (a, b) => Some(("type", a.name().into(), b.name().into())),
-    }
-}
-
 impl MmioDevice {
     /// The device's state for a snapshot, its worker stopped (see the module docs). Call with
     /// the vCPUs parked; then [`MmioDevice::resume_after_save`] if the VM runs on.
     pub fn save_state(&mut self) -> Result<DeviceState, PersistError> {
-        let kind = self.device.kind();
-        if matches!(
-            kind,
-            DeviceKind::Block {
-                read_only: false,
-                ..
-            }
-        ) {
+        let kind = self.kind.clone();
+        if matches!(&kind, DeviceKind::Block(b) if !b.read_only) {
             return Err(PersistError::Unsupported {
                 device: self.name.clone(),
                 what: "a writable disk",
@@ -237,13 +173,13 @@ impl MmioDevice {
     /// interrupt status; after DRIVER_OK its worker is requested from the starter (it starts
     /// when the control thread runs), and a saved interrupt is signalled again.
     pub fn restore_state(&mut self, s: &DeviceState) -> Result<(), PersistError> {
-        let now = self.device.kind();
-        if let Some((field, snapshot, config)) = kind_difference(&s.kind, &now) {
+        let now = &self.kind;
+        if let Some(d) = s.kind.difference(now) {
             return Err(PersistError::Mismatch {
                 device: self.name.clone(),
-                field,
-                snapshot,
-                config,
+                field: d.field,
+                snapshot: d.saved,
+                config: d.now,
             });
         }
         // The decoder checked this already, against the same kind; again, for a state that

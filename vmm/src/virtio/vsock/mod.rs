@@ -18,6 +18,7 @@
 pub mod connection;
 pub mod muxer;
 pub mod packet;
+pub mod persist;
 pub mod timers;
 pub mod transport;
 pub mod unix;
@@ -29,7 +30,6 @@ use std::path::{Path, PathBuf};
 use super::persist::DeviceKind;
 use super::worker::MakeHandler;
 use super::{VirtioDevice, VirtioError, read_config_bytes};
-use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
 
 pub(crate) const QUEUE_SIZES: &[u16] = &[256, 256, 256];
 
@@ -58,22 +58,13 @@ impl Vsock {
 }
 
 impl VirtioDevice for Vsock {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_VSOCK
-    }
-    fn queue_max_sizes(&self) -> &[u16] {
-        QUEUE_SIZES
-    }
-    fn features(&self) -> u64 {
-        0
-    }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Vsock {
+        DeviceKind::Vsock(persist::VsockIdentity {
             guest_cid: self.guest_cid,
-        }
+        })
     }
     fn resets_on_restart(&self) -> bool {
         true

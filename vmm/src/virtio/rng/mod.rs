@@ -1,13 +1,14 @@
 //! virtio-rng: fills the guest's writable buffers with bytes from the host's getrandom(2),
 //! at most [`MAX_BYTES_PER_REQUEST`] per request.
 
+pub mod persist;
+
 use vm_memory::{Bytes, GuestAddress};
 
 use super::persist::DeviceKind;
 use super::queue::Buf;
 use super::worker::{Ctx, Handler, MakeHandler};
 use super::{GuestMemoryMmap, VirtioDevice, VirtioError};
-use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 
 /// Most bytes served for one request (the rest of the guest's buffers stay untouched).
 pub const MAX_BYTES_PER_REQUEST: u32 = 64 * 1024;
@@ -30,20 +31,11 @@ impl Default for Rng {
 }
 
 impl VirtioDevice for Rng {
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_RNG
-    }
-    fn queue_max_sizes(&self) -> &[u16] {
-        QUEUE_SIZES
-    }
-    fn features(&self) -> u64 {
-        0
-    }
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Rng
+        DeviceKind::Rng(persist::RngIdentity)
     }
     fn activate(&mut self, _acked: u64) -> Result<MakeHandler, VirtioError> {
         Ok(Box::new(|| Box::new(RngHandler)))
