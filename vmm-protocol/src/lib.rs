@@ -3,7 +3,7 @@
 //! A crate of its own so a launcher (`vm-drivers`' kvm driver) links the interface and not
 //! the VMM: no KVM, vhost-user or device code in the processes that only start VMs.
 //!
-//! A launcher (the kvm driver in `vm-drivers`, the slow tests here) starts `vm-vmm` with
+//! A launcher (the kvm driver in `vm-drivers`, the slow tests of `vmm`) starts `vm-vmm` with
 //! [`command`], which gives it three pipes and an empty environment, and nothing on its command
 //! line:
 //!
