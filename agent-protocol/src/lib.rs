@@ -38,6 +38,7 @@
 pub mod config;
 pub mod container;
 pub mod frame;
+pub mod initramfs;
 pub mod protocol;
 pub mod sparse;
 pub mod token;

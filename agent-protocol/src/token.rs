@@ -173,43 +173,9 @@ impl AgentToken {
     pub fn initrd_archive(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(512);
         let name = GUEST_TOKEN_PATH.trim_start_matches('/');
-        cpio_entry(&mut out, name, 0o100400, self.to_hex().as_bytes());
-        cpio_entry(&mut out, "TRAILER!!!", 0, &[]);
+        crate::initramfs::push_entry(&mut out, name, 0o100400, self.to_hex().as_bytes());
+        crate::initramfs::push_entry(&mut out, "TRAILER!!!", 0, &[]);
         out
-    }
-}
-
-/// One newc entry: 110-byte ASCII header, NUL-terminated name and data, each padded to 4.
-fn cpio_entry(out: &mut Vec<u8>, name: &str, mode: u32, data: &[u8]) {
-    let fields: [u32; 13] = [
-        1,                       // ino
-        mode,                    // mode
-        0,                       // uid
-        0,                       // gid
-        1,                       // nlink
-        0,                       // mtime
-        data.len() as u32,       // filesize
-        0,                       // devmajor
-        0,                       // devminor
-        0,                       // rdevmajor
-        0,                       // rdevminor
-        (name.len() + 1) as u32, // namesize (with the NUL)
-        0,                       // check
-    ];
-    out.extend_from_slice(b"070701");
-    for f in fields {
-        out.extend_from_slice(format!("{f:08x}").as_bytes());
-    }
-    out.extend_from_slice(name.as_bytes());
-    out.push(0);
-    pad4(out);
-    out.extend_from_slice(data);
-    pad4(out);
-}
-
-fn pad4(out: &mut Vec<u8>) {
-    while !out.len().is_multiple_of(4) {
-        out.push(0);
     }
 }
 
