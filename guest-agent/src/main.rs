@@ -2,7 +2,8 @@
 //!
 //! As PID 1 it clears its environment, makes itself unreadable to guest code (non-dumpable,
 //! `CAP_SYS_PTRACE`/`CAP_SYS_RAWIO` out of every child's bounding set), mounts the early
-//! filesystems, reads its configuration from `/proc/cmdline` (`vm.*` words), protects itself
+//! filesystems, reads its configuration from `/proc/cmdline` (`vm.*` words), loads a
+//! distribution kernel's modules from the initramfs (then turns module loading off), protects itself
 //! from the OOM killer, brings up `lo`, sets the hostname, mounts its read-only disks, takes the
 //! per-boot token the host appended to the initramfs (and unlinks it), sets up the `work`
 //! cgroup with the limits, listens on vsock (host peers only) and prints `vm-agent: ready port=<port> proto=<n>` on the console. Anything

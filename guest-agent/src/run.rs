@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use guest_agent::agent::cgroup::CgroupLimits;
-use guest_agent::agent::{Agent, AgentOptions, imageroot, pid1, shares};
+use guest_agent::agent::{Agent, AgentOptions, imageroot, kmod, pid1, shares};
 use vm_agent_protocol::token::{AgentToken, GUEST_TOKEN_PATH};
 use vm_agent_protocol::{AgentConfig, PROTOCOL_VERSION};
 use vm_error_chain::error_chain as chain;
@@ -65,6 +65,13 @@ fn run_pid1() -> Result<(), String> {
     init_logging(&level);
     for e in &mount_errors {
         tracing::warn!("{}", chain(e));
+    }
+    // A distribution kernel's drivers come as modules in the initramfs: loaded before any
+    // device is looked for, then module loading is off for good.
+    let modules = kmod::load_listed(Path::new(kmod::MODULE_DIR))
+        .map_err(|e| format!("kernel modules: {}", chain(&e)))?;
+    if modules > 0 {
+        tracing::info!(modules, "kernel modules loaded; module loading off");
     }
     let (cfg, unknown) = parsed.map_err(|e| format!("configuration: {e}"))?;
     if !unknown.is_empty() {

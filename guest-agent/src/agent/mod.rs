@@ -22,6 +22,7 @@ mod forward;
 pub mod guard;
 pub mod imageroot;
 mod interactive;
+pub mod kmod;
 pub mod listening;
 pub mod pending;
 pub mod pid1;

@@ -1,6 +1,6 @@
 //! Process calls: signals, reaping, sessions and identities (the ones marked async-signal-safe
 //! may run between `fork` and `exec`: they allocate nothing and take no lock), the agent's own
-//! process attributes (`prctl`), the hostname, the wall clock and power-off.
+//! process attributes (`prctl`), the hostname, the wall clock, kernel modules and power-off.
 
 use std::ffi::CStr;
 
@@ -112,6 +112,18 @@ pub fn drop_bounding_cap(cap: libc::c_ulong) -> std::io::Result<()> {
 fn prctl(op: libc::c_int, arg: libc::c_ulong) -> std::io::Result<()> {
     // SAFETY: only the integer-argument operations above reach here.
     check(unsafe { libc::prctl(op, arg, 0, 0, 0) })?;
+    Ok(())
+}
+
+/// `finit_module(2)` of the module file open at `fd`, with no parameters.
+pub fn finit_module(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the fd is open for the duration of the call and the parameter string is a
+    // NUL-terminated static.
+    let r = unsafe { libc::syscall(libc::SYS_finit_module, fd.as_raw_fd(), c"".as_ptr(), 0) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     Ok(())
 }
 
