@@ -19,7 +19,12 @@ dir=${1:-$(vm_images_dir)/current}
 failures=0
 fail() { echo "verify: FAIL: $*" >&2; failures=$((failures + 1)); }
 
-for f in vmlinux bzImage initramfs.cpio config manifest.json; do
+# A set built with `--kernel debian` has no vmlinux; its drivers are modules in the initramfs.
+kind=tuned
+grep -q '"kind": "debian"' "$dir/manifest.json" 2>/dev/null && kind=debian
+files=(bzImage initramfs.cpio config manifest.json)
+[[ $kind == debian ]] || files+=(vmlinux)
+for f in "${files[@]}"; do
     [[ -s $dir/$f ]] || fail "$dir/$f missing or empty"
 done
 ((failures == 0)) || { echo "verify: FAILED ($failures)" >&2; exit 1; }
@@ -30,18 +35,32 @@ for opt in 64BIT SMP X86_MPPARSE PVH KVM_GUEST PARAVIRT KERNEL_LZ4 SERIAL_8250_C
     HW_RANDOM_VIRTIO BLK_DEV_INITRD BINFMT_ELF BINFMT_SCRIPT DEVTMPFS TMPFS EROFS_FS EROFS_FS_ZIP EROFS_FS_XATTR EXT4_FS OVERLAY_FS TMPFS_XATTR \
     CGROUPS CGROUP_PIDS MEMCG NET INET UNIX PID_NS SECCOMP SECCOMP_FILTER FUTEX EPOLL UNIX98_PTYS \
     FUSE_FS VIRTIO_FS FUSE_DAX FS_DAX DAX ZONE_DEVICE; do
+    if [[ $kind == debian ]]; then
+        # Devices found through ACPI, not the command line; CPUs through ACPI's MADT.
+        [[ $opt == VIRTIO_MMIO_CMDLINE_DEVICES || $opt == X86_MPPARSE ]] && continue
+        grep -qx "CONFIG_$opt=m" "$dir/config" && continue
+    fi
     grep -qx "CONFIG_$opt=y" "$dir/config" || fail "config: CONFIG_$opt=y missing"
 done
-for opt in MODULES RANDOMIZE_BASE PCI ACPI IPV6; do
-    # Disabled either explicitly or by a dependency (then the symbol is absent).
-    if grep -qE "^CONFIG_$opt=" "$dir/config"; then fail "config: CONFIG_$opt is enabled"; fi
-done
+if [[ $kind == debian ]]; then
+    for opt in MODULES ACPI; do
+        grep -qx "CONFIG_$opt=y" "$dir/config" || fail "config: CONFIG_$opt=y missing"
+    done
+else
+    for opt in MODULES RANDOMIZE_BASE PCI ACPI IPV6; do
+        # Disabled either explicitly or by a dependency (then the symbol is absent).
+        if grep -qE "^CONFIG_$opt=" "$dir/config"; then fail "config: CONFIG_$opt is enabled"; fi
+    done
+fi
 
-# PVH entry note: owner Xen, type 0x12 (XEN_ELFNOTE_PHYS32_ENTRY).
-notes=$(readelf -n "$dir/vmlinux" 2>/dev/null) || notes=
-grep -qE '^\s*Xen\s+0x[0-9a-f]+\s+(Unknown note type: \(0x00000012\)|.*PHYS32)' <<<"$notes" ||
-    fail "vmlinux: no Xen PVH (PHYS32_ENTRY) ELF note"
-[[ $(head -c 4 "$dir/vmlinux" | od -An -tx1 | tr -d ' ') == 7f454c46 ]] || fail "vmlinux: not an ELF file"
+if [[ $kind == tuned ]]; then
+    # PVH entry note: owner Xen, type 0x12 (XEN_ELFNOTE_PHYS32_ENTRY).
+    notes=$(readelf -n "$dir/vmlinux" 2>/dev/null) || notes=
+    grep -qE '^\s*Xen\s+0x[0-9a-f]+\s+(Unknown note type: \(0x00000012\)|.*PHYS32)' <<<"$notes" ||
+        fail "vmlinux: no Xen PVH (PHYS32_ENTRY) ELF note"
+    [[ $(head -c 4 "$dir/vmlinux" | od -An -tx1 | tr -d ' ') == 7f454c46 ]] ||
+        fail "vmlinux: not an ELF file"
+fi
 [[ $(dd if="$dir/bzImage" bs=1 skip=514 count=4 2>/dev/null) == HdrS ]] ||
     fail "bzImage: no 'HdrS' boot protocol header"
 
@@ -55,6 +74,23 @@ for entry in init bin/busybox dev/console proc sys tmp mnt etc/passwd etc/group 
     bin/mkdir bin/rm bin/true bin/false bin/env bin/id bin/free; do
     grep -qx "$entry" <<<"$listing" || fail "initramfs.cpio: '$entry' missing"
 done
+# images/newc.py packed it: the kernel's gen_init_cpio (built beside the tuned kernel) must
+# write the same bytes from the same spec.
+khash=$(sed -n 's/.*"kernel": {"kind": "[a-z]*", "hash": "\([0-9a-f]*\)".*/\1/p' "$dir/manifest.json")
+gen=$(dirname "$dir")/kernels/$khash/gen_init_cpio
+if [[ $kind == tuned && -x $gen && -f $dir/initramfs.spec ]]; then
+    "$gen" -t 0 "$dir/initramfs.spec" | cmp -s - "$dir/initramfs.cpio" ||
+        fail "initramfs.cpio: not the bytes gen_init_cpio writes from initramfs.spec"
+fi
+if [[ $kind == debian ]]; then
+    # The agent's module list and every module it names.
+    order=$(cpio -i --quiet --to-stdout lib/modules/vm/order <"$dir/initramfs.cpio" 2>/dev/null) ||
+        order=
+    [[ -n $order ]] || fail "initramfs.cpio: lib/modules/vm/order missing or empty"
+    for m in $order; do
+        grep -qx "lib/modules/vm/$m" <<<"$listing" || fail "initramfs.cpio: module $m missing"
+    done
+fi
 
 # /init is a static x86-64 executable.
 tmp=$(mktemp -d)

@@ -129,8 +129,9 @@ grep -qE '^\s*Xen\s+0x[0-9a-f]+\s+(Unknown note type: \(0x00000012\)|.*PHYS32)' 
 cp "$src/vmlinux" "$out/vmlinux"
 cp "$src/arch/x86/boot/bzImage" "$out/bzImage"
 cp "$src/.config" "$out/config"
-# The initramfs is packed with the kernel's own gen_init_cpio: device nodes
-# without root, fixed mtimes (reproducible archives).
+# The kernel's own initramfs packer: images/verify.sh checks that images/newc.py
+# (which packs every initramfs, with or without a compiled kernel) writes the
+# same bytes from the same spec.
 cc -O2 -o "$out/gen_init_cpio" "$src/usr/gen_init_cpio.c" >>"$log" 2>&1 ||
     fail_with_log "compiling usr/gen_init_cpio.c failed"
 {
