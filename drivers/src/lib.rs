@@ -46,6 +46,7 @@ pub use vm_spec::Containment;
 pub use vm_vmm_protocol::layout::VSOCK_MAX_CONNECTIONS;
 
 mod boot;
+pub use boot::KernelKind;
 mod error;
 pub mod hvf;
 pub mod hyperv;
@@ -201,9 +202,16 @@ pub struct ImagePaths {
 
 impl ImagePaths {
     /// The standard file names inside an image directory (`<images dir>/<hash>` or `current`).
+    /// A set without a `vmlinux` (`images/build.sh --kernel debian`: a distribution kernel,
+    /// which comes compressed only) names its `bzImage` there too; the kvm driver refuses it
+    /// by its initramfs (`KernelKind`).
     pub fn in_dir(dir: &Path) -> ImagePaths {
+        let vmlinux = dir.join("vmlinux");
         ImagePaths {
-            vmlinux: dir.join("vmlinux"),
+            vmlinux: match vmlinux.is_file() {
+                true => vmlinux,
+                false => dir.join("bzImage"),
+            },
             bz_image: dir.join("bzImage"),
             initramfs: dir.join("initramfs.cpio"),
         }

@@ -14,6 +14,7 @@ use std::path::Path;
 
 use vm_agent_protocol::AGENT_PORT;
 use vm_agent_protocol::config::{AgentConfig, DiskMount, RootDisk, ShareKind, ShareMount};
+use vm_agent_protocol::initramfs::{MODULE_ORDER, has_entry};
 
 use crate::{BootPlan, DriverError};
 
@@ -66,6 +67,33 @@ pub(crate) fn require_file(field: &str, path: &Path) -> Result<(), DriverError> 
             path.display()
         ))),
         Err(e) => Err(invalid(format!("{field}: {}: {e}", path.display()))),
+    }
+}
+
+/// The kind of kernel a plan boots, told by what its initramfs carries: the tuned kernel
+/// (`images/build.sh`) has every driver built in and finds its virtio-mmio devices on its
+/// command line; a distribution kernel (`images/build.sh --kernel debian`) has them as modules,
+/// which its initramfs carries with a load list ([`MODULE_ORDER`]), and finds the devices only
+/// through the firmware's ACPI tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelKind {
+    Tuned,
+    Distribution,
+}
+
+/// [`KernelKind`] of `plan`: `Distribution` when its initramfs has [`MODULE_ORDER`].
+pub(crate) fn kernel_kind(plan: &BootPlan) -> Result<KernelKind, DriverError> {
+    let path = &plan.images.initramfs;
+    let bad =
+        |e: &dyn std::fmt::Display| invalid(format!("images.initramfs: {}: {e}", path.display()));
+    let mut file = std::io::BufReader::new(fs::File::open(path).map_err(|e| bad(&e))?);
+    match has_entry(&mut file, MODULE_ORDER) {
+        Ok(true) => Ok(KernelKind::Distribution),
+        Ok(false) => Ok(KernelKind::Tuned),
+        Err(e) => {
+            let cause = std::error::Error::source(&e).map(|c| format!(": {c}"));
+            Err(bad(&format!("{e}{}", cause.unwrap_or_default())))
+        }
     }
 }
 
@@ -188,13 +216,44 @@ pub(crate) fn agent_cmdline(plan: &BootPlan, dax: bool) -> Result<String, Driver
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::unix::net::{UnixListener, UnixStream};
     use std::path::PathBuf;
 
     use super::*;
     use crate::test_support::dummy_plan;
     use crate::{DiskFs, DiskPlan};
+
+    /// A plan whose image set is a temporary directory with an initramfs of `entries` (and a
+    /// `bzImage`, no `vmlinux`).
+    pub(crate) fn plan_with_initramfs(dir: &Path, entries: &[&str]) -> BootPlan {
+        let mut archive = Vec::new();
+        for e in entries {
+            vm_agent_protocol::initramfs::push_entry(&mut archive, e, 0o100644, b"");
+        }
+        fs::write(dir.join("initramfs.cpio"), archive).unwrap();
+        fs::write(dir.join("bzImage"), b"kernel").unwrap();
+        let mut plan = dummy_plan();
+        plan.images = crate::ImagePaths::in_dir(dir);
+        plan
+    }
+
+    #[test]
+    fn kernel_kind_is_told_by_the_initramfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan_with_initramfs(dir.path(), &["init", "lib/modules/vm/order", "TRAILER!!!"]);
+        // No vmlinux in the set: its kernel is the bzImage.
+        assert_eq!(plan.images.vmlinux, dir.path().join("bzImage"));
+        assert_eq!(kernel_kind(&plan).unwrap(), KernelKind::Distribution);
+        let plan = plan_with_initramfs(dir.path(), &["init", "lib/modules", "TRAILER!!!"]);
+        assert_eq!(kernel_kind(&plan).unwrap(), KernelKind::Tuned);
+        fs::write(dir.path().join("initramfs.cpio"), b"not an archive, long enough for a header........................................................................").unwrap();
+        let err = kernel_kind(&plan).unwrap_err().to_string();
+        assert!(
+            err.contains("images.initramfs") && err.contains("not a newc header"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn hostname_is_sanitized() {

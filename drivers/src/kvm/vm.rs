@@ -170,6 +170,14 @@ pub(super) fn restore(plan: BootPlan, from: &RestoreFrom) -> Result<Machine, Dri
 fn start(plan: BootPlan, from: Option<&RestoreFrom>) -> Result<Machine, DriverError> {
     boot::check_plan(&plan)?;
     boot::require_file("images.vmlinux", &plan.images.vmlinux)?;
+    if boot::kernel_kind(&plan)? == boot::KernelKind::Distribution {
+        return Err(boot::invalid(format!(
+            "images.initramfs: {} carries a distribution kernel's modules (images/build.sh --kernel debian); \
+             that kernel finds its devices through ACPI, which this VMM does not describe yet: \
+             boot the tuned kernel (images/build.sh)",
+            plan.images.initramfs.display()
+        )));
+    }
     boot::check_device_count(&plan, super::MAX_DEVICES)?;
     let dax = !plan.shares.is_empty() && super::dax_window(plan.dax_window_mib, plan.mem_mib)? > 0;
     let cmdline = boot::agent_cmdline(&plan, dax)?;
@@ -371,6 +379,20 @@ mod tests {
     use super::*;
     use crate::test_support::dummy_plan;
     use crate::{DiskFs, DiskPlan, RootfsPlan};
+
+    #[test]
+    fn a_distribution_kernel_is_refused_before_anything_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let entries = ["init", "lib/modules/vm/order", "TRAILER!!!"];
+        let mut plan = crate::boot::tests::plan_with_initramfs(dir.path(), &entries);
+        plan.run_dir = dir.path().join("run");
+        let err = start(plan, None).unwrap_err().to_string();
+        assert!(
+            err.contains("distribution kernel") && err.contains("ACPI"),
+            "{err}"
+        );
+        assert!(!dir.path().join("run").exists(), "nothing was prepared");
+    }
 
     #[test]
     fn a_dax_window_is_whole_2_mib_ranges_within_the_stride_or_refused() {

@@ -29,6 +29,10 @@ pub struct QemuConfig {
     /// The vhost-user sockets of the shares' `vm-virtiofs` backends, in order (share `N` gets
     /// the tag `fs<N>`).
     pub share_sockets: Vec<PathBuf>,
+    /// How the kernel finds its devices ([`crate::boot::KernelKind`]): the tuned kernel from the
+    /// `virtio_mmio.device=` words QEMU appends to its command line (`acpi=off`), a
+    /// distribution kernel from the ACPI tables QEMU's microvm machine writes (`acpi=on`).
+    pub kernel_kind: crate::boot::KernelKind,
 }
 
 /// The fixed part of the guest kernel command line: serial console, every reboot or panic ends
@@ -41,14 +45,23 @@ pub struct QemuConfig {
 /// The timer works; only the check is timing-sensitive. Our kvm VMM passes it too.
 pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1 no_timer_check";
 
+/// What a distribution kernel is told on microvm with ACPI: the machine's ACPI is hardware
+/// reduced (no PIT, HPET or PM timer to calibrate against), so without the local APIC timer's
+/// period the kernel waits forever for its first tick. QEMU's APIC timer counts at 1 GHz: at
+/// Debian's 250 Hz that is 4,000,000 a tick.
+pub const ACPI_TIMER_CMDLINE: &str = "lapic_timer_period=4000000";
+
 /// The full kernel command line for `cfg`.
 pub fn kernel_cmdline(cfg: &QemuConfig) -> String {
-    let extra = cfg.extra_cmdline.trim();
-    if extra.is_empty() {
-        BASE_CMDLINE.to_string()
-    } else {
-        format!("{BASE_CMDLINE} {extra}")
+    let mut line = BASE_CMDLINE.to_string();
+    if cfg.kernel_kind == crate::boot::KernelKind::Distribution {
+        line = format!("{line} {ACPI_TIMER_CMDLINE}");
     }
+    let extra = cfg.extra_cmdline.trim();
+    if !extra.is_empty() {
+        line = format!("{line} {extra}");
+    }
+    line
 }
 
 /// QEMU's own seccomp filter: on, with obsolete system calls, privilege changes, process
@@ -62,7 +75,10 @@ pub fn qemu_args(cfg: &QemuConfig) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |s: &str| a.push(s.into());
     push("-machine");
-    push("microvm,acpi=off,memory-backend=mem");
+    push(match cfg.kernel_kind {
+        crate::boot::KernelKind::Tuned => "microvm,acpi=off,memory-backend=mem",
+        crate::boot::KernelKind::Distribution => "microvm,acpi=on,memory-backend=mem",
+    });
     push("-object");
     push(&format!(
         "memory-backend-memfd,id=mem,size={}M,share=on",
@@ -195,7 +211,33 @@ mod tests {
             ],
             disk_fds: Vec::new(),
             share_sockets: vec!["/run/x/fs0.sock".into(), "/run/x/fs1,a.sock".into()],
+            kernel_kind: crate::KernelKind::Tuned,
         }
+    }
+
+    #[test]
+    fn a_distribution_kernel_gets_acpi_and_its_timer_period() {
+        let tuned = strings(&cfg());
+        assert_eq!(
+            value_of(&tuned, "-machine"),
+            ["microvm,acpi=off,memory-backend=mem"]
+        );
+        assert!(!value_of(&tuned, "-append")[0].contains("lapic_timer_period"));
+        let distro = QemuConfig {
+            kernel_kind: crate::KernelKind::Distribution,
+            ..cfg()
+        };
+        let args = strings(&distro);
+        assert_eq!(
+            value_of(&args, "-machine"),
+            ["microvm,acpi=on,memory-backend=mem"]
+        );
+        assert_eq!(
+            value_of(&args, "-append"),
+            [format!(
+                "{BASE_CMDLINE} {ACPI_TIMER_CMDLINE} vm.hostname=box"
+            )]
+        );
     }
 
     fn strings(cfg: &QemuConfig) -> Vec<String> {

@@ -202,6 +202,7 @@ impl Driver for TcgDriver {
         boot::check_plan(&plan)?;
         self.dax_window_mib(plan.dax_window_mib, plan.mem_mib)?;
         boot::require_file("images.bz_image", &plan.images.bz_image)?;
+        let kernel_kind = boot::kernel_kind(&plan)?;
         boot::check_device_count(&plan, self.max_disks())?;
         let virtiofs_bin = match plan.shares.is_empty() {
             true => None,
@@ -309,6 +310,7 @@ impl Driver for TcgDriver {
                 .map(std::os::fd::AsRawFd::as_raw_fd)
                 .collect(),
             share_sockets,
+            kernel_kind,
         };
         let mut cmd = Command::new(&qemu_bin);
         cmd.args(qemu_args(&qcfg))
