@@ -33,6 +33,9 @@ pub struct QemuConfig {
     /// `virtio_mmio.device=` words QEMU appends to its command line (`acpi=off`), a
     /// distribution kernel from the ACPI tables QEMU's microvm machine writes (`acpi=on`).
     pub kernel_kind: crate::boot::KernelKind,
+    /// The host's TSC rate in kHz, which a TCG guest's TSC runs at (QEMU reads the host's), for
+    /// a distribution kernel (see [`ACPI_TIMER_CMDLINE`]); `None` where it is not known.
+    pub tsc_khz: Option<u64>,
 }
 
 /// The fixed part of the guest kernel command line: serial console, every reboot or panic ends
@@ -48,7 +51,11 @@ pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=t panic=-1 no_timer_check";
 /// What a distribution kernel is told on microvm with ACPI: the machine's ACPI is hardware
 /// reduced (no PIT, HPET or PM timer to calibrate against), so without the local APIC timer's
 /// period the kernel waits forever for its first tick. QEMU's APIC timer counts at 1 GHz: at
-/// Debian's 250 Hz that is 4,000,000 a tick.
+/// Debian's 250 Hz that is 4,000,000 a tick. With it goes `tsc_early_khz`
+/// ([`QemuConfig::tsc_khz`]): the kernel's fast TSC calibration polls the PIT for a few
+/// milliseconds and, on a loaded host where the vCPU thread is descheduled in between, fails;
+/// the kernel then calibrates its delay loop by counting ticks that nothing delivers yet, and
+/// hangs (5 of 6 boots beside two busy loops on 2 cores; 6 of 6 booted with the rate given).
 pub const ACPI_TIMER_CMDLINE: &str = "lapic_timer_period=4000000";
 
 /// The full kernel command line for `cfg`.
@@ -56,6 +63,9 @@ pub fn kernel_cmdline(cfg: &QemuConfig) -> String {
     let mut line = BASE_CMDLINE.to_string();
     if cfg.kernel_kind == crate::boot::KernelKind::Distribution {
         line = format!("{line} {ACPI_TIMER_CMDLINE}");
+        if let Some(khz) = cfg.tsc_khz {
+            line = format!("{line} tsc_early_khz={khz}");
+        }
     }
     let extra = cfg.extra_cmdline.trim();
     if !extra.is_empty() {
@@ -212,6 +222,7 @@ mod tests {
             disk_fds: Vec::new(),
             share_sockets: vec!["/run/x/fs0.sock".into(), "/run/x/fs1,a.sock".into()],
             kernel_kind: crate::KernelKind::Tuned,
+            tsc_khz: Some(2_300_000),
         }
     }
 
@@ -235,7 +246,7 @@ mod tests {
         assert_eq!(
             value_of(&args, "-append"),
             [format!(
-                "{BASE_CMDLINE} {ACPI_TIMER_CMDLINE} vm.hostname=box"
+                "{BASE_CMDLINE} {ACPI_TIMER_CMDLINE} tsc_early_khz=2300000 vm.hostname=box"
             )]
         );
     }

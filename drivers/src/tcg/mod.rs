@@ -25,6 +25,7 @@
 //! console is QEMU's stdout, read into a bounded ring.
 
 pub mod args;
+mod clock;
 pub mod jail;
 
 use std::path::{Path, PathBuf};
@@ -311,6 +312,10 @@ impl Driver for TcgDriver {
                 .collect(),
             share_sockets,
             kernel_kind,
+            tsc_khz: match kernel_kind {
+                boot::KernelKind::Distribution => clock::host_tsc_khz(),
+                boot::KernelKind::Tuned => None,
+            },
         };
         let mut cmd = Command::new(&qemu_bin);
         cmd.args(qemu_args(&qcfg))
