@@ -246,20 +246,21 @@ image_inputs() {
 hash=$(image_inputs | sha256sum | cut -c1-16)
 dir=$images_dir/$hash
 
+# set_current <how>: point current at this set, saying so; a Debian-kernel set stands in only
+# until a tuned one is current.
 set_current() {
-    # A Debian-kernel set stands in only until a tuned one is current.
     if [[ $kernel_kind == debian ]] && [[ -f $images_dir/current/vmlinux ]]; then
         say "current stays at the tuned kernel ($(readlink "$images_dir/current"))"
         return
     fi
     ln -sfn "$hash" "$images_dir/.current.$$"
     mv -T "$images_dir/.current.$$" "$images_dir/current"
+    [[ -z $1 ]] || say "current -> $hash ($1)"
 }
 
 if ((!force)) && [[ -f $dir/manifest.json ]]; then
     if [[ $(readlink "$images_dir/current" 2>/dev/null) != "$hash" ]]; then
-        set_current
-        say "current -> $hash (already built)"
+        set_current "already built"
     fi
     echo "images up to date: $dir ($((SECONDS - start))s)" >&2
     exit 0
@@ -343,5 +344,5 @@ kinfo() { sed -n "s/^$1=//p" "$kdir/kernel.info"; }
 
 rm -rf "$dir"
 mv "$out" "$dir"
-set_current
+set_current ""
 echo "images ready: $dir ($((SECONDS - start))s)" >&2
