@@ -5,7 +5,8 @@
 # `ci/setup.sh --packages` installs only the apt packages. Idempotent and quick
 # when all is present: apt-get runs (after `apt-get update`) only for missing
 # packages. The tcg driver's vsock backend is ours (`vm-vsock`, built with the
-# workspace), so nothing is installed with cargo here.
+# workspace), so nothing is installed with cargo here. `--first-vm-packages` installs only
+# what the main job's first VM needs (no kernel toolchain: it boots Debian's kernel).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=lib.sh
@@ -14,11 +15,19 @@ source ci/lib.sh
 say() { echo "setup: $*" >&2; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
-packages=(qemu-system-x86 busybox-static erofs-utils cpio lz4 linux-source-6.12 bc flex
-    bison libelf-dev libssl-dev build-essential patch binutils)
+first_vm_packages=(qemu-system-x86 busybox-static erofs-utils cpio binutils python3
+    build-essential)
+packages=("${first_vm_packages[@]}" lz4 linux-source-6.12 bc flex bison libelf-dev libssl-dev
+    patch)
 
-[[ $# -eq 0 || ($# -eq 1 && $1 == --packages) ]] || die "unknown arguments: $* (only --packages)"
+[[ $# -eq 0 || ($# -eq 1 && ($1 == --packages || $1 == --first-vm-packages)) ]] ||
+    die "unknown arguments: $* (only --packages or --first-vm-packages)"
 command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (stable)"
+if [[ ${1:-} == --first-vm-packages ]]; then
+    ci_timed "setup: apt packages (first VM)" apt_install_missing setup "${first_vm_packages[@]}" ||
+        die "cannot install the packages vm needs"
+    exit 0
+fi
 ci_timed "setup: apt packages (main job)" apt_install_missing setup "${packages[@]}" ||
     die "cannot install the packages vm needs"
 # `--packages`: only the packages (what compiling needs: ci/main.sh then builds `vm` while the
