@@ -198,6 +198,11 @@ dir=$(images/build.sh --print-dir) || dir=
 verify_images() { [[ -n $dir ]] && images/verify.sh "$dir"; }
 check images/verify.sh verify_images
 
+step "Debian's kernel: ci/debian-kernel.sh (the main job's first VM on a fresh machine)"
+# The image set ci/main.sh boots before the tuned kernel is built: built (a package download
+# and the cached agent), then one tcg guest on it with a mount, its modules and loading off.
+check debian-kernel bash ci/debian-kernel.sh
+
 step "agent PID-1 duties in a real TCG guest: guest-agent/tests/guest/run-tcg.sh"
 # The agent's own guest test (mounts, lo, cgroup limits, fork bomb, OOM, cancel, large
 # transfers, Forward EOF, Shutdown), run against the static agent the image build produced.
