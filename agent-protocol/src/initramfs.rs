@@ -8,6 +8,8 @@ use std::io::{Read, Seek, SeekFrom};
 
 /// Where `images/build.sh --kernel debian` puts the kernel's driver modules in the initramfs.
 pub const MODULE_DIR: &str = "/lib/modules/vm";
+/// The file name of the load list in [`MODULE_DIR`].
+pub const ORDER_FILE: &str = "order";
 /// The list of [`MODULE_DIR`]'s modules in load order (one file name a line, dependencies
 /// first). An initramfs with it carries a distribution kernel's drivers: that kernel finds
 /// its virtio-mmio devices through ACPI only (the tuned kernel, built without modules, from its
@@ -125,6 +127,11 @@ mod tests {
         }
         push_entry(&mut out, "TRAILER!!!", 0, &[]);
         out
+    }
+
+    #[test]
+    fn the_order_list_lives_in_the_module_dir() {
+        assert_eq!(MODULE_ORDER, format!("{MODULE_DIR}/{ORDER_FILE}"));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Kernel modules of a distribution kernel. The tuned kernel (`images/kernel/`) has every driver
 //! built in and no module support; a distribution kernel (Debian's, used until the tuned one is
-//! built: `images/distro-kernel.sh`) has the virtio, vsock and file-system drivers as modules,
-//! which the image build puts in the initramfs under [`MODULE_DIR`] with the list [`ORDER_FILE`]
-//! (one file name a line, dependencies first). PID 1 loads them before it looks for a device and
-//! then turns module loading off for the rest of the boot (`kernel.modules_disabled`), so guest
-//! code, root included, can load no module: the same as on the tuned kernel.
+//! built: `images/build.sh --kernel debian`) has the virtio, vsock and file-system drivers as
+//! modules, which the image build puts in the initramfs under [`MODULE_DIR`] with the list
+//! [`ORDER_FILE`] (one file name a line, dependencies first). PID 1 loads them before it looks
+//! for a device and then turns module loading off for the rest of the boot
+//! (`kernel.modules_disabled`), so guest code, root included, can load no module: the same as on
+//! the tuned kernel.
 
 use std::io::Read;
 use std::os::fd::AsFd;
@@ -12,9 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::sys;
 
-pub use vm_agent_protocol::initramfs::MODULE_DIR;
-/// The load order in [`MODULE_DIR`] (`vm_agent_protocol::initramfs::MODULE_ORDER`).
-pub const ORDER_FILE: &str = "order";
+pub use vm_agent_protocol::initramfs::{MODULE_DIR, ORDER_FILE};
 /// Bounds on the list (the image build writes about a dozen short names).
 pub const MAX_ORDER_BYTES: u64 = 4096;
 pub const MAX_MODULES: usize = 64;

@@ -118,9 +118,9 @@ fn prctl(op: libc::c_int, arg: libc::c_ulong) -> std::io::Result<()> {
 /// `finit_module(2)` of the module file open at `fd`, with no parameters.
 pub fn finit_module(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    // SAFETY: the fd is open for the duration of the call and the parameter string is a
-    // NUL-terminated static.
-    let r = unsafe { libc::syscall(libc::SYS_finit_module, fd.as_raw_fd(), c"".as_ptr(), 0) };
+    let (fd, params) = (fd.as_raw_fd(), c"".as_ptr());
+    // SAFETY: `fd` is borrowed open for the call; `params` is a NUL-terminated static.
+    let r = unsafe { libc::syscall(libc::SYS_finit_module, fd, params, 0) };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
